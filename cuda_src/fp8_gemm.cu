@@ -1,0 +1,297 @@
+// FP8 (e4m3) GEMM with fine-grained scaling on Hopper: D[m, n] = sum_k A[m, k] B[n, k], with A scaled per
+// 1x128 (row, K block) and B per 128x128 block, FP32 promotion every 128 of K, BF16 output.
+//
+// One persistent, warp-specialized kernel serves the normal GEMM and both grouped layouts (the scheduler
+// differs). Warpgroups 0..kNumMathWG-1 do the math, the last warpgroup is the TMA producer.
+// The JIT (cupygemm/jit/source.py) prepends the CUPYGEMM_* constants that instantiate it.
+#include "ptx_common.cuh"
+#include "ptx_mbarrier.cuh"
+#include "ptx_tma.cuh"
+#include "ptx_wgmma.cuh"
+#include "scheduler.cuh"
+
+namespace cupygemm {
+
+constexpr uint32_t kBlockK = 128;  // = the scaling granularity along K; one promotion per block
+constexpr uint32_t kProducerRegs = 40;
+
+// Byte offset of element (row, col) of a BF16 output slab with `kSwizzleBytes`-wide swizzled rows
+// (the layout TMA expects for CU_TENSOR_MAP_SWIZZLE_{32,64,128}B; 0 = plain row-major).
+template <uint32_t kSwizzleBytes, uint32_t kRowBytes>
+__device__ __forceinline__ uint32_t d_slab_offset(uint32_t row, uint32_t col) {
+  const uint32_t offset = row * kRowBytes + col * 2;
+  if (kSwizzleBytes == 0) return offset;
+  return offset ^ (((offset >> 7) & (kSwizzleBytes / 16 - 1)) << 4);
+}
+
+template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t WGMMA_N,
+          uint32_t kNumStages, uint32_t kNumMathWG, uint32_t kMathRegs, uint32_t kSwizzleD, uint32_t kRasterN,
+          int kKind>
+__device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_b,
+                                              const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
+                                              const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
+                                              uint16_t* __restrict__ d_ptr, uint32_t shape_m, uint32_t num_groups,
+                                              uint32_t ld_d) {
+  constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
+  constexpr uint32_t WG_M = BLOCK_M / kNumMathWG;  // rows owned by one math warpgroup
+  constexpr uint32_t kNumMSub = WG_M / 64;          // m64 wgmmas per warpgroup
+  constexpr uint32_t kNumNSub = BLOCK_N / WGMMA_N;  // N slices accumulated one after the other
+  constexpr uint32_t kAccPerSub = WGMMA_N / 2;
+  constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, kBlockK);
+  constexpr uint32_t kNumSFBRows = ceil_div(SHAPE_N, kBlockK);
+  // A tile of BLOCK_N columns can touch ceil(BLOCK_N/128)+1 scale blocks when it is not 128-aligned.
+  constexpr uint32_t kMaxSFB = (kBlockK % BLOCK_N == 0) ? 1 : ceil_div(BLOCK_N, kBlockK) + 1;
+  static_assert(BLOCK_M % (64 * kNumMathWG) == 0, "each math warpgroup owns whole m64 slices");
+  static_assert(BLOCK_N % WGMMA_N == 0 && WGMMA_N % 8 == 0 && WGMMA_N <= 256, "bad wgmma N");
+  static_assert(BLOCK_N <= 256 && BLOCK_M <= 256, "TMA boxes are at most 256 rows");
+
+  // Output staging: per math warpgroup, BLOCK_N / kSlabCols slabs of WG_M x kSlabCols BF16.
+  constexpr uint32_t kSlabCols = kSwizzleD == 0 ? BLOCK_N : kSwizzleD / 2;
+  constexpr uint32_t kSlabBytes = WG_M * kSlabCols * 2;
+  constexpr uint32_t kNumSlabs = BLOCK_N / kSlabCols;
+  static_assert(BLOCK_N % kSlabCols == 0, "output swizzle must divide BLOCK_N");
+
+  constexpr uint32_t SMEM_D = round_up(BLOCK_M * BLOCK_N * 2u, 1024u);
+  constexpr uint32_t SMEM_A = BLOCK_M * kBlockK;
+  constexpr uint32_t SMEM_B = BLOCK_N * kBlockK;
+  constexpr uint32_t SMEM_SFA = round_up(BLOCK_M * 4u, 128u);
+  constexpr uint32_t kStageTxBytes = SMEM_A + SMEM_B + BLOCK_M * 4;
+
+  extern __shared__ __align__(1024) uint8_t smem[];
+  uint8_t* smem_d = smem;
+  uint8_t* smem_a = smem + SMEM_D;
+  uint8_t* smem_b = smem_a + kNumStages * SMEM_A;
+  float* smem_sfa = reinterpret_cast<float*>(smem_b + kNumStages * SMEM_B);
+  uint64_t* full_bar = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_sfa) + kNumStages * SMEM_SFA);
+  uint64_t* empty_bar = full_bar + kNumStages;
+
+  const uint32_t warpgroup = threadIdx.x / 128;
+  if (threadIdx.x == kNumMathThreads) {
+    tma_prefetch_descriptor(&tmap_a);
+    tma_prefetch_descriptor(&tmap_b);
+    tma_prefetch_descriptor(&tmap_sfa);
+    tma_prefetch_descriptor(&tmap_d);
+    for (uint32_t s = 0; s < kNumStages; ++s) {
+      mbarrier_init(&full_bar[s], 1);
+      mbarrier_init(&empty_bar[s], kNumMathWG * 4);  // one arrival per math warp
+    }
+    mbarrier_init_fence();
+  }
+  __syncthreads();
+
+  TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN> scheduler(shape_m, num_groups, grouped_layout);
+  Tile tile;
+
+  if (warpgroup == kNumMathWG) {
+    // ---------------- TMA producer ----------------
+    if (kNumMathWG > 1) regs_dealloc<kProducerRegs>();
+    if (threadIdx.x != kNumMathThreads) return;
+    uint32_t stage = 0, phase = 0;
+    while (scheduler.next(tile)) {
+      const int a_row = static_cast<int>(tile.m_block * BLOCK_M);
+      const int a_group = kKind == kGroupedMasked ? static_cast<int>(tile.group) : 0;
+      const int b_row = static_cast<int>(tile.n_block * BLOCK_N);
+      const int b_group = kKind == kNormal ? 0 : static_cast<int>(tile.group);
+#pragma unroll 1
+      for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+        mbarrier_wait(&empty_bar[stage], phase ^ 1);
+        mbarrier_arrive_expect_tx(&full_bar[stage], kStageTxBytes);
+        const int k = static_cast<int>(kb * kBlockK);
+        tma_load_3d(smem_a + stage * SMEM_A, &tmap_a, &full_bar[stage], k, a_row, a_group);
+        tma_load_3d(smem_b + stage * SMEM_B, &tmap_b, &full_bar[stage], k, b_row, b_group);
+        tma_load_3d(reinterpret_cast<uint8_t*>(smem_sfa) + stage * SMEM_SFA, &tmap_sfa, &full_bar[stage], a_row,
+                    static_cast<int>(kb), a_group);
+        if (++stage == kNumStages) stage = 0, phase ^= 1;
+      }
+    }
+    return;
+  }
+
+  // ---------------- math warpgroups ----------------
+  if (kNumMathWG > 1) regs_alloc<kMathRegs>();
+  const uint32_t tid = threadIdx.x % 128;
+  const uint32_t warp = tid / 32, lane = tid % 32;
+  const uint32_t row_in_sub = warp * 16 + lane / 4;  // this thread's first row in an m64 slice (+8 for the second)
+  const uint32_t col_in_group = (lane % 4) * 2;      // first of this thread's two columns in every 8-column group
+  const uint32_t wg_row0 = warpgroup * WG_M;
+  uint8_t* my_smem_d = smem_d + warpgroup * (kNumSlabs * kSlabBytes);
+  const uint32_t barrier_id = 1 + warpgroup;
+
+  float acc[kNumMSub][kAccPerSub];
+  float final_acc[kNumMSub][kNumNSub][kAccPerSub];
+  uint32_t stage = 0, phase = 0;
+
+  while (scheduler.next(tile)) {
+    const uint32_t n0 = tile.n_block * BLOCK_N;
+    const uint32_t b_group = kKind == kNormal ? 0 : tile.group;
+    // Scale rows of B this tile touches; index i covers columns [128*i - n0 % 128, ...) of the tile.
+    const float* sfb_tile = sfb + (b_group * kNumSFBRows) * kNumKBlocks;
+    uint32_t sfb_row[kMaxSFB];
+#pragma unroll
+    for (uint32_t i = 0; i < kMaxSFB; ++i) sfb_row[i] = cmin(n0 / kBlockK + i, kNumSFBRows - 1);
+
+#pragma unroll
+    for (uint32_t ms = 0; ms < kNumMSub; ++ms)
+#pragma unroll
+      for (uint32_t ns = 0; ns < kNumNSub; ++ns)
+#pragma unroll
+        for (uint32_t j = 0; j < kAccPerSub; ++j) final_acc[ms][ns][j] = 0.f;
+
+#pragma unroll 1
+    for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+      // B scales come straight from global memory (L2-resident, tiny); their latency hides behind the wait.
+      float sfb_val[kMaxSFB];
+#pragma unroll
+      for (uint32_t i = 0; i < kMaxSFB; ++i) sfb_val[i] = __ldg(sfb_tile + sfb_row[i] * kNumKBlocks + kb);
+
+      mbarrier_wait(&full_bar[stage], phase);
+      const float* sfa = smem_sfa + stage * (SMEM_SFA / 4) + wg_row0;
+      float sfa_val[kNumMSub][2];
+#pragma unroll
+      for (uint32_t ms = 0; ms < kNumMSub; ++ms) {
+        sfa_val[ms][0] = sfa[ms * 64 + row_in_sub];
+        sfa_val[ms][1] = sfa[ms * 64 + row_in_sub + 8];
+      }
+      const uint8_t* a_tile = smem_a + stage * SMEM_A + wg_row0 * kBlockK;
+      const uint8_t* b_tile = smem_b + stage * SMEM_B;
+
+#pragma unroll
+      for (uint32_t ns = 0; ns < kNumNSub; ++ns) {
+        wgmma_fence();
+#pragma unroll
+        for (uint32_t k32 = 0; k32 < kBlockK / 32; ++k32) {
+#pragma unroll
+          for (uint32_t ms = 0; ms < kNumMSub; ++ms) {
+            const uint64_t da = make_smem_desc_k128_sw128(a_tile + ms * 64 * kBlockK + k32 * 32);
+            const uint64_t db = make_smem_desc_k128_sw128(b_tile + ns * WGMMA_N * kBlockK + k32 * 32);
+            WgmmaFP8<WGMMA_N>::mma(da, db, acc[ms], k32 > 0);
+          }
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (uint32_t ms = 0; ms < kNumMSub; ++ms)
+#pragma unroll
+          for (uint32_t j = 0; j < kAccPerSub; ++j) fence_operand(acc[ms][j]);
+
+        // The stage's A/B/SFA have been consumed: hand the buffers back to the producer early.
+        if (ns == kNumNSub - 1 && lane == 0) mbarrier_arrive(&empty_bar[stage]);
+
+        // Promotion on CUDA cores: final += (scale_a(row) * scale_b(block)) * partial.
+#pragma unroll
+        for (uint32_t ms = 0; ms < kNumMSub; ++ms) {
+#pragma unroll
+          for (uint32_t g = 0; g < WGMMA_N / 8; ++g) {
+            float sb = sfb_val[0];
+            if (kMaxSFB > 1) {
+              const uint32_t idx = (n0 % kBlockK + ns * WGMMA_N + g * 8) / kBlockK;
+#pragma unroll
+              for (uint32_t i = 1; i < kMaxSFB; ++i) sb = idx == i ? sfb_val[i] : sb;
+            }
+            const float s0 = sfa_val[ms][0] * sb, s1 = sfa_val[ms][1] * sb;
+            final_acc[ms][ns][g * 4 + 0] += s0 * acc[ms][g * 4 + 0];
+            final_acc[ms][ns][g * 4 + 1] += s0 * acc[ms][g * 4 + 1];
+            final_acc[ms][ns][g * 4 + 2] += s1 * acc[ms][g * 4 + 2];
+            final_acc[ms][ns][g * 4 + 3] += s1 * acc[ms][g * 4 + 3];
+          }
+        }
+      }
+      if (++stage == kNumStages) stage = 0, phase ^= 1;
+    }
+
+    // ---------------- epilogue ----------------
+    // Rows this thread owns: (ms, h) -> tile row wg_row0 + ms*64 + row_in_sub + 8h.
+    const uint32_t tile_row0 = tile.m_block * BLOCK_M + wg_row0;
+    bool rows_ok = true;  // every row of this warpgroup's slice may be written by a TMA store
+    if (kKind == kGroupedContiguous) {
+#pragma unroll
+      for (uint32_t ms = 0; ms < kNumMSub; ++ms)
+#pragma unroll
+        for (uint32_t h = 0; h < 2; ++h) {
+          const uint32_t r = tile_row0 + ms * 64 + row_in_sub + 8 * h;
+          rows_ok &= r >= shape_m || __ldg(grouped_layout + r) == static_cast<int>(tile.group);
+        }
+      rows_ok = named_barrier_and(barrier_id, 128, rows_ok);
+    } else if (kKind == kGroupedMasked) {
+      const uint32_t valid_m = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN>::clamped_masked_m(
+          grouped_layout, tile.group, shape_m);
+      rows_ok = tile_row0 + WG_M <= valid_m;  // uniform across the warpgroup
+    }
+
+    if (rows_ok) {
+      // Stage through swizzled shared memory, then one TMA store per slab (overlaps the next tile).
+      if (tid == 0) tma_store_wait_read<0>();
+      named_barrier_sync(barrier_id, 128);
+#pragma unroll
+      for (uint32_t ms = 0; ms < kNumMSub; ++ms)
+#pragma unroll
+        for (uint32_t ns = 0; ns < kNumNSub; ++ns)
+#pragma unroll
+          for (uint32_t g = 0; g < WGMMA_N / 8; ++g)
+#pragma unroll
+            for (uint32_t h = 0; h < 2; ++h) {
+              const uint32_t col = ns * WGMMA_N + g * 8 + col_in_group;
+              const uint32_t row = ms * 64 + row_in_sub + 8 * h;
+              const uint32_t slab = col / kSlabCols;
+              const uint32_t addr = smem_u32(my_smem_d + slab * kSlabBytes) +
+                                    d_slab_offset<kSwizzleD, kSlabCols * 2>(row, col % kSlabCols);
+              st_shared_u32(addr, pack_bf16x2(final_acc[ms][ns][g * 4 + 2 * h], final_acc[ms][ns][g * 4 + 2 * h + 1]));
+            }
+      fence_proxy_async_shared();
+      named_barrier_sync(barrier_id, 128);
+      if (tid == 0) {
+        const int d_group = kKind == kGroupedMasked ? static_cast<int>(tile.group) : 0;
+#pragma unroll
+        for (uint32_t slab = 0; slab < kNumSlabs; ++slab)
+          tma_store_3d(&tmap_d, my_smem_d + slab * kSlabBytes, static_cast<int>(n0 + slab * kSlabCols),
+                       static_cast<int>(tile_row0), d_group);
+        tma_store_commit();
+      }
+    } else {
+      // Some rows must stay untouched (contiguous padding rows, masked rows past masked_m): direct stores.
+      const uint64_t group_rows = kKind == kGroupedMasked ? uint64_t(tile.group) * shape_m : 0;
+      const uint32_t valid_m = kKind == kGroupedMasked
+                                   ? TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN>::clamped_masked_m(
+                                         grouped_layout, tile.group, shape_m)
+                                   : shape_m;
+#pragma unroll
+      for (uint32_t ms = 0; ms < kNumMSub; ++ms)
+#pragma unroll
+        for (uint32_t h = 0; h < 2; ++h) {
+          const uint32_t r = tile_row0 + ms * 64 + row_in_sub + 8 * h;
+          bool ok = r < valid_m;
+          if (kKind == kGroupedContiguous) ok = ok && __ldg(grouped_layout + r) == static_cast<int>(tile.group);
+          if (!ok) continue;
+          uint16_t* d_row = d_ptr + (group_rows + r) * ld_d;
+#pragma unroll
+          for (uint32_t ns = 0; ns < kNumNSub; ++ns)
+#pragma unroll
+            for (uint32_t g = 0; g < WGMMA_N / 8; ++g) {
+              const uint32_t col = n0 + ns * WGMMA_N + g * 8 + col_in_group;
+              if (col < SHAPE_N)
+                *reinterpret_cast<uint32_t*>(d_row + col) =
+                    pack_bf16x2(final_acc[ms][ns][g * 4 + 2 * h], final_acc[ms][ns][g * 4 + 2 * h + 1]);
+            }
+        }
+    }
+  }
+  if (tid == 0) tma_store_wait_all<0>();
+}
+
+}  // namespace cupygemm
+
+#ifdef CUPYGEMM_SHAPE_N
+// Entry point with a fixed C name, instantiated from the constants the JIT defines.
+extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1) CUPYGEMM_CLUSTER_ATTR
+    cupygemm_fp8_gemm(const __grid_constant__ cupygemm::TmaDescriptor tmap_a,
+                      const __grid_constant__ cupygemm::TmaDescriptor tmap_b,
+                      const __grid_constant__ cupygemm::TmaDescriptor tmap_sfa,
+                      const __grid_constant__ cupygemm::TmaDescriptor tmap_d, const float* sfb,
+                      const int* grouped_layout, uint16_t* d_ptr, uint32_t shape_m, uint32_t num_groups,
+                      uint32_t ld_d) {
+  cupygemm::fp8_gemm_impl<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N, CUPYGEMM_WGMMA_N,
+                          CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG, CUPYGEMM_MATH_REGS, CUPYGEMM_SWIZZLE_D,
+                          CUPYGEMM_RASTER_N, CUPYGEMM_KIND>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout,
+                                                            d_ptr, shape_m, num_groups, ld_d);
+}
+#endif

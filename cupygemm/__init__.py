@@ -1,0 +1,55 @@
+"""cupygemm: FP8 GEMM with fine-grained scaling for NVIDIA Hopper, compiled at run time with NVRTC via CuPy.
+
+Entry points (DeepGEMM-compatible names and semantics):
+
+- :func:`gemm_fp8_fp8_bf16_nt` - D = A @ B.T
+- :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous` - MoE grouped GEMM, contiguous layout
+- :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked` - MoE grouped GEMM, masked layout
+
+Inputs are CuPy arrays or any DLPack GPU tensor (torch, JAX, ...); results follow the caller's framework.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .config import GemmConfig, choose_config, make_config, override_config
+from .device import get_num_sms, reset_num_sms, set_num_sms
+from .errors import CupygemmCompileError, CupygemmDeviceError, CupygemmError, CupygemmToolchainError
+from .gemm import (
+    gemm_fp8_fp8_bf16_nt,
+    m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
+    m_grouped_gemm_fp8_fp8_bf16_nt_masked,
+)
+from .layout import (
+    ceil_div,
+    get_col_major_tma_aligned_tensor,
+    get_m_alignment_for_contiguous_layout,
+    get_tma_aligned_size,
+)
+from .quantization import per_block_cast_to_fp8, per_token_cast_to_fp8
+from .reference import calc_diff
+
+__all__ = [
+    "__version__",
+    "gemm_fp8_fp8_bf16_nt",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_masked",
+    "per_token_cast_to_fp8",
+    "per_block_cast_to_fp8",
+    "calc_diff",
+    "ceil_div",
+    "get_tma_aligned_size",
+    "get_col_major_tma_aligned_tensor",
+    "get_m_alignment_for_contiguous_layout",
+    "set_num_sms",
+    "get_num_sms",
+    "reset_num_sms",
+    "GemmConfig",
+    "choose_config",
+    "make_config",
+    "override_config",
+    "CupygemmError",
+    "CupygemmCompileError",
+    "CupygemmDeviceError",
+    "CupygemmToolchainError",
+]

@@ -1,0 +1,267 @@
+"""Kernel configuration: block sizes, pipeline depth and grid, chosen by a small cost model.
+
+The model is deterministic: for every legal (block_m, block_n) it estimates the kernel time as
+(number of waves) x (time of one tile), where a tile costs the larger of its tensor-core time and the
+time to stream its A and B tiles into the SM, and breaks ties towards fuller last waves and fewer
+bytes. ``CUPYGEMM_PRINT_CONFIGS=1`` prints each choice; :func:`override_config` forces one for tuning.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import threading
+from dataclasses import dataclass
+
+from .device import SM90_MAX_SMEM_PER_BLOCK
+
+KIND_NORMAL, KIND_CONTIGUOUS, KIND_MASKED = 0, 1, 2
+KIND_NAMES = {KIND_NORMAL: "normal", KIND_CONTIGUOUS: "contiguous", KIND_MASKED: "masked"}
+
+BLOCK_K = 128
+_STATIC_SMEM = 1024  # the kernel's __align__(1024) extern declaration reserves this much static smem
+_MAX_STAGES = 8
+_MATH_REGS_TWO_WG = 232  # setmaxnreg budget: 128 x 40 (producer) + 256 x 232 = 64 x 1024 registers
+_MATH_REGS_ONE_WG = 255
+_OTHER_REGS = 64  # registers the math loop needs besides accumulators (addresses, scales, loop state)
+
+# Per-SM rates used by the cost model (H100/H200 SXM): dense FP8 MMA and L2 -> SM streaming.
+_MMA_FLOPS_PER_SM = 1979e12 * 0.85 / 132
+_LOAD_BYTES_PER_SM = 85e9
+_TILE_OVERHEAD_S = 0.6e-6  # prologue/epilogue per tile not hidden by the pipeline
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Everything that specializes one compiled kernel, plus its launch grid."""
+
+    kind: int
+    shape_n: int
+    shape_k: int
+    block_m: int
+    block_n: int
+    wgmma_n: int
+    num_stages: int
+    num_math_wg: int
+    swizzle_d: int
+    raster_n: int
+    num_sms: int  # persistent grid size
+    smem_bytes: int  # dynamic shared memory per CTA
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.num_math_wg + 1)
+
+    @property
+    def math_regs(self) -> int:
+        return _MATH_REGS_TWO_WG if self.num_math_wg > 1 else _MATH_REGS_ONE_WG
+
+    def defines(self) -> dict[str, object]:
+        """The CUPYGEMM_* constants that instantiate cuda_src/fp8_gemm.cu."""
+        return {
+            "CUPYGEMM_SHAPE_N": self.shape_n,
+            "CUPYGEMM_SHAPE_K": self.shape_k,
+            "CUPYGEMM_BLOCK_M": self.block_m,
+            "CUPYGEMM_BLOCK_N": self.block_n,
+            "CUPYGEMM_WGMMA_N": self.wgmma_n,
+            "CUPYGEMM_NUM_STAGES": self.num_stages,
+            "CUPYGEMM_NUM_MATH_WG": self.num_math_wg,
+            "CUPYGEMM_MATH_REGS": self.math_regs,
+            "CUPYGEMM_SWIZZLE_D": self.swizzle_d,
+            "CUPYGEMM_RASTER_N": self.raster_n,
+            "CUPYGEMM_KIND": self.kind,
+            "CUPYGEMM_CLUSTER_ATTR": "",
+        }
+
+    def describe(self) -> str:
+        return (f"{KIND_NAMES[self.kind]} N={self.shape_n} K={self.shape_k}: block {self.block_m}x{self.block_n} "
+                f"(wgmma n{self.wgmma_n}), {self.num_stages} stages, {self.num_math_wg} math WG, "
+                f"swizzle_d {self.swizzle_d}, grid {self.num_sms}, smem {self.smem_bytes} B")
+
+
+def ceil_div(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _round_up(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+def smem_per_stage(block_m: int, block_n: int) -> int:
+    return block_m * BLOCK_K + block_n * BLOCK_K + _round_up(block_m * 4, 128)
+
+
+def smem_bytes(block_m: int, block_n: int, stages: int) -> int:
+    d = _round_up(block_m * block_n * 2, 1024)
+    return d + stages * smem_per_stage(block_m, block_n) + stages * 16
+
+
+def output_swizzle(block_n: int) -> int:
+    """Widest TMA swizzle whose span divides the output tile's row (128/64/32 bytes, else none)."""
+    for sw in (128, 64, 32):
+        if (block_n * 2) % sw == 0:
+            return sw
+    return 0
+
+
+def wgmma_n_for(block_m: int, block_n: int) -> int | None:
+    """The wgmma N used for a tile: the whole block_n when the accumulators fit, else an even split."""
+    num_math_wg = 1 if block_m == 64 else 2
+    m_sub = block_m // (64 * num_math_wg)
+    budget = (_MATH_REGS_TWO_WG if num_math_wg > 1 else _MATH_REGS_ONE_WG) - _OTHER_REGS
+    for parts in (1, 2, 3, 4):
+        if block_n % parts or (block_n // parts) % 8:
+            continue
+        wn = block_n // parts
+        if m_sub * (wn // 2) + m_sub * (block_n // 2) <= budget:
+            return wn
+    return None
+
+
+def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int) -> int:
+    budget = smem_limit - _STATIC_SMEM
+    stages = 0
+    for s in range(_MAX_STAGES, 0, -1):
+        if smem_bytes(block_m, block_n, s) <= budget:
+            stages = s
+            break
+    return stages
+
+
+def _tile_seconds(block_m: int, block_n: int, k: int) -> float:
+    k_eff = _round_up(k, BLOCK_K)
+    # Narrow wgmmas issue less work per instruction; model their efficiency as n / (n + 16).
+    mma = 2.0 * block_m * block_n * k_eff / (_MMA_FLOPS_PER_SM * block_n / (block_n + 16))
+    load = (block_m + block_n) * k_eff / _LOAD_BYTES_PER_SM
+    return max(mma, load) + _TILE_OVERHEAD_S
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    seconds: float
+    waves: int
+    last_wave_util: float
+    tiles: int
+
+
+def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int) -> _Estimate:
+    n_blocks = ceil_div(n, bn)
+    if kind == KIND_MASKED:
+        tiles = groups * ceil_div(m_rows, bm) * n_blocks
+    else:
+        tiles = ceil_div(m_rows, bm) * n_blocks
+    waves = max(1, ceil_div(tiles, num_sms))
+    last = tiles - (waves - 1) * num_sms
+    return _Estimate(waves * _tile_seconds(bm, bn, k), waves, last / num_sms, tiles)
+
+
+_override_lock = threading.Lock()
+_overrides: dict[tuple, dict] = {}
+
+
+def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
+    """Force config fields (block_m, block_n, wgmma_n, num_stages, num_sms, raster_n) for a (kind, N, K).
+
+    For tuning; ``fields`` empty removes the override. Unknown fields raise ValueError.
+    """
+    kind = _kind_id(kind)
+    allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n"}
+    bad = set(fields) - allowed
+    if bad:
+        raise ValueError(f"override_config: unknown fields {sorted(bad)}; allowed: {sorted(allowed)}")
+    with _override_lock:
+        if fields:
+            _overrides[(kind, n, k)] = dict(fields)
+        else:
+            _overrides.pop((kind, n, k), None)
+
+
+def _kind_id(kind: int | str) -> int:
+    if isinstance(kind, str):
+        for kid, name in KIND_NAMES.items():
+            if name == kind:
+                return kid
+        raise ValueError(f"kind: expected one of {list(KIND_NAMES.values())}, got {kind!r}")
+    if kind not in KIND_NAMES:
+        raise ValueError(f"kind: expected one of {list(KIND_NAMES)}, got {kind!r}")
+    return kind
+
+
+def candidate_block_ms(kind: int, m_rows: int) -> tuple[int, ...]:
+    if kind == KIND_CONTIGUOUS:
+        return (128,)  # groups are padded to 128 rows, so a block never spans two groups
+    if m_rows <= 64:
+        return (64,)
+    return (64, 128, 256)
+
+
+def candidate_block_ns(block_m: int) -> list[int]:
+    # Split-N tiles serialize MMA and promotion within a warpgroup; the model only proposes whole ones
+    # (splits stay reachable through override_config).
+    return [bn for bn in range(16, 257, 8) if wgmma_n_for(block_m, bn) == bn]
+
+
+_print_lock = threading.Lock()
+_printed: set[tuple] = set()
+
+
+def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int,
+                  smem_limit: int = SM90_MAX_SMEM_PER_BLOCK) -> GemmConfig:
+    """Pick the config for a GEMM. ``m_rows``: M (normal), total rows (contiguous), expected rows per group (masked)."""
+    best = None
+    for bm in candidate_block_ms(kind, m_rows):
+        for bn in candidate_block_ns(bm):
+            est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms)
+            # Lower time first; then a fuller last wave; then fewer bytes moved per output.
+            score = (round(est.seconds * 1e9), -est.last_wave_util, (bm + bn) / (bm * bn))
+            if best is None or score < best[0]:
+                best = (score, bm, bn, est)
+    assert best is not None
+    _, bm, bn, est = best
+    fields: dict[str, int] = {}
+    with _override_lock:
+        fields.update(_overrides.get((kind, n, k), {}))
+    bm = fields.get("block_m", bm)
+    bn = fields.get("block_n", bn)
+    # Masked groups' sizes are only known on the device: keep every SM. Otherwise no more CTAs than tiles.
+    grid = num_sms if kind == KIND_MASKED or "block_m" in fields or "block_n" in fields else min(num_sms, est.tiles)
+    cfg = make_config(kind, n, k, bm, bn, num_sms=max(grid, 1), smem_limit=smem_limit,
+                      wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
+                      raster_n=fields.get("raster_n", 16))
+    if "num_sms" in fields:
+        cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"])
+    if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
+        key = (kind, m_rows, n, k, num_groups, cfg)
+        with _print_lock:
+            if key not in _printed:
+                _printed.add(key)
+                print(f"[cupygemm] M={m_rows} G={num_groups} -> {cfg.describe()} "
+                      f"(est {est.seconds * 1e6:.1f} us, {est.waves} waves, last wave {est.last_wave_util:.0%})",
+                      file=sys.stderr)
+    return cfg
+
+
+def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,
+                smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
+                num_stages: int | None = None, raster_n: int = 16) -> GemmConfig:
+    """Build (and check) a config for explicit block sizes."""
+    kind = _kind_id(kind)
+    if block_m not in (64, 128, 256):
+        raise ValueError(f"block_m: expected 64, 128 or 256, got {block_m}")
+    if kind == KIND_CONTIGUOUS and 128 % block_m:
+        raise ValueError(f"block_m: contiguous layout needs a divisor of 128, got {block_m}")
+    if block_n % 8 or not 8 <= block_n <= 256:
+        raise ValueError(f"block_n: expected a multiple of 8 in [8, 256], got {block_n}")
+    wn = wgmma_n if wgmma_n is not None else wgmma_n_for(block_m, block_n)
+    if wn is None or block_n % wn or wn % 8:
+        raise ValueError(f"block {block_m}x{block_n}: accumulators do not fit in registers (wgmma_n={wn})")
+    num_k_blocks = ceil_div(k, BLOCK_K)
+    stages = num_stages if num_stages is not None else _stages_for(block_m, block_n, num_k_blocks, smem_limit)
+    if stages < 1 or smem_bytes(block_m, block_n, stages) + _STATIC_SMEM > smem_limit:
+        raise ValueError(f"block {block_m}x{block_n} with {stages} stages does not fit in {smem_limit} B of shared memory")
+    return GemmConfig(
+        kind=kind, shape_n=n, shape_k=k, block_m=block_m, block_n=block_n, wgmma_n=wn, num_stages=stages,
+        num_math_wg=1 if block_m == 64 else 2, swizzle_d=output_swizzle(block_n), raster_n=raster_n,
+        num_sms=num_sms, smem_bytes=smem_bytes(block_m, block_n, stages),
+    )

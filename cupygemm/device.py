@@ -1,0 +1,104 @@
+"""The GPU we run on: compute capability, SM count (with the user's override), shared-memory limits."""
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+
+from .errors import CupygemmDeviceError
+
+#: Hopper's opt-in per-block shared-memory limit (227 KB).
+SM90_MAX_SMEM_PER_BLOCK = 232448
+
+_lock = threading.Lock()
+_num_sms_override: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    compute_capability: str  # e.g. "90"
+    num_sms: int
+    max_smem_per_block: int
+    l2_bytes: int
+
+
+@functools.lru_cache(maxsize=None)
+def _query(index: int) -> DeviceInfo:
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(index)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    return DeviceInfo(
+        index=index,
+        name=name,
+        compute_capability=f"{props['major']}{props['minor']}",
+        num_sms=int(props["multiProcessorCount"]),
+        max_smem_per_block=int(props.get("sharedMemPerBlockOptin", SM90_MAX_SMEM_PER_BLOCK)),
+        l2_bytes=int(props.get("l2CacheSize", 50 * 1024 * 1024)),
+    )
+
+
+def gpu_available() -> bool:
+    """True when CuPy sees at least one CUDA device."""
+    try:
+        import cupy
+
+        return bool(cupy.cuda.is_available())
+    except Exception:
+        return False
+
+
+def current_device() -> DeviceInfo:
+    """Properties of CuPy's current device; raises CupygemmDeviceError when there is no GPU."""
+    try:
+        import cupy
+
+        index = cupy.cuda.runtime.getDevice()
+    except ImportError as e:
+        raise CupygemmDeviceError("CuPy is not installed: pip install 'cupygemm[cuda12]' (or '[cuda13]')") from e
+    except Exception as e:
+        raise CupygemmDeviceError(f"no usable CUDA device ({e})") from e
+    return _query(index)
+
+
+def require_hopper() -> DeviceInfo:
+    """The current device, checked to be compute capability 9.0 (H100/H200/H800/H20)."""
+    info = current_device()
+    if info.compute_capability != "90":
+        raise CupygemmDeviceError(
+            f"cupygemm kernels need compute capability 9.0 (Hopper, sm_90a); device {info.index} "
+            f"({info.name}) is {info.compute_capability[0]}.{info.compute_capability[1:]}"
+        )
+    return info
+
+
+def set_num_sms(num_sms: int) -> None:
+    """Limit the SMs the GEMM kernels use (e.g. to leave SMs for communication kernels)."""
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int):
+        raise TypeError(f"num_sms: expected an int, got {type(num_sms).__name__}")
+    if num_sms < 1:
+        raise ValueError(f"num_sms: expected a positive SM count, got {num_sms}")
+    if gpu_available():
+        total = current_device().num_sms
+        if num_sms > total:
+            raise ValueError(f"num_sms: the device has {total} SMs, got {num_sms}")
+    global _num_sms_override
+    with _lock:
+        _num_sms_override = num_sms
+
+
+def get_num_sms() -> int:
+    """The SM count kernels are planned for: the value given to set_num_sms, else the device's."""
+    with _lock:
+        if _num_sms_override is not None:
+            return _num_sms_override
+    return current_device().num_sms
+
+
+def reset_num_sms() -> None:
+    """Undo set_num_sms: use every SM of the device again."""
+    global _num_sms_override
+    with _lock:
+        _num_sms_override = None

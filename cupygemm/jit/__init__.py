@@ -1,0 +1,1 @@
+"""Run-time compilation: render kernel source, compile with NVRTC, cache cubins, load modules."""

@@ -1,0 +1,103 @@
+"""Get a compiled kernel: cubin from the cache or NVRTC (+ the SASS pass), then a loaded CUDA function.
+
+The in-process memo is keyed by (device, source digest, options) so the GEMM hot path touches no disk.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from . import cache
+from .compiler import BASE_OPTIONS, compile_cubin, nvrtc_version
+from .source import KernelSource
+
+_lock = threading.Lock()
+_loaded: dict[tuple[int, str], "LoadedKernel"] = {}
+_build_locks: dict[str, threading.Lock] = {}
+
+
+def ffma_interleave_mode() -> str:
+    """``CUPYGEMM_FFMA_INTERLEAVE``: auto (default), on or off."""
+    mode = os.environ.get("CUPYGEMM_FFMA_INTERLEAVE", "auto").strip().lower()
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"CUPYGEMM_FFMA_INTERLEAVE must be auto, on or off, got {mode!r}")
+    return mode
+
+
+def _interleave_decision(post_process: bool) -> str:
+    """What the SASS pass will do: 'off', or 'on'/'auto' tagged with the pass version."""
+    if not post_process:
+        return "off"
+    mode = ffma_interleave_mode()
+    if mode == "off" or (mode == "auto" and nvrtc_version() > (12, 8)):
+        return "off"  # NVRTC >= 12.9 emits the interleave itself
+    import sass_tools
+
+    return f"{mode}:{sass_tools.PASS_VERSION}"
+
+
+def cache_key(src: KernelSource, options: tuple[str, ...] = (), post_process: bool = True) -> str:
+    """Key covering the rendered source and headers, options, NVRTC version and SASS-pass decision."""
+    return cache.make_key(src.digest, BASE_OPTIONS + tuple(options), nvrtc_version(), _interleave_decision(post_process))
+
+
+def build_cubin(src: KernelSource, options: tuple[str, ...] = (), post_process: bool = True,
+                config: object = None) -> tuple[str, bytes]:
+    """(cache key, cubin) for ``src``; compiles only on a cache miss. Needs no GPU."""
+    key = cache_key(src, options, post_process)
+    cubin = cache.load(key)
+    if cubin is not None:
+        return key, cubin
+    with _lock:
+        key_lock = _build_locks.setdefault(key, threading.Lock())
+    with key_lock:  # one thread compiles, the others wait for its result
+        cubin = cache.load(key)
+        if cubin is None:
+            cubin = compile_cubin(src, options, config=config)
+            decision = _interleave_decision(post_process)
+            if decision != "off":
+                from sass_tools.interleave import interleave_ffma
+
+                cubin = interleave_ffma(cubin, force=decision.startswith("on")).cubin
+            cache.store(key, cubin)
+    return key, cubin
+
+
+@dataclass
+class LoadedKernel:
+    """A kernel loaded into one device's context."""
+
+    module: object
+    function: object
+    key: str
+    max_dynamic_smem: int = 0
+
+    def ensure_dynamic_smem(self, nbytes: int) -> None:
+        if nbytes > 48 * 1024 and nbytes > self.max_dynamic_smem:
+            import cupy
+
+            # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+            cupy.cuda.driver.funcSetAttribute(self.function.ptr, 8, nbytes)
+            self.max_dynamic_smem = nbytes
+
+
+def load_kernel(src: KernelSource, options: tuple[str, ...] = (), post_process: bool = True,
+                config: object = None) -> LoadedKernel:
+    """Compile (or fetch) and load ``src`` on the current device; memoized per device."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    memo_key = (dev, src.digest + repr(options) + repr(post_process))
+    k = _loaded.get(memo_key)
+    if k is not None:
+        return k
+    key, cubin = build_cubin(src, options, post_process, config)
+    with _lock:
+        k = _loaded.get(memo_key)
+        if k is None:
+            module = cupy.cuda.function.Module()
+            module.load(cubin)
+            k = LoadedKernel(module, module.get_function(src.entry), key)
+            _loaded[memo_key] = k
+    return k

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
+# Usage (from the repo root on the GPU machine): bash scripts/device_check.sh [tests] [bench] [sanitize] [pytest args...]
+set -uo pipefail
+OUT=${OUT:-/tmp/cupygemm-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export CUPYGEMM_CACHE_DIR=${CUPYGEMM_CACHE_DIR:-/tmp/cupygemm-cache}
+steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(tests bench)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/device.txt"
+python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -n 2
+python3 -m cupygemm info | tee -a "$OUT/device.txt"
+for s in "${steps[@]}"; do
+  case "$s" in
+    tests) python3 -m pytest -q -m gpu -rs tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 40 ;;
+    bench) python3 -m cupygemm bench --json "$OUT/bench.json" --markdown --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" ;;
+    sanitize) bash scripts/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" | tail -n 40 ;;
+    smoke) python3 scripts/smoke.py 2>&1 | tee "$OUT/smoke.log" ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
