@@ -58,7 +58,7 @@ def _trivial(p: validate.Problem) -> bool:
     if p.m == 0 or p.n == 0 or p.num_groups == 0:
         return True
     if p.k == 0:
-        p.out[...] = 0
+        p.out.view(np.uint16).fill(0)
         return True
     return False
 

@@ -1,0 +1,42 @@
+"""Shared test setup: a private kernel cache per session, and the `gpu` marker's skip rule."""
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+
+def pytest_configure(config):
+    # Keep the user's cache untouched unless they pointed the tests at one explicitly.
+    if "CUPYGEMM_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        os.environ["CUPYGEMM_CACHE_DIR"] = tempfile.mkdtemp(prefix="cupygemm-test-cache-")
+
+
+@functools.lru_cache(maxsize=1)
+def hopper_available() -> tuple[bool, str]:
+    try:
+        import cupy
+    except ImportError:
+        return False, "CuPy not installed"
+    try:
+        if not cupy.cuda.is_available():
+            return False, "no CUDA GPU"
+        cc = cupy.cuda.Device(0).compute_capability
+    except Exception as e:  # driver missing, etc.
+        return False, f"no usable CUDA GPU ({e})"
+    if cc != "90":
+        return False, f"GPU has compute capability {cc}, not 9.0"
+    return True, ""
+
+
+def pytest_collection_modifyitems(config, items):
+    ok, why = hopper_available()
+    if ok:
+        return
+    skip = pytest.mark.skip(reason=f"gpu test: {why}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

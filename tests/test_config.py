@@ -1,0 +1,116 @@
+"""The config cost model: legal, deterministic choices within the hardware budgets."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from cupygemm import config as C
+from seed_shapes import CONTIGUOUS, MASKED, NORMAL
+
+
+def _all_seed_configs():
+    for m, n, k in NORMAL:
+        yield C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
+    for g, m, n, k in CONTIGUOUS:
+        yield C.choose_config(C.KIND_CONTIGUOUS, g * m, n, k, g, 132)
+    for g, m, n, k in MASKED:
+        yield C.choose_config(C.KIND_MASKED, m, n, k, g, 132)
+
+
+@pytest.mark.parametrize("cfg", list(_all_seed_configs()), ids=lambda c: c.describe().split(":")[0])
+def test_seed_configs_are_legal(cfg):
+    assert cfg.block_m in (64, 128, 256)
+    assert cfg.block_n % 8 == 0 and 16 <= cfg.block_n <= 256
+    assert cfg.block_n % cfg.wgmma_n == 0
+    assert 1 <= cfg.num_stages <= 8
+    assert cfg.smem_bytes + 1024 <= C.SM90_MAX_SMEM_PER_BLOCK
+    assert cfg.smem_bytes == C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages)
+    # More stages would not fit (the model fills shared memory), unless already at the cap.
+    if cfg.num_stages < 8:
+        assert C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + 1) + 1024 > 232448
+    assert 1 <= cfg.num_sms <= 132
+    assert cfg.num_math_wg == (1 if cfg.block_m == 64 else 2)
+    if cfg.kind == C.KIND_CONTIGUOUS:
+        assert 128 % cfg.block_m == 0
+
+
+def test_choice_is_deterministic():
+    a = [c for c in _all_seed_configs()]
+    b = [c for c in _all_seed_configs()]
+    assert a == b
+
+
+def test_small_m_uses_one_math_warpgroup_and_fills_the_gpu():
+    cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
+    assert cfg.block_m == 64
+    tiles = -(-2112 // cfg.block_n)
+    assert tiles >= 100, "a 64-row GEMM must spread N over most SMs"
+
+
+def test_fewer_sms_never_gives_a_larger_grid():
+    for sms in (132, 100, 66, 8, 1):
+        cfg = C.choose_config(C.KIND_NORMAL, 4096, 7168, 2048, 1, sms)
+        assert cfg.num_sms <= sms
+
+
+def test_output_swizzle_divides_block_n():
+    for bn in range(8, 257, 8):
+        sw = C.output_swizzle(bn)
+        assert sw in (0, 32, 64, 128)
+        if sw:
+            assert (bn * 2) % sw == 0
+        if bn % 64 == 0:
+            assert sw == 128
+
+
+def test_wgmma_n_fits_register_budget():
+    for bm in (64, 128, 256):
+        for bn in range(16, 257, 8):
+            wn = C.wgmma_n_for(bm, bn)
+            if wn is not None:
+                assert bn % wn == 0 and wn % 8 == 0
+
+
+def test_override_config_and_reset():
+    base = C.choose_config(C.KIND_NORMAL, 4096, 4096, 7168, 1, 132)
+    C.override_config("normal", 4096, 7168, block_m=128, block_n=128, num_stages=3)
+    try:
+        cfg = C.choose_config(C.KIND_NORMAL, 4096, 4096, 7168, 1, 132)
+        assert (cfg.block_m, cfg.block_n, cfg.num_stages) == (128, 128, 3)
+    finally:
+        C.override_config("normal", 4096, 7168)
+    assert C.choose_config(C.KIND_NORMAL, 4096, 4096, 7168, 1, 132) == base
+
+
+def test_override_rejects_unknown_fields():
+    with pytest.raises(ValueError, match="unknown fields"):
+        C.override_config("normal", 1, 1, block_q=3)
+    with pytest.raises(ValueError, match="kind"):
+        C.override_config("sparse", 1, 1, block_m=64)
+
+
+@pytest.mark.parametrize("bm,bn,msg", [(96, 128, "block_m"), (128, 20, "block_n"), (128, 264, "block_n")])
+def test_make_config_rejects_bad_blocks(bm, bn, msg):
+    with pytest.raises(ValueError, match=msg):
+        C.make_config(C.KIND_NORMAL, 4096, 4096, bm, bn, 132)
+
+
+def test_make_config_rejects_oversized_pipeline():
+    with pytest.raises(ValueError, match="shared memory"):
+        C.make_config(C.KIND_NORMAL, 4096, 4096, 128, 128, 132, num_stages=8)
+
+
+def test_print_configs(monkeypatch, capsys):
+    monkeypatch.setenv("CUPYGEMM_PRINT_CONFIGS", "1")
+    C.choose_config(C.KIND_NORMAL, 333, 4096, 7168, 1, 77)
+    err = capsys.readouterr().err
+    assert "[cupygemm] M=333" in err and "block" in err and "waves" in err
+
+
+def test_defines_cover_every_template_constant():
+    cfg = C.choose_config(C.KIND_NORMAL, 4096, 4096, 7168, 1, 132)
+    src = open(__import__("cupygemm.jit.source", fromlist=["x"]).cuda_src_dir() / "fp8_gemm.cu").read()
+    for name in cfg.defines():
+        assert name in src, name
+    assert dataclasses.replace(cfg, num_sms=1).defines() == cfg.defines()

@@ -1,0 +1,174 @@
+"""Grouped GEMMs on the GPU: contiguous and masked layouts, padding, CUDA graphs, bad indices."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+
+import cupygemm  # noqa: E402
+from gpu_helpers import (  # noqa: E402
+    bf16_to_f64,
+    check_against_reference,
+    dequant_rows,
+    poison_bf16,
+    randn_bf16,
+)
+
+POISON = 0xFFFF
+
+
+def grouped_weights(g, n, k, rng):
+    b = cp.empty((g, n, k), cp.uint8)
+    sfb = cp.empty((g, -(-n // 128), -(-k // 128)), cp.float32)
+    for i in range(g):
+        b[i], sfb[i] = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
+    return b, sfb
+
+
+def contiguous_layout(g, expected, rng_np, empty_groups=()):
+    sizes = [0 if i in empty_groups else int(expected * rng_np.uniform(0.7, 1.3)) for i in range(g)]
+    idx = []
+    for i, s in enumerate(sizes):
+        padded = -(-s // 128) * 128
+        idx += [i] * s + [-1] * (padded - s)
+    return np.array(idx, np.int32), sizes
+
+
+def run_contiguous(g, expected, n, k, seed, empty_groups=()):
+    rng, rng_np = cp.random.default_rng(seed), np.random.default_rng(seed)
+    idx_host, _ = contiguous_layout(g, expected, rng_np, empty_groups)
+    m = len(idx_host)
+    a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((m, k), rng))
+    b, sfb = grouped_weights(g, n, k, rng)
+    idx = cp.asarray(idx_host)
+    out = poison_bf16((m, n))
+    cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, idx)
+    da = dequant_rows(a, sfa, 1)
+    for gi in range(g):
+        rows = cp.asarray(np.nonzero(idx_host == gi)[0])
+        if rows.size == 0:
+            continue
+        db = dequant_rows(b[gi], sfb[gi], 128)
+        want = da[rows] @ db.T
+        stats = check_against_reference(out[rows], want, cp.abs(da[rows]) @ cp.abs(db).T)
+        assert stats["finite"] and stats["beyond_one_ulp"] == 0 and stats["rel_fro"] < 3e-3, (gi, stats)
+    pad = cp.asarray(np.nonzero(idx_host == -1)[0])
+    if pad.size:
+        assert (out[pad].view(cp.uint16) == POISON).all(), "padding rows were written"
+    return out
+
+
+@pytest.mark.parametrize("g,expected,n,k", [(1, 300, 512, 1024), (4, 700, 1024, 2048), (8, 256, 2112, 576),
+                                            (32, 128, 512, 512), (4, 8192, 4096, 7168)])
+def test_contiguous(g, expected, n, k):
+    run_contiguous(g, expected, n, k, seed=g + n)
+
+
+def test_contiguous_with_empty_groups():
+    run_contiguous(6, 300, 768, 1024, seed=11, empty_groups=(0, 3, 5))
+
+
+def run_masked(g, max_m, n, k, masked, seed, expected_m=None):
+    rng = cp.random.default_rng(seed)
+    a = cp.empty((g, max_m, k), cp.uint8)
+    sfa = cp.empty((g, max_m, -(-k // 128)), cp.float32)
+    for i in range(g):
+        a[i], sfa[i] = cupygemm.per_token_cast_to_fp8(randn_bf16((max_m, k), rng))
+    b, sfb = grouped_weights(g, n, k, rng)
+    out = poison_bf16((g, max_m, n))
+    mm = cp.asarray(np.array(masked, np.int32))
+    cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sfa), (b, sfb), out, mm,
+                                                   expected_m if expected_m is not None else max(1, max(masked)))
+    check_masked(a, sfa, b, sfb, out, masked)
+    return a, sfa, b, sfb, out
+
+
+def check_masked(a, sfa, b, sfb, out, masked):
+    for gi, mg in enumerate(masked):
+        mg = max(0, min(mg, a.shape[1]))
+        if mg:
+            da = dequant_rows(a[gi, :mg], sfa[gi, :mg], 1)
+            db = dequant_rows(b[gi], sfb[gi], 128)
+            stats = check_against_reference(out[gi, :mg], da @ db.T, cp.abs(da) @ cp.abs(db).T)
+            assert stats["finite"] and stats["beyond_one_ulp"] == 0 and stats["rel_fro"] < 3e-3, (gi, stats)
+        assert (out[gi, mg:].view(cp.uint16) == POISON).all(), f"group {gi}: rows past masked_m written"
+
+
+@pytest.mark.parametrize("g,max_m,n,k,masked", [
+    (1, 256, 512, 1024, [200]),
+    (2, 512, 1024, 2048, [0, 512]),
+    (4, 384, 2112, 576, [1, 383, 128, 64]),
+    (32, 128, 256, 512, list(range(0, 128, 4))),
+    (4, 4096, 4096, 7168, [256, 300, 190, 222]),
+])
+def test_masked(g, max_m, n, k, masked):
+    run_masked(g, max_m, n, k, masked, seed=g + max_m)
+
+
+def test_masked_cuda_graph_replay_with_changing_masks():
+    g, max_m, n, k = 4, 512, 1024, 1024
+    a, sfa, b, sfb, out = run_masked(g, max_m, n, k, [10, 20, 30, 40], seed=3)
+    sfa_cm = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    mm = cp.zeros(g, cp.int32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sfa_cm), (b, sfb), out, mm, 256)  # load the kernel
+        stream.begin_capture()
+        cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sfa_cm), (b, sfb), out, mm, 256)
+        graph = stream.end_capture()
+    rng = np.random.default_rng(0)
+    for trial in range(4):
+        masked = [int(v) for v in rng.integers(0, max_m + 1, g)]
+        if trial == 0:
+            masked[0] = max_m
+        with stream:
+            out.view(cp.uint16).fill(POISON)
+            mm.set(np.array(masked, np.int32), stream=stream)
+            graph.launch(stream)
+        stream.synchronize()
+        check_masked(a, sfa, b, sfb, out, masked)
+
+
+def test_out_of_range_indices_are_safe():
+    """Bad m_indices / masked_m never fault; the context stays usable afterwards."""
+    rng = cp.random.default_rng(0)
+    g, n, k = 3, 256, 512
+    b, sfb = grouped_weights(g, n, k, rng)
+    m = 512
+    a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((m, k), rng))
+    idx = cp.asarray(np.array([7] * 128 + [-5] * 128 + [1] * 100 + [99] * 28 + [2] * 128, np.int32))
+    out = poison_bf16((m, n))
+    cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), out, idx)
+    cp.cuda.Device().synchronize()
+    host = out.view(cp.uint16).get()
+    assert (host[:256] == POISON).all() and (host[356:384] == POISON).all()
+    assert (host[256:356] != POISON).any() and (host[384:] != POISON).any()
+    a3 = cp.zeros((g, 128, k), cp.uint8)
+    s3 = cp.ones((g, 128, k // 128), cp.float32)
+    out3 = poison_bf16((g, 128, n))
+    cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a3, s3), (b, sfb), out3,
+                                                   cp.asarray(np.array([-3, 1000, 5], np.int32)), 64)
+    cp.cuda.Device().synchronize()
+    host3 = out3.view(cp.uint16).get()
+    assert (host3[0] == POISON).all() and (host3[1] == 0).all() and (host3[2, :5] == 0).all()
+    assert (host3[2, 5:] == POISON).all()
+    # The context still computes correctly.
+    run_contiguous(2, 200, 256, 256, seed=1)
+
+
+def test_check_inputs_env_reports_bad_entries(monkeypatch):
+    monkeypatch.setenv("CUPYGEMM_CHECK_INPUTS", "1")
+    rng = cp.random.default_rng(0)
+    b, sfb = grouped_weights(2, 256, 256, rng)
+    a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((256, 256), rng))
+    idx = cp.asarray(np.array([0] * 128 + [1] * 127 + [2], np.int32))
+    with pytest.raises(ValueError, match=r"m_indices\[255\] = 2"):
+        cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), None, idx)
+    a3 = cp.zeros((2, 128, 256), cp.uint8)
+    s3 = cp.ones((2, 128, 2), cp.float32)
+    with pytest.raises(ValueError, match=r"masked_m\[1\] = 129"):
+        cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a3, s3), (b, sfb), None,
+                                                       cp.asarray(np.array([3, 129], np.int32)), 64)
