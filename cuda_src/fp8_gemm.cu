@@ -26,7 +26,7 @@ __device__ __forceinline__ uint32_t d_slab_offset(uint32_t row, uint32_t col) {
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t WGMMA_N,
           uint32_t kNumStages, uint32_t kNumMathWG, uint32_t kMathRegs, uint32_t kSwizzleD, uint32_t kRasterN,
-          int kKind>
+          int kKind, bool kDoubleAcc>
 __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_b,
                                               const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
                                               const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
@@ -39,8 +39,12 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   constexpr uint32_t kAccPerSub = WGMMA_N / 2;
   constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, kBlockK);
   constexpr uint32_t kNumSFBRows = ceil_div(SHAPE_N, kBlockK);
-  // A tile of BLOCK_N columns can touch ceil(BLOCK_N/128)+1 scale blocks when it is not 128-aligned.
-  constexpr uint32_t kMaxSFB = (kBlockK % BLOCK_N == 0) ? 1 : ceil_div(BLOCK_N, kBlockK) + 1;
+  // B scale blocks (128 columns) one tile touches: one when BLOCK_N divides 128; BLOCK_N / 128 when 128 divides
+  // BLOCK_N (tiles start on block boundaries); otherwise a tile may straddle, touching ceil(BLOCK_N/128)+1.
+  constexpr bool kAlignedN = BLOCK_N % kBlockK == 0;
+  constexpr uint32_t kMaxSFB =
+      (kBlockK % BLOCK_N == 0) ? 1 : kAlignedN ? BLOCK_N / kBlockK : ceil_div(BLOCK_N, kBlockK) + 1;
+  static_assert(!kDoubleAcc || kNumNSub == 1, "double accumulators need the whole tile in one wgmma");
   static_assert(BLOCK_M % (64 * kNumMathWG) == 0, "each math warpgroup owns whole m64 slices");
   static_assert(BLOCK_N % WGMMA_N == 0 && WGMMA_N % 8 == 0 && WGMMA_N <= 256, "bad wgmma N");
   static_assert(BLOCK_N <= 256 && BLOCK_M <= 256, "TMA boxes are at most 256 rows");
@@ -117,18 +121,25 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   uint8_t* my_smem_d = smem_d + warpgroup * (kNumSlabs * kSlabBytes);
   const uint32_t barrier_id = 1 + warpgroup;
 
-  float acc[kNumMSub][kAccPerSub];
+  // Scales of one K block: A per row this thread owns, B per 128-column block the tile touches.
+  struct Scales {
+    float a[kNumMSub][2];
+    float b[kMaxSFB];
+  };
+  float acc0[kNumMSub][kAccPerSub];
+  float acc1[kDoubleAcc ? kNumMSub : 1][kDoubleAcc ? kAccPerSub : 1];
   float final_acc[kNumMSub][kNumNSub][kAccPerSub];
   uint32_t stage = 0, phase = 0;
 
   while (scheduler.next(tile)) {
     const uint32_t n0 = tile.n_block * BLOCK_N;
     const uint32_t b_group = kKind == kNormal ? 0 : tile.group;
-    // Scale rows of B this tile touches; index i covers columns [128*i - n0 % 128, ...) of the tile.
     const float* sfb_tile = sfb + (b_group * kNumSFBRows) * kNumKBlocks;
-    uint32_t sfb_row[kMaxSFB];
+    const float* sfb_ptr[kMaxSFB];
 #pragma unroll
-    for (uint32_t i = 0; i < kMaxSFB; ++i) sfb_row[i] = cmin(n0 / kBlockK + i, kNumSFBRows - 1);
+    for (uint32_t i = 0; i < kMaxSFB; ++i) sfb_ptr[i] = sfb_tile + cmin(n0 / kBlockK + i, kNumSFBRows - 1) * kNumKBlocks;
+    // Tile columns at which the B scale block changes (only used when a tile can straddle blocks).
+    const uint32_t boundary = kBlockK - n0 % kBlockK;
 
 #pragma unroll
     for (uint32_t ms = 0; ms < kNumMSub; ++ms)
@@ -137,66 +148,113 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
 #pragma unroll
         for (uint32_t j = 0; j < kAccPerSub; ++j) final_acc[ms][ns][j] = 0.f;
 
-#pragma unroll 1
-    for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
-      // B scales come straight from global memory (L2-resident, tiny); their latency hides behind the wait.
-      float sfb_val[kMaxSFB];
+    auto load_b_scales = [&](Scales& sc, uint32_t kb) {
 #pragma unroll
-      for (uint32_t i = 0; i < kMaxSFB; ++i) sfb_val[i] = __ldg(sfb_tile + sfb_row[i] * kNumKBlocks + kb);
-
-      mbarrier_wait(&full_bar[stage], phase);
-      const float* sfa = smem_sfa + stage * (SMEM_SFA / 4) + wg_row0;
-      float sfa_val[kNumMSub][2];
+      for (uint32_t i = 0; i < kMaxSFB; ++i) sc.b[i] = __ldg(sfb_ptr[i] + kb);
+    };
+    // Waits for the stage's TMA data, then reads this thread's A scales from it.
+    auto wait_stage = [&](Scales& sc, uint32_t s, uint32_t ph) {
+      mbarrier_wait(&full_bar[s], ph);
+      const float* sfa = smem_sfa + s * (SMEM_SFA / 4) + wg_row0;
 #pragma unroll
       for (uint32_t ms = 0; ms < kNumMSub; ++ms) {
-        sfa_val[ms][0] = sfa[ms * 64 + row_in_sub];
-        sfa_val[ms][1] = sfa[ms * 64 + row_in_sub + 8];
+        sc.a[ms][0] = sfa[ms * 64 + row_in_sub];
+        sc.a[ms][1] = sfa[ms * 64 + row_in_sub + 8];
       }
-      const uint8_t* a_tile = smem_a + stage * SMEM_A + wg_row0 * kBlockK;
-      const uint8_t* b_tile = smem_b + stage * SMEM_B;
-
+    };
+    auto issue = [&](float (&acc)[kNumMSub][kAccPerSub], uint32_t s, uint32_t ns) {
+      const uint8_t* a_tile = smem_a + s * SMEM_A + wg_row0 * kBlockK;
+      const uint8_t* b_tile = smem_b + s * SMEM_B + ns * WGMMA_N * kBlockK;
+      wgmma_fence();
 #pragma unroll
-      for (uint32_t ns = 0; ns < kNumNSub; ++ns) {
-        wgmma_fence();
-#pragma unroll
-        for (uint32_t k32 = 0; k32 < kBlockK / 32; ++k32) {
-#pragma unroll
-          for (uint32_t ms = 0; ms < kNumMSub; ++ms) {
-            const uint64_t da = make_smem_desc_k128_sw128(a_tile + ms * 64 * kBlockK + k32 * 32);
-            const uint64_t db = make_smem_desc_k128_sw128(b_tile + ns * WGMMA_N * kBlockK + k32 * 32);
-            WgmmaFP8<WGMMA_N>::mma(da, db, acc[ms], k32 > 0);
-          }
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
+      for (uint32_t k32 = 0; k32 < kBlockK / 32; ++k32)
 #pragma unroll
         for (uint32_t ms = 0; ms < kNumMSub; ++ms)
+          WgmmaFP8<WGMMA_N>::mma(make_smem_desc_k128_sw128(a_tile + ms * 64 * kBlockK + k32 * 32),
+                                 make_smem_desc_k128_sw128(b_tile + k32 * 32), acc[ms], k32 > 0);
+      wgmma_commit();
+    };
+    auto settle = [&](float (&acc)[kNumMSub][kAccPerSub]) {
 #pragma unroll
-          for (uint32_t j = 0; j < kAccPerSub; ++j) fence_operand(acc[ms][j]);
-
-        // The stage's A/B/SFA have been consumed: hand the buffers back to the producer early.
-        if (ns == kNumNSub - 1 && lane == 0) mbarrier_arrive(&empty_bar[stage]);
-
-        // Promotion on CUDA cores: final += (scale_a(row) * scale_b(block)) * partial.
+      for (uint32_t ms = 0; ms < kNumMSub; ++ms)
 #pragma unroll
-        for (uint32_t ms = 0; ms < kNumMSub; ++ms) {
+        for (uint32_t j = 0; j < kAccPerSub; ++j) fence_operand(acc[ms][j]);
+    };
+    // Promotion on CUDA cores: final += (scale_a(row) * scale_b(block)) * partial.
+    auto promote = [&](const float (&acc)[kNumMSub][kAccPerSub], const Scales& sc, uint32_t ns) {
 #pragma unroll
-          for (uint32_t g = 0; g < WGMMA_N / 8; ++g) {
-            float sb = sfb_val[0];
-            if (kMaxSFB > 1) {
-              const uint32_t idx = (n0 % kBlockK + ns * WGMMA_N + g * 8) / kBlockK;
+      for (uint32_t ms = 0; ms < kNumMSub; ++ms) {
+        float p[kMaxSFB][2];
 #pragma unroll
-              for (uint32_t i = 1; i < kMaxSFB; ++i) sb = idx == i ? sfb_val[i] : sb;
-            }
-            const float s0 = sfa_val[ms][0] * sb, s1 = sfa_val[ms][1] * sb;
-            final_acc[ms][ns][g * 4 + 0] += s0 * acc[ms][g * 4 + 0];
-            final_acc[ms][ns][g * 4 + 1] += s0 * acc[ms][g * 4 + 1];
-            final_acc[ms][ns][g * 4 + 2] += s1 * acc[ms][g * 4 + 2];
-            final_acc[ms][ns][g * 4 + 3] += s1 * acc[ms][g * 4 + 3];
+        for (uint32_t i = 0; i < kMaxSFB; ++i) p[i][0] = sc.a[ms][0] * sc.b[i], p[i][1] = sc.a[ms][1] * sc.b[i];
+#pragma unroll
+        for (uint32_t g = 0; g < WGMMA_N / 8; ++g) {
+          const uint32_t col = ns * WGMMA_N + g * 8;
+          float s0 = p[0][0], s1 = p[0][1];
+          if (kMaxSFB > 1) {
+            // Aligned tiles know their block per column at compile time; others compare with the boundary.
+            const uint32_t idx = kAlignedN ? col / kBlockK : (col >= boundary) + (col >= boundary + kBlockK);
+#pragma unroll
+            for (uint32_t i = 1; i < kMaxSFB; ++i)
+              if (idx == i) s0 = p[i][0], s1 = p[i][1];
           }
+          final_acc[ms][ns][g * 4 + 0] += s0 * acc[ms][g * 4 + 0];
+          final_acc[ms][ns][g * 4 + 1] += s0 * acc[ms][g * 4 + 1];
+          final_acc[ms][ns][g * 4 + 2] += s1 * acc[ms][g * 4 + 2];
+          final_acc[ms][ns][g * 4 + 3] += s1 * acc[ms][g * 4 + 3];
         }
       }
+    };
+    auto release = [&](uint32_t s) {
+      if (lane == 0) mbarrier_arrive(&empty_bar[s]);
+    };
+    auto advance = [&]() {
       if (++stage == kNumStages) stage = 0, phase ^= 1;
+    };
+
+    Scales cur, next;
+    load_b_scales(next, 0);
+    if constexpr (!kDoubleAcc) {
+#pragma unroll 1
+      for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+        cur = next;
+        if (kb + 1 < kNumKBlocks) load_b_scales(next, kb + 1);  // prefetch: latency hides behind this block
+        wait_stage(cur, stage, phase);
+#pragma unroll
+        for (uint32_t ns = 0; ns < kNumNSub; ++ns) {
+          issue(acc0, stage, ns);
+          wgmma_wait<0>();
+          settle(acc0);
+          if (ns == kNumNSub - 1) release(stage);  // A/B/SFA consumed: hand the stage back early
+          promote(acc0, cur, ns);
+        }
+        advance();
+      }
+    } else {
+      // Two accumulator sets: block kb+1's wgmmas run on the tensor cores while block kb is promoted.
+      wait_stage(next, stage, phase);
+      issue(acc0, stage, 0);
+      auto step = [&](uint32_t kb, float (&acc_cur)[kNumMSub][kAccPerSub], float (&acc_next)[kNumMSub][kAccPerSub]) {
+        cur = next;
+        const uint32_t cur_stage = stage;
+        advance();
+        if (kb + 1 < kNumKBlocks) {
+          load_b_scales(next, kb + 1);
+          wait_stage(next, stage, phase);
+          issue(acc_next, stage, 0);
+          wgmma_wait<1>();
+        } else {
+          wgmma_wait<0>();
+        }
+        settle(acc_cur);
+        release(cur_stage);
+        promote(acc_cur, cur, 0);
+      };
+#pragma unroll 1
+      for (uint32_t kb = 0; kb < kNumKBlocks; kb += 2) {
+        step(kb, acc0, acc1);
+        if (kb + 1 < kNumKBlocks) step(kb + 1, acc1, acc0);
+      }
     }
 
     // ---------------- epilogue ----------------
@@ -291,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                       uint32_t ld_d) {
   cupygemm::fp8_gemm_impl<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N, CUPYGEMM_WGMMA_N,
                           CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG, CUPYGEMM_MATH_REGS, CUPYGEMM_SWIZZLE_D,
-                          CUPYGEMM_RASTER_N, CUPYGEMM_KIND>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout,
+                          CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_DOUBLE_ACC>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout,
                                                             d_ptr, shape_m, num_groups, ld_d);
 }
 #endif

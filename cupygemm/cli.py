@@ -5,7 +5,8 @@ import argparse
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -82,14 +83,20 @@ def warmup_configs(kind: str, shapes: list[tuple[int, ...]], num_sms: int):
 
 
 def compile_all(cfgs, jobs: int, progress: bool = True) -> float:
-    """Compile the configs in parallel (NVRTC releases the GIL); returns the seconds taken."""
-    from cupygemm.kernels import compile_gemm
+    """Compile the configs into the disk cache in worker processes (NVRTC holds the GIL, so threads would
+    not run in parallel); returns the seconds taken."""
+    from cupygemm.kernels import compile_gemm, precompile_gemm
 
     unique = list(dict.fromkeys(cfgs))
     t0 = time.time()
     done = 0
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(compile_gemm, c) for c in unique]
+    if len(unique) <= 1 or jobs <= 1:
+        for c in unique:
+            compile_gemm(c)
+        return time.time() - t0
+    ctx = multiprocessing.get_context("spawn")  # workers need no CUDA context; never fork one
+    with ProcessPoolExecutor(max_workers=min(jobs, len(unique)), mp_context=ctx) as pool:
+        futures = [pool.submit(precompile_gemm, c) for c in unique]
         for f in as_completed(futures):
             f.result()
             done += 1

@@ -48,6 +48,7 @@ class GemmConfig:
     raster_n: int
     num_sms: int  # persistent grid size
     smem_bytes: int  # dynamic shared memory per CTA
+    double_acc: bool = False  # two accumulator sets: next block's MMA overlaps this block's promotion
 
     @property
     def threads(self) -> int:
@@ -71,13 +72,15 @@ class GemmConfig:
             "CUPYGEMM_SWIZZLE_D": self.swizzle_d,
             "CUPYGEMM_RASTER_N": self.raster_n,
             "CUPYGEMM_KIND": self.kind,
+            "CUPYGEMM_DOUBLE_ACC": int(self.double_acc),
             "CUPYGEMM_CLUSTER_ATTR": "",
         }
 
     def describe(self) -> str:
         return (f"{KIND_NAMES[self.kind]} N={self.shape_n} K={self.shape_k}: block {self.block_m}x{self.block_n} "
                 f"(wgmma n{self.wgmma_n}), {self.num_stages} stages, {self.num_math_wg} math WG, "
-                f"swizzle_d {self.swizzle_d}, grid {self.num_sms}, smem {self.smem_bytes} B")
+                f"swizzle_d {self.swizzle_d}, {'2 acc sets, ' if self.double_acc else ''}grid {self.num_sms}, "
+                f"smem {self.smem_bytes} B")
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -117,6 +120,16 @@ def wgmma_n_for(block_m: int, block_n: int) -> int | None:
         if m_sub * (wn // 2) + m_sub * (block_n // 2) <= budget:
             return wn
     return None
+
+
+def double_acc_fits(block_m: int, block_n: int, wgmma_n: int) -> bool:
+    """Whether two temporary accumulator sets plus the final one fit in the math registers."""
+    if wgmma_n != block_n:
+        return False
+    num_math_wg = 1 if block_m == 64 else 2
+    m_sub = block_m // (64 * num_math_wg)
+    budget = (_MATH_REGS_TWO_WG if num_math_wg > 1 else _MATH_REGS_ONE_WG) - _OTHER_REGS
+    return 3 * m_sub * (block_n // 2) <= budget
 
 
 def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int) -> int:
@@ -166,7 +179,7 @@ def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
     For tuning; ``fields`` empty removes the override. Unknown fields raise ValueError.
     """
     kind = _kind_id(kind)
-    allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n"}
+    allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "double_acc"}
     bad = set(fields) - allowed
     if bad:
         raise ValueError(f"override_config: unknown fields {sorted(bad)}; allowed: {sorted(allowed)}")
@@ -228,7 +241,7 @@ def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_s
     grid = num_sms if kind == KIND_MASKED or "block_m" in fields or "block_n" in fields else min(num_sms, est.tiles)
     cfg = make_config(kind, n, k, bm, bn, num_sms=max(grid, 1), smem_limit=smem_limit,
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
-                      raster_n=fields.get("raster_n", 16))
+                      raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"))
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"])
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
@@ -244,7 +257,7 @@ def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_s
 
 def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
-                num_stages: int | None = None, raster_n: int = 16) -> GemmConfig:
+                num_stages: int | None = None, raster_n: int = 16, double_acc: bool | None = None) -> GemmConfig:
     """Build (and check) a config for explicit block sizes."""
     kind = _kind_id(kind)
     if block_m not in (64, 128, 256):
@@ -260,8 +273,12 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     stages = num_stages if num_stages is not None else _stages_for(block_m, block_n, num_k_blocks, smem_limit)
     if stages < 1 or smem_bytes(block_m, block_n, stages) + _STATIC_SMEM > smem_limit:
         raise ValueError(f"block {block_m}x{block_n} with {stages} stages does not fit in {smem_limit} B of shared memory")
+    fits = double_acc_fits(block_m, block_n, wn)
+    if double_acc and not fits:
+        raise ValueError(f"block {block_m}x{block_n} (wgmma_n={wn}): two accumulator sets do not fit in registers")
     return GemmConfig(
         kind=kind, shape_n=n, shape_k=k, block_m=block_m, block_n=block_n, wgmma_n=wn, num_stages=stages,
         num_math_wg=1 if block_m == 64 else 2, swizzle_d=output_swizzle(block_n), raster_n=raster_n,
         num_sms=num_sms, smem_bytes=smem_bytes(block_m, block_n, stages),
+        double_acc=fits if double_acc is None else bool(double_acc),
     )

@@ -29,6 +29,11 @@ def compile_gemm(cfg: GemmConfig) -> bytes:
     return build_cubin(gemm_source(cfg), config=cfg)[1]
 
 
+def precompile_gemm(cfg: GemmConfig) -> None:
+    """Worker-process entry: build ``cfg`` into the disk cache (returns nothing, to avoid shipping bytes)."""
+    compile_gemm(cfg)
+
+
 def get_gemm_kernel(cfg: GemmConfig, device_id: int) -> LoadedKernel:
     """The loaded kernel for ``cfg`` on ``device_id`` (the current device); memoized in-process."""
     key = (device_id, _compile_key(cfg))

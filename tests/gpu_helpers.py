@@ -10,6 +10,11 @@ import cupygemm
 
 _LUT = None
 
+# Hopper's FP8 wgmma accumulates with ~14 significant bits (DeepSeek-V3 report, section 3.3; measured here:
+# the BF16 output differs from the rounded float64 reference in ~10% of elements by one ulp). Allow 2^-12 of
+# the sum of |products| on top of one BF16 ulp.
+FP8_ACCUM_EPS = 2.0**-12
+
 
 def fp8_lut():
     global _LUT
@@ -80,12 +85,13 @@ def calc_diff(x: cp.ndarray, y: cp.ndarray) -> float:
 
 def check_against_reference(out, want: cp.ndarray, mag: cp.ndarray) -> dict:
     """Numbers the tests assert on: errors vs the float64 reference and vs its BF16 rounding, and the count of
-    elements off by more than one BF16 ulp plus the FP32 accumulation allowance (2^-16 of sum |a*b|)."""
+    elements off by more than one BF16 ulp plus the tensor-core accumulation allowance (FP8_ACCUM_EPS of
+    sum |a*b|)."""
     got = bf16_to_f64(out)
     want_bf16 = round_to_bf16(want)
     # One BF16 ulp of the reference (2^-7 relative to the leading power of two).
     ulp = cp.ldexp(cp.ones_like(want), (cp.frexp(cp.abs(want))[1] - 8).astype(cp.int32))
-    tol = 1.01 * ulp + 2.0**-16 * mag + 1e-30
+    tol = 1.01 * ulp + FP8_ACCUM_EPS * mag + 1e-30
     return {
         "finite": bool(cp.isfinite(got).all()),
         "rel_fro": rel_fro(got, want),

