@@ -62,7 +62,7 @@ class KernelSource:
     @functools.cached_property
     def digest(self) -> str:
         h = hashlib.sha256()
-        for part in (self.name, self.text, *[f"{k}\0{v}" for k, v in self.headers.items()]):
+        for part in (self.name, self.entry, self.text, *[f"{k}\0{v}" for k, v in self.headers.items()]):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
