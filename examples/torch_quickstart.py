@@ -1,0 +1,20 @@
+"""PyTorch users: torch tensors in (float8_e4m3fn), a torch bfloat16 tensor out, no copies. Hopper GPU."""
+import torch
+
+import cupygemm
+
+m, n, k = 4096, 7168, 2048
+x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+
+a, sfa = cupygemm.per_token_cast_to_fp8(x)  # torch uint8 bits + float32 scales
+b, sfb = cupygemm.per_block_cast_to_fp8(w)
+a8, b8 = a.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn)
+
+d = cupygemm.gemm_fp8_fp8_bf16_nt((a8, sfa), (b8, sfb))  # torch.bfloat16 [m, n], same device
+out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+cupygemm.gemm_fp8_fp8_bf16_nt((a8, sfa), (b8, sfb), out)  # or write into your own tensor
+
+ref = x.float() @ w.float().T
+diff = 1 - 2 * (d.double() * ref.double()).sum() / (d.double().square() + ref.double().square()).sum()
+print(f"{type(d).__name__} {tuple(d.shape)} {d.dtype}; calc_diff {diff.item():.2e}; in-place equal: {torch.equal(d, out)}")

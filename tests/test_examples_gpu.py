@@ -1,0 +1,27 @@
+"""Every example runs as it is and reports a good check (GPU)."""
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+NEEDS = {"torch_quickstart.py": "torch", "jax_quickstart.py": "jax"}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_example_runs(name):
+    mod = NEEDS.get(name)
+    if mod and importlib.util.find_spec(mod) is None:
+        pytest.skip(f"{mod} not installed")
+    r = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    diffs = [float(v) for v in re.findall(r"calc_diff[^0-9]*([0-9.]+e[-+][0-9]+)", r.stdout)]
+    assert diffs, r.stdout
+    assert all(d < 1e-3 for d in diffs), r.stdout
