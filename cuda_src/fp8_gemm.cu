@@ -26,7 +26,7 @@ __device__ __forceinline__ uint32_t d_slab_offset(uint32_t row, uint32_t col) {
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t WGMMA_N,
           uint32_t kNumStages, uint32_t kNumMathWG, uint32_t kMathRegs, uint32_t kSwizzleD, uint32_t kRasterN,
-          int kKind, bool kDoubleAcc>
+          int kKind, bool kDoubleAcc, int kMulticast>
 __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_b,
                                               const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
                                               const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
@@ -45,6 +45,9 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   constexpr uint32_t kMaxSFB =
       (kBlockK % BLOCK_N == 0) ? 1 : kAlignedN ? BLOCK_N / kBlockK : ceil_div(BLOCK_N, kBlockK) + 1;
   static_assert(!kDoubleAcc || kNumNSub == 1, "double accumulators need the whole tile in one wgmma");
+  // Multicast: each CTA of a 2-CTA cluster loads half of the shared tile into both CTAs' shared memory.
+  constexpr uint32_t kCluster = kMulticast ? 2 : 1;
+  static_assert(kMulticast != 2 || (BLOCK_N % 16 == 0 && kKind == kNormal), "B multicast: halves of whole swizzle atoms");
   static_assert(BLOCK_M % (64 * kNumMathWG) == 0, "each math warpgroup owns whole m64 slices");
   static_assert(BLOCK_N % WGMMA_N == 0 && WGMMA_N % 8 == 0 && WGMMA_N <= 256, "bad wgmma N");
   static_assert(BLOCK_N <= 256 && BLOCK_M <= 256, "TMA boxes are at most 256 rows");
@@ -77,13 +80,16 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     tma_prefetch_descriptor(&tmap_d);
     for (uint32_t s = 0; s < kNumStages; ++s) {
       mbarrier_init(&full_bar[s], 1);
-      mbarrier_init(&empty_bar[s], kNumMathWG * 4);  // one arrival per math warp
+      mbarrier_init(&empty_bar[s], kNumMathWG * 4 * kCluster);  // one arrival per math warp of each CTA
     }
     mbarrier_init_fence();
   }
-  __syncthreads();
+  // Clustered: the peer multicasts into our shared memory and arrives on our barriers, so it must see them
+  // initialised.
+  if constexpr (kCluster > 1) cluster_sync(); else __syncthreads();
 
-  TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN> scheduler(shape_m, num_groups, grouped_layout);
+  using Scheduler = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast>;
+  Scheduler scheduler(shape_m, num_groups, grouped_layout);
   Tile tile;
 
   if (warpgroup == kNumMathWG) {
@@ -101,10 +107,25 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         mbarrier_wait(&empty_bar[stage], phase ^ 1);
         mbarrier_arrive_expect_tx(&full_bar[stage], kStageTxBytes);
         const int k = static_cast<int>(kb * kBlockK);
-        tma_load_3d(smem_a + stage * SMEM_A, &tmap_a, &full_bar[stage], k, a_row, a_group);
-        tma_load_3d(smem_b + stage * SMEM_B, &tmap_b, &full_bar[stage], k, b_row, b_group);
+        if constexpr (kMulticast == 1)
+          tma_load_3d_multicast(smem_a + stage * SMEM_A + scheduler.rank * (SMEM_A / 2), &tmap_a, &full_bar[stage],
+                                0b11, k, a_row + static_cast<int>(scheduler.rank * BLOCK_M / 2), a_group);
+        else
+          tma_load_3d(smem_a + stage * SMEM_A, &tmap_a, &full_bar[stage], k, a_row, a_group);
+        if constexpr (kMulticast == 2)
+          tma_load_3d_multicast(smem_b + stage * SMEM_B + scheduler.rank * (SMEM_B / 2), &tmap_b, &full_bar[stage],
+                                0b11, k, b_row + static_cast<int>(scheduler.rank * BLOCK_N / 2), b_group);
+        else
+          tma_load_3d(smem_b + stage * SMEM_B, &tmap_b, &full_bar[stage], k, b_row, b_group);
         tma_load_3d(reinterpret_cast<uint8_t*>(smem_sfa) + stage * SMEM_SFA, &tmap_sfa, &full_bar[stage], a_row,
                     static_cast<int>(kb), a_group);
+        if (++stage == kNumStages) stage = 0, phase ^= 1;
+      }
+    }
+    if constexpr (kCluster > 1) {
+      // Stay alive until both CTAs' consumers released every stage: their remote arrivals target our barriers.
+      for (uint32_t i = 0; i < kNumStages; ++i) {
+        mbarrier_wait(&empty_bar[stage], phase ^ 1);
         if (++stage == kNumStages) stage = 0, phase ^= 1;
       }
     }
@@ -206,7 +227,11 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       }
     };
     auto release = [&](uint32_t s) {
-      if (lane == 0) mbarrier_arrive(&empty_bar[s]);
+      if constexpr (kCluster > 1) {
+        if (lane < kCluster) mbarrier_arrive_cluster(&empty_bar[s], lane);  // both CTAs' producers wrote it
+      } else {
+        if (lane == 0) mbarrier_arrive(&empty_bar[s]);
+      }
     };
     auto advance = [&]() {
       if (++stage == kNumStages) stage = 0, phase ^= 1;
@@ -271,7 +296,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         }
       rows_ok = named_barrier_and(barrier_id, 128, rows_ok);
     } else if (kKind == kGroupedMasked) {
-      const uint32_t valid_m = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN>::clamped_masked_m(
+      const uint32_t valid_m = Scheduler::clamped_masked_m(
           grouped_layout, tile.group, shape_m);
       rows_ok = tile_row0 + WG_M <= valid_m;  // uniform across the warpgroup
     }
@@ -309,7 +334,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       // Some rows must stay untouched (contiguous padding rows, masked rows past masked_m): direct stores.
       const uint64_t group_rows = kKind == kGroupedMasked ? uint64_t(tile.group) * shape_m : 0;
       const uint32_t valid_m = kKind == kGroupedMasked
-                                   ? TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN>::clamped_masked_m(
+                                   ? Scheduler::clamped_masked_m(
                                          grouped_layout, tile.group, shape_m)
                                    : shape_m;
 #pragma unroll
@@ -349,7 +374,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                       uint32_t ld_d) {
   cupygemm::fp8_gemm_impl<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N, CUPYGEMM_WGMMA_N,
                           CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG, CUPYGEMM_MATH_REGS, CUPYGEMM_SWIZZLE_D,
-                          CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_DOUBLE_ACC>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout,
+                          CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_DOUBLE_ACC,
+                          CUPYGEMM_MULTICAST>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout,
                                                             d_ptr, shape_m, num_groups, ld_d);
 }
 #endif

@@ -49,6 +49,7 @@ class GemmConfig:
     num_sms: int  # persistent grid size
     smem_bytes: int  # dynamic shared memory per CTA
     double_acc: bool = False  # two accumulator sets: next block's MMA overlaps this block's promotion
+    multicast: int = 0  # 0 none; 1: 2-CTA clusters share A (pairs along N); 2: share B (pairs along M)
 
     @property
     def threads(self) -> int:
@@ -73,13 +74,15 @@ class GemmConfig:
             "CUPYGEMM_RASTER_N": self.raster_n,
             "CUPYGEMM_KIND": self.kind,
             "CUPYGEMM_DOUBLE_ACC": int(self.double_acc),
-            "CUPYGEMM_CLUSTER_ATTR": "",
+            "CUPYGEMM_MULTICAST": self.multicast,
+            "CUPYGEMM_CLUSTER_ATTR": "__cluster_dims__(2, 1, 1)" if self.multicast else "",
         }
 
     def describe(self) -> str:
         return (f"{KIND_NAMES[self.kind]} N={self.shape_n} K={self.shape_k}: block {self.block_m}x{self.block_n} "
                 f"(wgmma n{self.wgmma_n}), {self.num_stages} stages, {self.num_math_wg} math WG, "
-                f"swizzle_d {self.swizzle_d}, {'2 acc sets, ' if self.double_acc else ''}grid {self.num_sms}, "
+                f"swizzle_d {self.swizzle_d}, {'2 acc sets, ' if self.double_acc else ''}"
+                f"{['', 'multicast A x2, ', 'multicast B x2, '][self.multicast]}grid {self.num_sms}, "
                 f"smem {self.smem_bytes} B")
 
 
@@ -142,12 +145,25 @@ def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int) 
     return stages
 
 
-def _tile_seconds(block_m: int, block_n: int, k: int) -> float:
+def _tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0) -> float:
     k_eff = _round_up(k, BLOCK_K)
     # Narrow wgmmas issue less work per instruction; model their efficiency as n / (n + 16).
     mma = 2.0 * block_m * block_n * k_eff / (_MMA_FLOPS_PER_SM * block_n / (block_n + 16))
-    load = (block_m + block_n) * k_eff / _LOAD_BYTES_PER_SM
-    return max(mma, load) + _TILE_OVERHEAD_S
+    # Multicast halves the shared operand's traffic into each SM; pairing costs a little lock-step slack.
+    rows = block_m * (0.5 if multicast == 1 else 1.0) + block_n * (0.5 if multicast == 2 else 1.0)
+    load = rows * k_eff / _LOAD_BYTES_PER_SM
+    return max(mma, load) * (1.03 if multicast else 1.0) + _TILE_OVERHEAD_S
+
+
+def multicast_options(kind: int, m_rows: int, n: int, block_m: int, block_n: int) -> list[int]:
+    """Legal multicast modes: pairs along N need an even number of n blocks; pairs along M (normal GEMMs
+    only) an even number of m blocks and B halves of whole 8-row swizzle atoms."""
+    opts = [0]
+    if ceil_div(n, block_n) % 2 == 0:
+        opts.append(1)
+    if kind == KIND_NORMAL and block_n % 16 == 0 and ceil_div(m_rows, block_m) % 2 == 0:
+        opts.append(2)
+    return opts
 
 
 @dataclass(frozen=True)
@@ -158,15 +174,17 @@ class _Estimate:
     tiles: int
 
 
-def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int) -> _Estimate:
+def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int,
+              multicast: int = 0) -> _Estimate:
     n_blocks = ceil_div(n, bn)
     if kind == KIND_MASKED:
         tiles = groups * ceil_div(m_rows, bm) * n_blocks
     else:
         tiles = ceil_div(m_rows, bm) * n_blocks
-    waves = max(1, ceil_div(tiles, num_sms))
-    last = tiles - (waves - 1) * num_sms
-    return _Estimate(waves * _tile_seconds(bm, bn, k), waves, last / num_sms, tiles)
+    sms = num_sms - num_sms % 2 if multicast else num_sms
+    waves = max(1, ceil_div(tiles, sms))
+    last = tiles - (waves - 1) * sms
+    return _Estimate(waves * _tile_seconds(bm, bn, k, multicast), waves, last / sms, tiles)
 
 
 _override_lock = threading.Lock()
@@ -179,7 +197,7 @@ def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
     For tuning; ``fields`` empty removes the override. Unknown fields raise ValueError.
     """
     kind = _kind_id(kind)
-    allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "double_acc"}
+    allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "double_acc", "multicast"}
     bad = set(fields) - allowed
     if bad:
         raise ValueError(f"override_config: unknown fields {sorted(bad)}; allowed: {sorted(allowed)}")
@@ -225,25 +243,34 @@ def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_s
     best = None
     for bm in candidate_block_ms(kind, m_rows):
         for bn in candidate_block_ns(bm):
-            est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms)
-            # Lower time first; then a fuller last wave; then fewer bytes moved per output.
-            score = (round(est.seconds * 1e9), -est.last_wave_util, (bm + bn) / (bm * bn))
-            if best is None or score < best[0]:
-                best = (score, bm, bn, est)
+            for mc in multicast_options(kind, m_rows, n, bm, bn) if num_sms >= 2 else [0]:
+                est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
+                # Lower time first; then a fuller last wave; then fewer bytes moved per output.
+                score = (round(est.seconds * 1e9), -est.last_wave_util, (bm + bn) / (bm * bn), mc)
+                if best is None or score < best[0]:
+                    best = (score, bm, bn, mc, est)
     assert best is not None
-    _, bm, bn, est = best
+    _, bm, bn, mc, est = best
     fields: dict[str, int] = {}
     with _override_lock:
         fields.update(_overrides.get((kind, n, k), {}))
-    bm = fields.get("block_m", bm)
-    bn = fields.get("block_n", bn)
+    if "block_m" in fields or "block_n" in fields:
+        bm, bn = fields.get("block_m", bm), fields.get("block_n", bn)
+        mc = fields.get("multicast", 0)
+        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
+    mc = fields.get("multicast", mc)
+    if mc not in multicast_options(kind, m_rows, n, bm, bn):
+        raise ValueError(f"multicast={mc} is not legal for {KIND_NAMES[kind]} M={m_rows} N={n} with block "
+                         f"{bm}x{bn} (legal: {multicast_options(kind, m_rows, n, bm, bn)})")
     # Masked groups' sizes are only known on the device: keep every SM. Otherwise no more CTAs than tiles.
-    grid = num_sms if kind == KIND_MASKED or "block_m" in fields or "block_n" in fields else min(num_sms, est.tiles)
+    grid = num_sms if kind == KIND_MASKED else min(num_sms, est.tiles)
+    if mc:  # whole clusters of two
+        grid = max(2, min(grid + grid % 2, num_sms - num_sms % 2))
     cfg = make_config(kind, n, k, bm, bn, num_sms=max(grid, 1), smem_limit=smem_limit,
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
-                      raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"))
+                      raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"), multicast=mc)
     if "num_sms" in fields:
-        cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"])
+        cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
         key = (kind, m_rows, n, k, num_groups, cfg)
         with _print_lock:
@@ -257,7 +284,8 @@ def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_s
 
 def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
-                num_stages: int | None = None, raster_n: int = 16, double_acc: bool | None = None) -> GemmConfig:
+                num_stages: int | None = None, raster_n: int = 16, double_acc: bool | None = None,
+                multicast: int = 0) -> GemmConfig:
     """Build (and check) a config for explicit block sizes."""
     kind = _kind_id(kind)
     if block_m not in (64, 128, 256):
@@ -273,6 +301,14 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     stages = num_stages if num_stages is not None else _stages_for(block_m, block_n, num_k_blocks, smem_limit)
     if stages < 1 or smem_bytes(block_m, block_n, stages) + _STATIC_SMEM > smem_limit:
         raise ValueError(f"block {block_m}x{block_n} with {stages} stages does not fit in {smem_limit} B of shared memory")
+    if multicast not in (0, 1, 2):
+        raise ValueError(f"multicast: expected 0 (off), 1 (share A) or 2 (share B), got {multicast}")
+    if multicast == 1 and ceil_div(n, block_n) % 2:
+        raise ValueError(f"multicast=1 pairs n blocks: N={n} with block_n={block_n} gives an odd count")
+    if multicast == 2 and (kind != KIND_NORMAL or block_n % 16):
+        raise ValueError("multicast=2 (share B) needs a normal GEMM and block_n % 16 == 0")
+    if multicast and num_sms % 2:
+        raise ValueError(f"multicast needs an even grid, got {num_sms}")
     fits = double_acc_fits(block_m, block_n, wn)
     if double_acc and not fits:
         raise ValueError(f"block {block_m}x{block_n} (wgmma_n={wn}): two accumulator sets do not fit in registers")
@@ -280,5 +316,5 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         kind=kind, shape_n=n, shape_k=k, block_m=block_m, block_n=block_n, wgmma_n=wn, num_stages=stages,
         num_math_wg=1 if block_m == 64 else 2, swizzle_d=output_swizzle(block_n), raster_n=raster_n,
         num_sms=num_sms, smem_bytes=smem_bytes(block_m, block_n, stages),
-        double_acc=fits if double_acc is None else bool(double_acc),
+        double_acc=fits if double_acc is None else bool(double_acc), multicast=multicast,
     )

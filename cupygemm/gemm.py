@@ -30,10 +30,13 @@ def _launch(p: validate.Problem, m_rows_hint: int) -> None:
         lda, ldb, ldd = a.strides[-2], b.strides[-2], d.strides[-2]
         wg_m = cfg.block_m // cfg.num_math_wg
         slab = cfg.block_n if cfg.swizzle_d == 0 else cfg.swizzle_d // 2
+        # With multicast each CTA of a pair loads half of the shared tile.
+        box_m = cfg.block_m // 2 if cfg.multicast == 1 else cfg.block_m
+        box_n = cfg.block_n // 2 if cfg.multicast == 2 else cfg.block_n
         tmap_a = tma.encode_tiled(tma.UINT8, a.data.ptr, (k, m, g_a),
-                                  (lda, a.strides[0] if a.ndim == 3 else lda * m), (128, cfg.block_m, 1), 128)
+                                  (lda, a.strides[0] if a.ndim == 3 else lda * m), (128, box_m, 1), 128)
         tmap_b = tma.encode_tiled(tma.UINT8, b.data.ptr, (k, n, g_b),
-                                  (ldb, b.strides[0] if b.ndim == 3 else ldb * n), (128, cfg.block_n, 1), 128)
+                                  (ldb, b.strides[0] if b.ndim == 3 else ldb * n), (128, box_n, 1), 128)
         tmap_sfa = tma.encode_tiled(tma.FLOAT32, p.sfa.data.ptr, (m, kb, g_a),
                                     (4 * p.sfa_m_pad, 4 * p.sfa_m_pad * kb), (cfg.block_m, 1, 1), 0)
         tmap_d = tma.encode_tiled(tma.BFLOAT16, d.data.ptr, (n, m, g_a),

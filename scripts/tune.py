@@ -41,7 +41,7 @@ def timed(fn, iters=15):
     return float(np.median(ts))
 
 
-def variants(kind, n, k):
+def variants(kind, m_rows, n, k):
     out = []
     for bm in C.candidate_block_ms(kind, 4096) if kind != C.KIND_NORMAL else (64, 128, 256):
         for bn in range(16, 257, 8):
@@ -49,10 +49,11 @@ def variants(kind, n, k):
             if wn != bn:
                 continue
             for dacc in ((False, True) if C.double_acc_fits(bm, bn, bn) else (False,)):
-                try:
-                    out.append(C.make_config(kind, n, k, bm, bn, 132, double_acc=dacc))
-                except ValueError:
-                    pass
+                for mc in C.multicast_options(kind, m_rows, n, bm, bn):
+                    try:
+                        out.append(C.make_config(kind, n, k, bm, bn, 132, double_acc=dacc, multicast=mc))
+                    except ValueError:
+                        pass
     return out
 
 
@@ -87,7 +88,8 @@ def main():
     all_cfgs = []
     for kind, s in jobs:
         kid = {"normal": 0, "contiguous": 1, "masked": 2}[kind]
-        all_cfgs += variants(kid, s[-2], s[-1])
+        m_rows = s[0] if kind == "normal" else (s[0] * s[1] if kind == "contiguous" else s[1])
+        all_cfgs += variants(kid, m_rows, s[-2], s[-1])
     secs = compile_all(all_cfgs, os.cpu_count() or 1, progress=False)
     print(f"compiled {len(set(all_cfgs))} kernels in {secs:.0f}s", flush=True)
     for kind, s in jobs:
@@ -136,8 +138,9 @@ def main():
         dflt = timed(call)
         rows.append({"kind": kind, "shape": s, "config": "default " + default.describe(), "us": dflt})
         best = None
-        for cfg in variants(kid, n, k):
-            C.override_config(kid, n, k, block_m=cfg.block_m, block_n=cfg.block_n, double_acc=cfg.double_acc)
+        for cfg in variants(kid, m_hint if kind != "contiguous" else m_hint, n, k):
+            C.override_config(kid, n, k, block_m=cfg.block_m, block_n=cfg.block_n, double_acc=cfg.double_acc,
+                              multicast=cfg.multicast)
             try:
                 us = timed(call, iters=7)
             except Exception as e:
@@ -146,9 +149,9 @@ def main():
             finally:
                 C.override_config(kid, n, k)
             rows.append({"kind": kind, "shape": s, "bm": cfg.block_m, "bn": cfg.block_n, "dacc": cfg.double_acc,
-                         "stages": cfg.num_stages, "us": us})
+                         "mc": cfg.multicast, "stages": cfg.num_stages, "us": us})
             if best is None or us < best[0]:
-                best = (us, cfg.block_m, cfg.block_n, cfg.double_acc, cfg.num_stages)
+                best = (us, cfg.block_m, cfg.block_n, cfg.double_acc, cfg.multicast, cfg.num_stages)
         cub = next((r["us"] for r in rows if r["shape"] == s and r["config"] == "cublas_block"), None)
         print(f"{kind} {s}: default {dflt:.1f}us best {best} cublas {cub}", flush=True)
         with open(path, "w") as f:

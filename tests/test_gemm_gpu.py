@@ -83,6 +83,17 @@ def test_kernel_variants(bm, bn, wn, dacc):
         C.override_config("normal", n, k)
 
 
+@pytest.mark.parametrize("bm,bn,mc", [(64, 16, 1), (64, 64, 2), (128, 128, 1), (128, 128, 2), (128, 160, 2),
+                                      (128, 112, 1), (256, 64, 2), (64, 80, 2)])
+def test_multicast_variants(bm, bn, mc):
+    m, n, k = 1024, 1280, 1408  # even block counts along M and N for these tiles
+    C.override_config("normal", n, k, block_m=bm, block_n=bn, multicast=mc)
+    try:
+        assert_good(run_and_check(m, n, k, seed=bm + bn + mc), f"block {bm}x{bn} multicast {mc}")
+    finally:
+        C.override_config("normal", n, k)
+
+
 def test_few_stages_and_small_grid():
     m, n, k = 512, 1024, 4096
     C.override_config("normal", n, k, block_m=128, block_n=128, num_stages=1, num_sms=3)

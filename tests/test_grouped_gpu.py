@@ -67,6 +67,21 @@ def test_contiguous(g, expected, n, k):
     run_contiguous(g, expected, n, k, seed=g + n)
 
 
+@pytest.mark.parametrize("mc", [0, 1])
+def test_grouped_multicast_on_a(mc):
+    from cupygemm import config as C
+
+    n, k = 1024, 1024
+    for kind in ("contiguous", "masked"):
+        C.override_config(kind, n, k, block_m=128, block_n=128, multicast=mc)
+    try:
+        run_contiguous(4, 300, n, k, seed=5 + mc)
+        run_masked(3, 384, n, k, [384, 0, 129], seed=6 + mc)
+    finally:
+        for kind in ("contiguous", "masked"):
+            C.override_config(kind, n, k)
+
+
 def test_contiguous_with_empty_groups():
     run_contiguous(6, 300, 768, 1024, seed=11, empty_groups=(0, 3, 5))
 
