@@ -8,6 +8,7 @@ bytes. ``CUPYGEMM_PRINT_CONFIGS=1`` prints each choice; :func:`override_config` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -189,6 +190,7 @@ def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: 
 
 _override_lock = threading.Lock()
 _overrides: dict[tuple, dict] = {}
+_override_version = 0  # bumped on every override change; part of the choice memo's key
 
 
 def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
@@ -201,11 +203,13 @@ def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
     bad = set(fields) - allowed
     if bad:
         raise ValueError(f"override_config: unknown fields {sorted(bad)}; allowed: {sorted(allowed)}")
+    global _override_version
     with _override_lock:
         if fields:
             _overrides[(kind, n, k)] = dict(fields)
         else:
             _overrides.pop((kind, n, k), None)
+        _override_version += 1
 
 
 def _kind_id(kind: int | str) -> int:
@@ -234,12 +238,20 @@ def candidate_block_ns(block_m: int) -> list[int]:
 
 
 _print_lock = threading.Lock()
-_printed: set[tuple] = set()
 
 
 def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int,
                   smem_limit: int = SM90_MAX_SMEM_PER_BLOCK) -> GemmConfig:
-    """Pick the config for a GEMM. ``m_rows``: M (normal), total rows (contiguous), expected rows per group (masked)."""
+    """Pick the config for a GEMM. ``m_rows``: M (normal), total rows (contiguous), expected rows per group (masked).
+
+    Memoized: the search runs once per distinct problem, so the GEMM call's host overhead stays small.
+    """
+    return _choose_memo(kind, m_rows, n, k, num_groups, num_sms, smem_limit, _override_version)
+
+
+@functools.lru_cache(maxsize=8192)
+def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int, smem_limit: int,
+                 override_version: int) -> GemmConfig:
     best = None
     for bm in candidate_block_ms(kind, m_rows):
         for bn in candidate_block_ns(bm):
@@ -272,13 +284,10 @@ def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_s
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
-        key = (kind, m_rows, n, k, num_groups, cfg)
         with _print_lock:
-            if key not in _printed:
-                _printed.add(key)
-                print(f"[cupygemm] M={m_rows} G={num_groups} -> {cfg.describe()} "
-                      f"(est {est.seconds * 1e6:.1f} us, {est.waves} waves, last wave {est.last_wave_util:.0%})",
-                      file=sys.stderr)
+            print(f"[cupygemm] M={m_rows} G={num_groups} -> {cfg.describe()} "
+                  f"(est {est.seconds * 1e6:.1f} us, {est.waves} waves, last wave {est.last_wave_util:.0%})",
+                  file=sys.stderr)
     return cfg
 
 

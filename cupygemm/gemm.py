@@ -42,8 +42,9 @@ def _launch(p: validate.Problem, m_rows_hint: int) -> None:
         tmap_d = tma.encode_tiled(tma.BFLOAT16, d.data.ptr, (n, m, g_a),
                                   (ldd, d.strides[0] if d.ndim == 3 else ldd * m), (slab, wg_m, 1), cfg.swizzle_d)
         layout = p.grouped_layout if p.grouped_layout is not None else _NULL
+        grid = cfg.num_sms if not cfg.multicast else min(cfg.num_sms, 2 * kernel.max_clusters)
         kernel.function(
-            (cfg.num_sms,), (cfg.threads,),
+            (grid,), (cfg.threads,),
             (tmap_a, tmap_b, tmap_sfa, tmap_d, p.sfb, layout, d, np.uint32(m), np.uint32(p.num_groups),
              np.uint32(ldd // 2)),
             shared_mem=cfg.smem_bytes,

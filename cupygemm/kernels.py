@@ -1,6 +1,7 @@
 """GEMM kernels by config: render ``cuda_src/fp8_gemm.cu``, build (cache) and load per device."""
 from __future__ import annotations
 
+import ctypes
 import threading
 
 from .config import GemmConfig
@@ -17,13 +18,6 @@ def gemm_source(cfg: GemmConfig) -> KernelSource:
     return render(GEMM_FILE, GEMM_ENTRY, cfg.defines())
 
 
-def _compile_key(cfg: GemmConfig) -> GemmConfig:
-    # The grid size is a launch parameter, not part of the compiled kernel.
-    import dataclasses
-
-    return dataclasses.replace(cfg, num_sms=0)
-
-
 def compile_gemm(cfg: GemmConfig) -> bytes:
     """The sm_90a cubin for ``cfg`` (from the cache or NVRTC). Needs no GPU."""
     return build_cubin(gemm_source(cfg), config=cfg)[1]
@@ -34,13 +28,41 @@ def precompile_gemm(cfg: GemmConfig) -> None:
     compile_gemm(cfg)
 
 
+class _LaunchConfig(ctypes.Structure):
+    # CUlaunchConfig (cuda.h): grid xyz, block xyz, dynamic smem, stream, attributes, attribute count.
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+def max_active_clusters(kernel: LoadedKernel, cfg: GemmConfig) -> int:
+    """How many 2-CTA clusters of this kernel fit on the GPU at once (cuOccupancyMaxActiveClusters).
+
+    Clusters must sit within one GPC; GPCs with an odd number of free SMs leave one idle, so a persistent
+    grid of num_sms CTAs may not be co-resident. Returns 0 when the driver cannot tell.
+    """
+    from .tma import _driver
+
+    fn = getattr(_driver(), "cuOccupancyMaxActiveClusters", None)
+    if fn is None:
+        return 0
+    cfg_struct = _LaunchConfig((cfg.num_sms, 1, 1), (cfg.threads, 1, 1), cfg.smem_bytes, None, None, 0)
+    out = ctypes.c_int(0)
+    res = fn(ctypes.byref(out), ctypes.c_void_p(kernel.function.ptr), ctypes.byref(cfg_struct))
+    return out.value if res == 0 else 0
+
+
 def get_gemm_kernel(cfg: GemmConfig, device_id: int) -> LoadedKernel:
-    """The loaded kernel for ``cfg`` on ``device_id`` (the current device); memoized in-process."""
-    key = (device_id, _compile_key(cfg))
+    """The loaded kernel for ``cfg`` on ``device_id`` (the current device); memoized in-process.
+
+    Configs differing only in grid size share one kernel (load_kernel memoizes by source).
+    """
+    key = (device_id, cfg)
     k = _by_config.get(key)
     if k is None:
         k = load_kernel(gemm_source(cfg), config=cfg)
         k.ensure_dynamic_smem(cfg.smem_bytes)
+        if cfg.multicast and not k.max_clusters:
+            k.max_clusters = max_active_clusters(k, cfg) or cfg.num_sms // 2
         with _lock:
             _by_config[key] = k
     return k

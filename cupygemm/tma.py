@@ -25,12 +25,16 @@ _CACHE_LIMIT = 4096
 
 
 @functools.lru_cache(maxsize=1)
-def _encode_fn():
+def _driver() -> ctypes.CDLL:
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
+        return ctypes.CDLL("libcuda.so.1")
     except OSError as e:
         raise CupygemmDeviceError(f"cannot load the CUDA driver library libcuda.so.1 ({e})") from e
-    fn = lib.cuTensorMapEncodeTiled
+
+
+@functools.lru_cache(maxsize=1)
+def _encode_fn():
+    fn = _driver().cuTensorMapEncodeTiled
     u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]

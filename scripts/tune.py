@@ -74,7 +74,26 @@ def cublas_time(a, sfa, b, sfb, m):
         return None
 
 
+def host_overhead_us(calls=2000):
+    """Wall time per call of a tiny GEMM issued back to back: the host cost of one API call."""
+    rng = cp.random.default_rng(1)
+    a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((64, 256), rng))
+    b, sfb = cupygemm.per_block_cast_to_fp8(randn_bf16((256, 256), rng))
+    sfa = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    out = cp.empty((64, 256), dtype=cupygemm.tensors.BF16)
+    for _ in range(10):
+        cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
+    cp.cuda.Device().synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
+    host = (time.perf_counter() - t) / calls * 1e6
+    cp.cuda.Device().synchronize()
+    return host
+
+
 def main():
+    print(f"host overhead per GEMM call: {host_overhead_us():.1f} us", flush=True)
     path = sys.argv[1]
     which = sys.argv[2] if len(sys.argv) > 2 else "all"
     rows = []
