@@ -1,0 +1,56 @@
+"""Markdown table of a `cupygemm bench --json` result, with DeepGEMM compared through cuBLAS.
+
+DeepGEMM is not installed on our GPU machines, so its time comes from a peers file measured on the same
+kind of GPU (../shared/peers/*.json). Absolute times move between machines, so the comparison goes
+through cuBLAS block-scaled timed in our run: ours / DeepGEMM = (ours / cuBLAS ours-run) x (cuBLAS / DeepGEMM
+peers-run). Grouped shapes have no cuBLAS peer; they are compared directly (same GPU kind), marked "direct".
+Usage: python benchmarks/make_table.py RESULTS.json [PEERS.json]
+"""
+import json
+import math
+import sys
+
+
+def key(kind, shape):
+    return (kind[:6], tuple(shape))
+
+
+def main():
+    res = json.load(open(sys.argv[1]))
+    peers = json.load(open(sys.argv[2]))["rows"] if len(sys.argv) > 2 else []
+    pk = {}
+    for r in peers:
+        pk[(key(r["kind"], r["shape"]), r["provider"])] = r["us"]
+    ours = {key(r["kind"], r["shape"]): r for r in res["rows"] if r["provider"] == "cupygemm"}
+    cub = {key(r["kind"], r["shape"]): r for r in res["rows"] if r["provider"] == "cublas_block"}
+    print("| kind | shape | cupygemm us | TFLOPS | % of floor | cuBLAS-block us (same run) | vs cuBLAS | vs DeepGEMM |")
+    print("|---|---|---|---|---|---|---|---|")
+    ratios_dg, ratios_cb = [], []
+    for k, r in ours.items():
+        c = cub.get(k)
+        dg = pk.get((k, "deepgemm"))
+        cb_peer = pk.get((k, "cublas_block"))
+        vs_cb = c["us"] / r["us"] if c else None
+        if vs_cb:
+            ratios_cb.append(vs_cb)
+        if dg and c and cb_peer:
+            vs_dg = dg / (r["us"] * cb_peer / c["us"])
+            note = ""
+        elif dg:
+            vs_dg, note = dg / r["us"], " (direct)"
+        else:
+            vs_dg, note = None, ""
+        if vs_dg:
+            ratios_dg.append(vs_dg)
+        shape = "x".join(map(str, r["shape"]))
+        print(f"| {r['kind']} | {shape} | {r['us']:.1f} | {r['tflops']:.0f} | {r['pct_floor']:.0f}% | "
+              f"{c['us']:.1f} | {vs_cb:.2f}x | " if c else
+              f"| {r['kind']} | {shape} | {r['us']:.1f} | {r['tflops']:.0f} | {r['pct_floor']:.0f}% | - | - | ", end="")
+        print(f"{vs_dg:.2f}x{note} |" if vs_dg else "- |")
+    g = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
+    print(f"\nGeometric mean speedup: {g(ratios_cb):.2f}x over cuBLAS block-scaled ({len(ratios_cb)} shapes), "
+          f"{g(ratios_dg):.2f}x over DeepGEMM ({len(ratios_dg)} shapes; >1 = cupygemm faster).")
+
+
+if __name__ == "__main__":
+    main()
