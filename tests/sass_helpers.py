@@ -389,7 +389,7 @@ class Build:
     version: Tuple[int, int]
     launch_threads: Optional[int]
     cubin: bytes
-    source: str  # "gemm" or "variants"
+    source: str  # "gemm", "variants" or "cupygemm"
 
 
 # ----------------------------------------------------------------------------------------------- nvdisasm parsing
@@ -603,12 +603,28 @@ def build_variants() -> Build:
     return _CACHE["variants"]  # type: ignore[return-value]
 
 
+def cupygemm_builds() -> List[Build]:
+    """The library's own GEMM kernels (through its JIT): a two-warpgroup tile and a clustered grouped one."""
+    if "cupygemm" not in _CACHE:
+        from cupygemm import config as C
+        from cupygemm.kernels import compile_gemm
+
+        cfgs = [C.make_config(C.KIND_NORMAL, 7168, 2048, 128, 160, 132),
+                C.make_config(C.KIND_MASKED,
+                              4096, 7168, 64, 64, 132, multicast=1)]
+        v = cupy_nvrtc_version()
+        _CACHE["cupygemm"] = [Build(f"cupygemm-nvrtc{v[0]}.{v[1]}-{c.block_m}x{c.block_n}", v, c.threads,
+                                    compile_gemm(c), "cupygemm") for c in cfgs]
+    return _CACHE["cupygemm"]  # type: ignore[return-value]
+
+
 def all_builds() -> List[Build]:
-    """Every required build (CuPy's, CUDA 12, CUDA 13, variants) plus 12.8 when available; deduplicated."""
+    """Every required build (CuPy's, CUDA 12, CUDA 13, variants, the library's own GEMM kernels) plus 12.8 when
+    available; deduplicated."""
     out: List[Build] = []
     seen = set()
     extra = builds_cuda128() or []
-    for b in _cupy_builds() + builds_cuda12() + builds_cuda13() + extra + [build_variants()]:
+    for b in _cupy_builds() + builds_cuda12() + builds_cuda13() + extra + [build_variants()] + cupygemm_builds():
         if id(b) not in seen:
             seen.add(id(b))
             out.append(b)

@@ -1,0 +1,35 @@
+"""Small GEMMs of every kernel kind and representative configs, for compute-sanitizer (scripts/sanitize.sh)."""
+import sys
+
+import cupy as cp
+import numpy as np
+
+import cupygemm
+from cupygemm import config as C
+
+sys.path.insert(0, "tests")
+from gpu_helpers import make_normal, randn_bf16  # noqa: E402
+
+rng = cp.random.default_rng(0)
+# (block_m, block_n, multicast) on odd shapes: smallest and largest tiles, multicast on and off.
+for bm, bn, mc, (m, n, k) in [(64, 16, 0, (65, 136, 576)), (128, 160, 0, (129, 328, 1040)),
+                              (256, 80, 0, (300, 168, 256)), (128, 128, 2, (512, 256, 640)),
+                              (64, 64, 1, (70, 512, 384)), (64, 184, 0, (1, 8, 128))]:
+    C.override_config("normal", n, k, block_m=bm, block_n=bn, multicast=mc)
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, bm + bn)
+    out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
+    C.override_config("normal", n, k)
+g, n, k = 3, 256, 512
+b = cp.empty((g, n, k), cp.uint8)
+sfb = cp.empty((g, 2, 4), cp.float32)
+for i in range(g):
+    b[i], sfb[i] = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
+a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((384, k), rng))
+idx = np.array([0] * 100 + [-1] * 28 + [9] * 128 + [2] * 128, np.int32)  # padding and an out-of-range block
+cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), None, cp.asarray(idx))
+a3, s3 = cp.stack([a[:128]] * 3), cp.stack([sfa[:128]] * 3)
+out3 = cp.zeros((3, 128, n), dtype=cupygemm.tensors.BF16)
+cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a3, s3), (b, sfb), out3, cp.asarray(np.array([0, 77, 999], np.int32)), 64)
+cupygemm.per_block_cast_to_fp8(randn_bf16((130, 200), rng))
+cp.cuda.Device().synchronize()
+print("sanitize cases done")
