@@ -171,3 +171,23 @@ def test_threads_build_each_kernel_once(fresh_cache, monkeypatch):
         results = list(pool.map(lambda _: compile_gemm(cfg), range(16)))
     assert len(set(results)) == 1
     assert len(calls) == 1
+
+
+def test_driver_older_than_nvrtc_is_reported(monkeypatch):
+    import sys
+    import types
+
+    from cupygemm.errors import CupygemmToolchainError
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(driverGetVersion=lambda: 12040)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(build, "nvrtc_version", lambda: (13, 0))
+    build.check_driver_for_nvrtc.cache_clear()
+    try:
+        with pytest.raises(CupygemmToolchainError, match="NVRTC 13.0 builds CUDA 13 cubins.*CUDA 12.4"):
+            build.check_driver_for_nvrtc(0)
+        monkeypatch.setattr(build, "nvrtc_version", lambda: (12, 9))
+        build.check_driver_for_nvrtc.cache_clear()
+        build.check_driver_for_nvrtc(0)  # fine
+    finally:
+        build.check_driver_for_nvrtc.cache_clear()

@@ -4,11 +4,13 @@ The in-process memo is keyed by (device, source digest, options) so the GEMM hot
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass
 
 from . import cache
+from ..errors import CupygemmToolchainError
 from .compiler import BASE_OPTIONS, compile_cubin, nvrtc_version
 from .source import KernelSource
 
@@ -83,12 +85,29 @@ class LoadedKernel:
             self.max_dynamic_smem = nbytes
 
 
+@functools.lru_cache(maxsize=None)
+def check_driver_for_nvrtc(device_id: int) -> None:
+    """Cubins from NVRTC N.x need a driver for CUDA >= N. CuPy 14 prefers NVRTC 13 when it is installed, even
+    in cupy-cuda12x, so a CUDA 12 driver with NVRTC 13 present would fail at module load: say so plainly."""
+    import cupy
+
+    drv = cupy.cuda.runtime.driverGetVersion()
+    major, minor = nvrtc_version()
+    if drv and drv // 1000 < major:
+        raise CupygemmToolchainError(
+            f"NVRTC {major}.{minor} builds CUDA {major} cubins, but the driver supports CUDA "
+            f"{drv // 1000}.{drv % 1000 // 10}. Upgrade the driver (CUDA {major} needs >= 580), or remove the newer "
+            "NVRTC (pip uninstall nvidia-cuda-nvrtc) so that CuPy loads NVRTC 12.x."
+        )
+
+
 def load_kernel(src: KernelSource, options: tuple[str, ...] = (), post_process: bool = True,
                 config: object = None) -> LoadedKernel:
     """Compile (or fetch) and load ``src`` on the current device; memoized per device."""
     import cupy
 
     dev = cupy.cuda.runtime.getDevice()
+    check_driver_for_nvrtc(dev)
     memo_key = (dev, src.digest + repr(options) + repr(post_process))
     k = _loaded.get(memo_key)
     if k is not None:
