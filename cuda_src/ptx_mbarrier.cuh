@@ -21,11 +21,13 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
-// Arrive on the barrier at the same shared-memory offset in CTA `cta_rank` of this cluster.
+// Arrive on the barrier at the same shared-memory offset in CTA `cta_rank` of this cluster. Default (CTA-scope
+// release) semantics: only the consumer's reads must be done, which its wgmma wait already ensured; a
+// cluster-scope release here stalled every K block (benchmarks/NOTES.md, 3.).
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_u32(bar)),
       "r"(cta_rank)
       : "memory");
 }
