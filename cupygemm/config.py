@@ -27,12 +27,15 @@ _MATH_REGS_TWO_WG = 232  # setmaxnreg budget: 128 x 40 (producer) + 256 x 232 = 
 _MATH_REGS_ONE_WG = 255
 _OTHER_REGS = 64  # registers the math loop needs besides accumulators (addresses, scales, loop state)
 
-# Per-SM rates of this kernel, fitted to a sweep of every legal tile on the 19 normal seed shapes on an H200
-# (benchmarks/results/tune-sweep-h200.json, benchmarks/NOTES.md): the model's pick is within 1.4% of the
-# fastest measured tile on geometric mean, 9.5% at worst.
+# The model's constants, fitted to a sweep of every legal tile (with and without multicast) on the 29 seed
+# shapes on an H200 (benchmarks/results/tune-sweep-h200.json, benchmarks/NOTES.md section 4): the model's
+# pick is within 3.9 % of the fastest measured config on geometric mean, 31 % at worst (masked 1x1024x4096x7168).
 _MMA_FLOPS_PER_SM = 1979e12 * 0.5 / 132  # achieved FP8 MMA rate per SM while streaming
-_LOAD_BYTES_PER_SM = 60e9  # achieved A+B streaming rate into one SM (L2-bound with every SM loading)
-_TILE_OVERHEAD_S = 0.2e-6  # prologue/epilogue per tile not hidden by the pipeline
+_LOAD_BYTES_PER_SM = 85e9  # achieved A+B streaming rate into one SM
+_TILE_OVERHEAD_S = 1.0e-6  # prologue/epilogue per tile not hidden by the pipeline
+_STRADDLE_PENALTY = 0.2  # tiles crossing 128-column scale blocks promote with extra selects
+_MULTICAST_FACTOR = {0: 1.0, 1: 1.0, 2: 0.85}  # clustered pairs along M (B shared) ran 15 % faster per tile
+_MASKED_ROWS_FACTOR = 1.15  # masked groups run past expected_m (MoE routing is uneven)
 
 
 @dataclass(frozen=True)
@@ -150,11 +153,10 @@ def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int) 
 
 def _tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0) -> float:
     k_eff = _round_up(k, BLOCK_K)
-    mma = 2.0 * block_m * block_n * k_eff / _MMA_FLOPS_PER_SM
-    # Multicast halves the shared operand's traffic into each SM; pairing costs a little lock-step slack.
-    rows = block_m * (0.5 if multicast == 1 else 1.0) + block_n * (0.5 if multicast == 2 else 1.0)
-    load = rows * k_eff / _LOAD_BYTES_PER_SM
-    return max(mma, load) * (1.03 if multicast else 1.0) + _TILE_OVERHEAD_S
+    straddles = not (BLOCK_K % block_n == 0 or block_n % BLOCK_K == 0)
+    mma = 2.0 * block_m * block_n * k_eff / _MMA_FLOPS_PER_SM * (1.0 + _STRADDLE_PENALTY * straddles)
+    load = (block_m + block_n) * k_eff / _LOAD_BYTES_PER_SM
+    return max(mma, load) * _MULTICAST_FACTOR[multicast] + _TILE_OVERHEAD_S
 
 
 def multicast_options(kind: int, m_rows: int, n: int, block_m: int, block_n: int) -> list[int]:
@@ -180,7 +182,7 @@ def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: 
               multicast: int = 0) -> _Estimate:
     n_blocks = ceil_div(n, bn)
     if kind == KIND_MASKED:
-        tiles = groups * ceil_div(m_rows, bm) * n_blocks
+        tiles = groups * ceil_div(int(m_rows * _MASKED_ROWS_FACTOR), bm) * n_blocks
     else:
         tiles = ceil_div(m_rows, bm) * n_blocks
     sms = num_sms - num_sms % 2 if multicast else num_sms
@@ -256,9 +258,8 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
     best = None
     for bm in candidate_block_ms(kind, m_rows):
         for bn in candidate_block_ns(bm):
-            # Multicast and double accumulators measured slower on every seed shape (benchmarks/NOTES.md):
-            # the model does not propose them; override_config still can.
-            for mc in [0]:
+            # Two accumulator sets measured slower everywhere (benchmarks/NOTES.md): never proposed.
+            for mc in multicast_options(kind, m_rows, n, bm, bn) if num_sms >= 2 else [0]:
                 est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
                 # Lower time first; then a fuller last wave; then fewer bytes moved per output.
                 score = (round(est.seconds * 1e9), -est.last_wave_util, (bm + bn) / (bm * bn), mc)
