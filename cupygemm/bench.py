@@ -1285,24 +1285,21 @@ def _run(args: argparse.Namespace, shapes: Sequence[Shape], peers: dict[str, Any
 
 # ---- argparse ---------------------------------------------------------------------------------------------------------
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
+def _int_at_least(lowest: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}") from None
+        if v < lowest:
+            raise argparse.ArgumentTypeError(f"expected a {what} integer, got {v}")
+        return v
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {v}")
-    return v
+_positive_int = _int_at_least(1, "positive")
+_non_negative_int = _int_at_least(0, "non-negative")
 
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:

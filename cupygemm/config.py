@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import sys
 import threading

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import sys
 from typing import Any
 
 import ml_dtypes
@@ -152,15 +153,14 @@ def as_cupy(x: Any, name: str) -> "cupy.ndarray":
 
 
 def export_like(arr: "cupy.ndarray", framework: Framework) -> Any:
-    """Hand ``arr`` to ``framework`` zero-copy (torch tensor, JAX array) or return it (CuPy)."""
+    """Hand ``arr`` to ``framework`` zero-copy (torch tensor, JAX array) or return it (CuPy).
+
+    The framework is the caller's, already imported (its arrays came in): cupygemm never imports torch or JAX.
+    """
     if framework is Framework.TORCH:
-        import torch
-
-        return torch.from_dlpack(arr)
+        return sys.modules["torch"].from_dlpack(arr)
     if framework is Framework.JAX:
-        import jax.dlpack
-
-        return jax.dlpack.from_dlpack(arr)
+        return sys.modules["jax"].dlpack.from_dlpack(arr)
     return arr
 
 

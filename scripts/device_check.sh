@@ -15,7 +15,6 @@ for s in "${steps[@]}"; do
     tests) python3 -m pytest -q -m gpu -rs tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 40 ;;
     bench) python3 -m cupygemm bench --json "$OUT/bench.json" --markdown --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" | tail -n 40 ;;
-    smoke) python3 scripts/smoke.py 2>&1 | tee "$OUT/smoke.log" ;;
     *) echo "unknown step $s" ;;
   esac
 done

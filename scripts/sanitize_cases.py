@@ -8,7 +8,7 @@ import cupygemm
 from cupygemm import config as C
 
 sys.path.insert(0, "tests")
-from gpu_helpers import make_normal, randn_bf16  # noqa: E402
+from gpu_helpers import grouped_weights, make_normal, randn_bf16  # noqa: E402
 
 rng = cp.random.default_rng(0)
 # (block_m, block_n, multicast) on odd shapes: smallest and largest tiles, multicast on and off.
@@ -20,10 +20,7 @@ for bm, bn, mc, (m, n, k) in [(64, 16, 0, (65, 136, 576)), (128, 160, 0, (129, 3
     out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     C.override_config("normal", n, k)
 g, n, k = 3, 256, 512
-b = cp.empty((g, n, k), cp.uint8)
-sfb = cp.empty((g, 2, 4), cp.float32)
-for i in range(g):
-    b[i], sfb[i] = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
+b, sfb = grouped_weights(g, n, k, rng)
 a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((384, k), rng))
 idx = np.array([0] * 100 + [-1] * 28 + [9] * 128 + [2] * 128, np.int32)  # padding and an out-of-range block
 cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), None, cp.asarray(idx))

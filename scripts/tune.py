@@ -171,7 +171,7 @@ def main():
                          "mc": cfg.multicast, "stages": cfg.num_stages, "us": us})
             if best is None or us < best[0]:
                 best = (us, cfg.block_m, cfg.block_n, cfg.double_acc, cfg.multicast, cfg.num_stages)
-        cub = next((r["us"] for r in rows if r["shape"] == s and r["config"] == "cublas_block"), None)
+        cub = next((r["us"] for r in rows if r["shape"] == s and r.get("config") == "cublas_block"), None)
         print(f"{kind} {s}: default {dflt:.1f}us best {best} cublas {cub}", flush=True)
         with open(path, "w") as f:
             json.dump(rows, f)

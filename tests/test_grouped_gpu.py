@@ -10,22 +10,14 @@ cp = pytest.importorskip("cupy")
 
 import cupygemm  # noqa: E402
 from gpu_helpers import (  # noqa: E402
-    bf16_to_f64,
     check_against_reference,
     dequant_rows,
+    grouped_weights,
     poison_bf16,
     randn_bf16,
 )
 
 POISON = 0xFFFF
-
-
-def grouped_weights(g, n, k, rng):
-    b = cp.empty((g, n, k), cp.uint8)
-    sfb = cp.empty((g, -(-n // 128), -(-k // 128)), cp.float32)
-    for i in range(g):
-        b[i], sfb[i] = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
-    return b, sfb
 
 
 def contiguous_layout(g, expected, rng_np, empty_groups=()):

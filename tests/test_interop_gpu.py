@@ -11,7 +11,7 @@ cp = pytest.importorskip("cupy")
 
 import cupygemm  # noqa: E402
 from cupygemm import validate  # noqa: E402
-from gpu_helpers import bf16_to_f64, make_normal, randn_bf16  # noqa: E402
+from gpu_helpers import grouped_weights, make_normal, randn_bf16  # noqa: E402
 
 
 def to_torch(x, fp8=False):
@@ -63,10 +63,7 @@ def test_grouped_interop(fw):
     conv = FRAMEWORKS[fw]
     rng = cp.random.default_rng(2)
     g, n, k = 2, 256, 512
-    b = cp.empty((g, n, k), cp.uint8)
-    sfb = cp.empty((g, 2, 4), cp.float32)
-    for i in range(g):
-        b[i], sfb[i] = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
+    b, sfb = grouped_weights(g, n, k, rng)
     a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((256, k), rng))
     idx = cp.asarray(np.array([0] * 128 + [1] * 100 + [-1] * 28, np.int32))
     ref = cp.zeros((256, n), dtype=cupygemm.tensors.BF16)

@@ -1,7 +1,6 @@
 """The JIT's SASS post-processing: CUPYGEMM_FFMA_INTERLEAVE=on patches only FFMA control bits; auto follows NVRTC."""
 from __future__ import annotations
 
-import pytest
 
 from cupygemm import config as C
 from cupygemm.jit import cache
