@@ -7,6 +7,7 @@ import os
 import sys
 
 import pytest
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sass_helpers as H  # noqa: E402
@@ -193,16 +194,19 @@ def test_detection_threshold():
     assert kernel_already_interleaved(words, runs)
 
 
+DATA = Path(__file__).resolve().parent / "data"
+
+
 def test_golden_nvrtc_12_8():
     """NVRTC 12.8 emits no yields in the promotion run even at 384 threads; the pass adds them.
 
-    Optional: needs nvidia-cuda-nvrtc-cu12==12.8.93 (e.g. ``pip install --target DIR ...`` and
-    ``CUPYGEMM_NVRTC_DIRS=DIR``); skipped only when that specific version is absent.
+    Uses a live NVRTC 12.8 when one is installed (nvidia-cuda-nvrtc-cu12==12.8.93 via CUPYGEMM_NVRTC_DIRS), else
+    the cubins it built from the same test source (tests/data/nvrtc128_lb*.cubin, make_nvrtc128_fixtures.py).
     """
-    b128 = H.builds_cuda128()
-    if not b128:
-        pytest.skip("optional NVRTC 12.8 not found: pip install --target DIR nvidia-cuda-nvrtc-cu12==12.8.93 "
-                    "and set CUPYGEMM_NVRTC_DIRS=DIR")
+    b128 = H.builds_cuda128() or [
+        H.Build(f"fixture-nvrtc12.8-lb{lb}", (12, 8), lb, (DATA / f"nvrtc128_lb{lb}.cubin").read_bytes(), "gemm")
+        for lb in (128, 384)
+    ]
     native = {b.launch_threads: b for b in H.builds_cuda12() if b.version >= (12, 9)}
     for b in b128:
         run = _run_words(b.cubin)
