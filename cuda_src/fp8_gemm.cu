@@ -26,14 +26,19 @@ __device__ __forceinline__ uint32_t d_slab_offset(uint32_t row, uint32_t col) {
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t WGMMA_N,
           uint32_t kNumStages, uint32_t kNumMathWG, uint32_t kMathRegs, uint32_t kSwizzleD, uint32_t kRasterN,
-          int kKind, bool kDoubleAcc, int kMulticast>
+          int kKind, bool kDoubleAcc, int kMulticast, bool kSplitK>
 __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_b,
                                               const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
                                               const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
                                               uint16_t* __restrict__ d_ptr, uint32_t shape_m, uint32_t num_groups,
                                               uint32_t ld_d) {
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
-  constexpr uint32_t WG_M = BLOCK_M / kNumMathWG;  // rows owned by one math warpgroup
+  // kSplitK: two math warpgroups share all BLOCK_M rows and take alternate K blocks (two MMA/promotion chains per
+  // CTA for small tiles); warpgroup 1 hands its sums to warpgroup 0 through shared memory at the end of a tile.
+  static_assert(!kSplitK || (kNumMathWG == 2 && BLOCK_M == 64 && !kDoubleAcc), "split-K: two warpgroups, 64 rows");
+  constexpr uint32_t kRowGroups = kSplitK ? 1 : kNumMathWG;  // warpgroups that own different rows
+  constexpr uint32_t kConsumersPerStage = kNumMathWG / (kSplitK ? 2 : 1);
+  constexpr uint32_t WG_M = BLOCK_M / kRowGroups;  // rows owned by one math warpgroup
   constexpr uint32_t kNumMSub = WG_M / 64;          // m64 wgmmas per warpgroup
   constexpr uint32_t kNumNSub = BLOCK_N / WGMMA_N;  // N slices accumulated one after the other
   constexpr uint32_t kAccPerSub = WGMMA_N / 2;
@@ -48,7 +53,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   // Multicast: each CTA of a 2-CTA cluster loads half of the shared tile into both CTAs' shared memory.
   constexpr uint32_t kCluster = kMulticast ? 2 : 1;
   static_assert(kMulticast != 2 || (BLOCK_N % 16 == 0 && kKind == kNormal), "B multicast: halves of whole swizzle atoms");
-  static_assert(BLOCK_M % (64 * kNumMathWG) == 0, "each math warpgroup owns whole m64 slices");
+  static_assert(BLOCK_M % (64 * kRowGroups) == 0, "each math warpgroup owns whole m64 slices");
   static_assert(BLOCK_N % WGMMA_N == 0 && WGMMA_N % 8 == 0 && WGMMA_N <= 256, "bad wgmma N");
   static_assert(BLOCK_N <= 256 && BLOCK_M <= 256, "TMA boxes are at most 256 rows");
 
@@ -71,6 +76,8 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   float* smem_sfa = reinterpret_cast<float*>(smem_b + kNumStages * SMEM_B);
   uint64_t* full_bar = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(smem_sfa) + kNumStages * SMEM_SFA);
   uint64_t* empty_bar = full_bar + kNumStages;
+  // Split-K hand-off buffer: warpgroup 1's final accumulators, one float per (register, thread).
+  float* smem_red = reinterpret_cast<float*>(empty_bar + kNumStages);
 
   const uint32_t warpgroup = threadIdx.x / 128;
   if (threadIdx.x == kNumMathThreads) {
@@ -80,7 +87,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     tma_prefetch_descriptor(&tmap_d);
     for (uint32_t s = 0; s < kNumStages; ++s) {
       mbarrier_init(&full_bar[s], 1);
-      mbarrier_init(&empty_bar[s], kNumMathWG * 4 * kCluster);  // one arrival per math warp of each CTA
+      mbarrier_init(&empty_bar[s], kConsumersPerStage * 4 * kCluster);  // one arrival per consuming warp
     }
     mbarrier_init_fence();
   }
@@ -138,8 +145,8 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   const uint32_t warp = tid / 32, lane = tid % 32;
   const uint32_t row_in_sub = warp * 16 + lane / 4;  // this thread's first row in an m64 slice (+8 for the second)
   const uint32_t col_in_group = (lane % 4) * 2;      // first of this thread's two columns in every 8-column group
-  const uint32_t wg_row0 = warpgroup * WG_M;
-  uint8_t* my_smem_d = smem_d + warpgroup * (kNumSlabs * kSlabBytes);
+  const uint32_t wg_row0 = kSplitK ? 0 : warpgroup * WG_M;
+  uint8_t* my_smem_d = smem_d + (kSplitK ? 0 : warpgroup) * (kNumSlabs * kSlabBytes);
   const uint32_t barrier_id = 1 + warpgroup;
 
   // Scales of one K block: A per row this thread owns, B per 128-column block the tile touches.
@@ -238,12 +245,18 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     };
 
     Scales cur, next;
-    load_b_scales(next, 0);
+    constexpr uint32_t kStep = kSplitK ? 2 : 1;  // split-K: this warpgroup takes K blocks warpgroup, +2, ...
+    const uint32_t kb0 = kSplitK ? warpgroup : 0;
+    if (kb0 < kNumKBlocks) load_b_scales(next, kb0);
     if constexpr (!kDoubleAcc) {
 #pragma unroll 1
       for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+        if (kSplitK && kb % 2 != warpgroup) {  // the other warpgroup's block: only keep the stage count
+          advance();
+          continue;
+        }
         cur = next;
-        if (kb + 1 < kNumKBlocks) load_b_scales(next, kb + 1);  // prefetch: latency hides behind this block
+        if (kb + kStep < kNumKBlocks) load_b_scales(next, kb + kStep);  // prefetch: latency hides behind this block
         wait_stage(cur, stage, phase);
 #pragma unroll
         for (uint32_t ns = 0; ns < kNumNSub; ++ns) {
@@ -280,6 +293,26 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         step(kb, acc0, acc1);
         if (kb + 1 < kNumKBlocks) step(kb + 1, acc1, acc0);
       }
+    }
+
+    if constexpr (kSplitK) {
+      // Hand-off: warpgroup 1's sums go through shared memory into warpgroup 0's, which stores the tile.
+      constexpr uint32_t kSplitBarrier = 3;  // named barrier of the 256 math threads (1, 2: per warpgroup)
+      if (warpgroup == 1) {
+#pragma unroll
+        for (uint32_t ns = 0; ns < kNumNSub; ++ns)
+#pragma unroll
+          for (uint32_t j = 0; j < kAccPerSub; ++j) smem_red[(ns * kAccPerSub + j) * 128 + tid] = final_acc[0][ns][j];
+      }
+      named_barrier_sync(kSplitBarrier, 256);
+      if (warpgroup == 0) {
+#pragma unroll
+        for (uint32_t ns = 0; ns < kNumNSub; ++ns)
+#pragma unroll
+          for (uint32_t j = 0; j < kAccPerSub; ++j) final_acc[0][ns][j] += smem_red[(ns * kAccPerSub + j) * 128 + tid];
+      }
+      named_barrier_sync(kSplitBarrier, 256);  // the buffer is free again before warpgroup 1 reuses it
+      if (warpgroup == 1) continue;
     }
 
     // ---------------- epilogue ----------------
@@ -375,7 +408,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
   cupygemm::fp8_gemm_impl<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N, CUPYGEMM_WGMMA_N,
                           CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG, CUPYGEMM_MATH_REGS, CUPYGEMM_SWIZZLE_D,
                           CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_DOUBLE_ACC,
-                          CUPYGEMM_MULTICAST>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout,
+                          CUPYGEMM_MULTICAST, CUPYGEMM_SPLIT_K>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout,
                                                             d_ptr, shape_m, num_groups, ld_d);
 }
 #endif

@@ -55,6 +55,7 @@ class GemmConfig:
     smem_bytes: int  # dynamic shared memory per CTA
     double_acc: bool = False  # two accumulator sets: next block's MMA overlaps this block's promotion
     multicast: int = 0  # 0 none; 1: 2-CTA clusters share A (pairs along N); 2: share B (pairs along M)
+    split_k: bool = False  # block_m 64: two math warpgroups take alternate K blocks of the same rows
 
     @property
     def threads(self) -> int:
@@ -80,6 +81,7 @@ class GemmConfig:
             "CUPYGEMM_KIND": self.kind,
             "CUPYGEMM_DOUBLE_ACC": int(self.double_acc),
             "CUPYGEMM_MULTICAST": self.multicast,
+            "CUPYGEMM_SPLIT_K": int(self.split_k),
             "CUPYGEMM_CLUSTER_ATTR": "__cluster_dims__(2, 1, 1)" if self.multicast else "",
         }
 
@@ -87,7 +89,8 @@ class GemmConfig:
         return (f"{KIND_NAMES[self.kind]} N={self.shape_n} K={self.shape_k}: block {self.block_m}x{self.block_n} "
                 f"(wgmma n{self.wgmma_n}), {self.num_stages} stages, {self.num_math_wg} math WG, "
                 f"swizzle_d {self.swizzle_d}, {'2 acc sets, ' if self.double_acc else ''}"
-                f"{['', 'multicast A x2, ', 'multicast B x2, '][self.multicast]}grid {self.num_sms}, "
+                f"{['', 'multicast A x2, ', 'multicast B x2, '][self.multicast]}"
+                f"{'split-K over 2 WG, ' if self.split_k else ''}grid {self.num_sms}, "
                 f"smem {self.smem_bytes} B")
 
 
@@ -103,9 +106,10 @@ def smem_per_stage(block_m: int, block_n: int) -> int:
     return block_m * BLOCK_K + block_n * BLOCK_K + _round_up(block_m * 4, 128)
 
 
-def smem_bytes(block_m: int, block_n: int, stages: int) -> int:
+def smem_bytes(block_m: int, block_n: int, stages: int, split_k: bool = False) -> int:
     d = _round_up(block_m * block_n * 2, 1024)
-    return d + stages * smem_per_stage(block_m, block_n) + stages * 16
+    handoff = block_n * 256 if split_k else 0  # split-K: one float per accumulator register of a warpgroup
+    return d + stages * smem_per_stage(block_m, block_n) + stages * 16 + handoff
 
 
 def output_swizzle(block_n: int) -> int:
@@ -140,11 +144,11 @@ def double_acc_fits(block_m: int, block_n: int, wgmma_n: int) -> bool:
     return 3 * m_sub * (block_n // 2) <= budget
 
 
-def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int) -> int:
+def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, split_k: bool = False) -> int:
     budget = smem_limit - _STATIC_SMEM
     stages = 0
     for s in range(_MAX_STAGES, 0, -1):
-        if smem_bytes(block_m, block_n, s) <= budget:
+        if smem_bytes(block_m, block_n, s, split_k) <= budget:
             stages = s
             break
     return stages
@@ -201,7 +205,8 @@ def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
     For tuning; ``fields`` empty removes the override. Unknown fields raise ValueError.
     """
     kind = _kind_id(kind)
-    allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "double_acc", "multicast"}
+    allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "double_acc", "multicast",
+               "split_k"}
     bad = set(fields) - allowed
     if bad:
         raise ValueError(f"override_config: unknown fields {sorted(bad)}; allowed: {sorted(allowed)}")
@@ -283,7 +288,8 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
         grid = max(2, min(grid + grid % 2, num_sms - num_sms % 2))
     cfg = make_config(kind, n, k, bm, bn, num_sms=max(grid, 1), smem_limit=smem_limit,
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
-                      raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"), multicast=mc)
+                      raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"), multicast=mc,
+                      split_k=fields.get("split_k"))
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
@@ -297,7 +303,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
 def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
                 num_stages: int | None = None, raster_n: int = 16, double_acc: bool | None = None,
-                multicast: int = 0) -> GemmConfig:
+                multicast: int = 0, split_k: bool | None = None) -> GemmConfig:
     """Build (and check) a config for explicit block sizes."""
     kind = _kind_id(kind)
     if block_m not in (64, 128, 256):
@@ -310,8 +316,11 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     if wn is None or block_n % wn or wn % 8:
         raise ValueError(f"block {block_m}x{block_n}: accumulators do not fit in registers (wgmma_n={wn})")
     num_k_blocks = ceil_div(k, BLOCK_K)
-    stages = num_stages if num_stages is not None else _stages_for(block_m, block_n, num_k_blocks, smem_limit)
-    if stages < 1 or smem_bytes(block_m, block_n, stages) + _STATIC_SMEM > smem_limit:
+    split = bool(split_k) if split_k is not None else False
+    if split and (block_m != 64 or double_acc or wn != block_n):
+        raise ValueError("split_k needs block_m == 64, one accumulator set and an unsplit wgmma")
+    stages = num_stages if num_stages is not None else _stages_for(block_m, block_n, num_k_blocks, smem_limit, split)
+    if stages < 1 or smem_bytes(block_m, block_n, stages, split) + _STATIC_SMEM > smem_limit:
         raise ValueError(f"block {block_m}x{block_n} with {stages} stages does not fit in {smem_limit} B of shared memory")
     if multicast not in (0, 1, 2):
         raise ValueError(f"multicast: expected 0 (off), 1 (share A) or 2 (share B), got {multicast}")
@@ -325,7 +334,7 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         raise ValueError(f"block {block_m}x{block_n} (wgmma_n={wn}): two accumulator sets do not fit in registers")
     return GemmConfig(
         kind=kind, shape_n=n, shape_k=k, block_m=block_m, block_n=block_n, wgmma_n=wn, num_stages=stages,
-        num_math_wg=1 if block_m == 64 else 2, swizzle_d=output_swizzle(block_n), raster_n=raster_n,
-        num_sms=num_sms, smem_bytes=smem_bytes(block_m, block_n, stages),
-        double_acc=bool(double_acc), multicast=multicast,
+        num_math_wg=1 if block_m == 64 and not split else 2, swizzle_d=output_swizzle(block_n), raster_n=raster_n,
+        num_sms=num_sms, smem_bytes=smem_bytes(block_m, block_n, stages, split),
+        double_acc=bool(double_acc), multicast=multicast, split_k=split,
     )

@@ -28,7 +28,7 @@ def _launch(p: validate.Problem, m_rows_hint: int) -> None:
         m, n, k, kb = p.m, p.n, p.k, validate.ceil_div(p.k, 128)
         a, b, d = p.a, p.b, p.out
         lda, ldb, ldd = a.strides[-2], b.strides[-2], d.strides[-2]
-        wg_m = cfg.block_m // cfg.num_math_wg
+        wg_m = cfg.block_m if cfg.split_k else cfg.block_m // cfg.num_math_wg
         slab = cfg.block_n if cfg.swizzle_d == 0 else cfg.swizzle_d // 2
         # With multicast each CTA of a pair loads half of the shared tile.
         box_m = cfg.block_m // 2 if cfg.multicast == 1 else cfg.block_m

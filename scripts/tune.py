@@ -50,10 +50,12 @@ def variants(kind, m_rows, n, k):
                 continue
             for dacc in (False,):  # two accumulator sets measured slower everywhere (NOTES.md, 2.)
                 for mc in C.multicast_options(kind, m_rows, n, bm, bn):
-                    try:
-                        out.append(C.make_config(kind, n, k, bm, bn, 132, double_acc=dacc, multicast=mc))
-                    except ValueError:
-                        pass
+                    for split in ((False, True) if bm == 64 else (False,)):
+                        try:
+                            out.append(C.make_config(kind, n, k, bm, bn, 132, double_acc=dacc, multicast=mc,
+                                                     split_k=split))
+                        except ValueError:
+                            pass
     return out
 
 
@@ -101,6 +103,8 @@ def main():
     jobs = []
     if which in ("normal", "all"):
         jobs += [("normal", s) for s in NORMAL]
+    if which == "small":  # the shapes where 64-row tiles compete
+        jobs += [("normal", s) for s in NORMAL if s[0] <= 128] + [("masked", s) for s in MASKED]
     if which in ("grouped", "all"):
         jobs += [("contiguous", s) for s in CONTIGUOUS] + [("masked", s) for s in MASKED]
     # Compile everything first, in parallel.
@@ -159,7 +163,7 @@ def main():
         best = None
         for cfg in variants(kid, m_hint if kind != "contiguous" else m_hint, n, k):
             C.override_config(kid, n, k, block_m=cfg.block_m, block_n=cfg.block_n, double_acc=cfg.double_acc,
-                              multicast=cfg.multicast)
+                              multicast=cfg.multicast, split_k=cfg.split_k)
             try:
                 us = timed(call, iters=7)
             except Exception as e:
@@ -168,9 +172,9 @@ def main():
             finally:
                 C.override_config(kid, n, k)
             rows.append({"kind": kind, "shape": s, "bm": cfg.block_m, "bn": cfg.block_n, "dacc": cfg.double_acc,
-                         "mc": cfg.multicast, "stages": cfg.num_stages, "us": us})
+                         "mc": cfg.multicast, "split": cfg.split_k, "stages": cfg.num_stages, "us": us})
             if best is None or us < best[0]:
-                best = (us, cfg.block_m, cfg.block_n, cfg.double_acc, cfg.multicast, cfg.num_stages)
+                best = (us, cfg.block_m, cfg.block_n, cfg.double_acc, cfg.multicast, cfg.split_k, cfg.num_stages)
         cub = next((r["us"] for r in rows if r["shape"] == s and r.get("config") == "cublas_block"), None)
         print(f"{kind} {s}: default {dflt:.1f}us best {best} cublas {cub}", flush=True)
         with open(path, "w") as f:

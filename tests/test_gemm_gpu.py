@@ -94,6 +94,18 @@ def test_multicast_variants(bm, bn, mc):
         C.override_config("normal", n, k)
 
 
+@pytest.mark.parametrize("bn,mc,k", [(16, 0, 1408), (64, 0, 128), (112, 0, 1408), (128, 2, 1408), (64, 1, 256),
+                                     (184, 0, 640)])
+def test_split_k_variants(bn, mc, k):
+    """Two warpgroups on alternate K blocks of one 64-row tile (odd and single K-block counts included)."""
+    m, n = 1024, 1280
+    C.override_config("normal", n, k, block_m=64, block_n=bn, multicast=mc, split_k=True)
+    try:
+        assert_good(run_and_check(m, n, k, seed=bn + mc + k), f"split-K 64x{bn} multicast {mc} K={k}")
+    finally:
+        C.override_config("normal", n, k)
+
+
 def test_few_stages_and_small_grid():
     m, n, k = 512, 1024, 4096
     C.override_config("normal", n, k, block_m=128, block_n=128, num_stages=1, num_sms=3)

@@ -74,6 +74,20 @@ def test_grouped_multicast_on_a(mc):
             C.override_config(kind, n, k)
 
 
+def test_grouped_split_k():
+    from cupygemm import config as C
+
+    n, k = 768, 1408
+    for kind in ("contiguous", "masked"):
+        C.override_config(kind, n, k, block_m=64, block_n=96, split_k=True)
+    try:
+        run_contiguous(3, 300, n, k, seed=21)
+        run_masked(3, 200, n, k, [200, 0, 65], seed=22)
+    finally:
+        for kind in ("contiguous", "masked"):
+            C.override_config(kind, n, k)
+
+
 def test_contiguous_with_empty_groups():
     run_contiguous(6, 300, 768, 1024, seed=11, empty_groups=(0, 3, 5))
 
