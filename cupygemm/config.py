@@ -35,6 +35,10 @@ _TILE_OVERHEAD_S = 1.0e-6  # prologue/epilogue per tile not hidden by the pipeli
 _STRADDLE_PENALTY = 0.2  # tiles crossing 128-column scale blocks promote with extra selects
 _MULTICAST_FACTOR = {0: 1.0, 1: 1.0, 2: 0.85}  # clustered pairs along M (B shared) ran 15 % faster per tile
 _MASKED_ROWS_FACTOR = 1.15  # masked groups run past expected_m (MoE routing is uneven)
+# Split-K over two warpgroups (64-row tiles) measured 0.92-0.96x the time with >= 56 K blocks, 1.0-1.06x with
+# <= 16 (benchmarks/NOTES.md section 7): used from 32 K blocks on.
+_SPLIT_K_MIN_BLOCKS = 32
+_SPLIT_K_FACTOR = 0.93
 
 
 @dataclass(frozen=True)
@@ -156,10 +160,11 @@ def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, 
 
 def _tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0) -> float:
     k_eff = _round_up(k, BLOCK_K)
+    split = block_m == 64 and k_eff // BLOCK_K >= _SPLIT_K_MIN_BLOCKS
     straddles = not (BLOCK_K % block_n == 0 or block_n % BLOCK_K == 0)
     mma = 2.0 * block_m * block_n * k_eff / _MMA_FLOPS_PER_SM * (1.0 + _STRADDLE_PENALTY * straddles)
     load = (block_m + block_n) * k_eff / _LOAD_BYTES_PER_SM
-    return max(mma, load) * _MULTICAST_FACTOR[multicast] + _TILE_OVERHEAD_S
+    return max(mma, load) * _MULTICAST_FACTOR[multicast] * (_SPLIT_K_FACTOR if split else 1.0) + _TILE_OVERHEAD_S
 
 
 def multicast_options(kind: int, m_rows: int, n: int, block_m: int, block_n: int) -> list[int]:
@@ -316,7 +321,8 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     if wn is None or block_n % wn or wn % 8:
         raise ValueError(f"block {block_m}x{block_n}: accumulators do not fit in registers (wgmma_n={wn})")
     num_k_blocks = ceil_div(k, BLOCK_K)
-    split = bool(split_k) if split_k is not None else False
+    split = bool(split_k) if split_k is not None else (
+        block_m == 64 and not double_acc and wn == block_n and num_k_blocks >= _SPLIT_K_MIN_BLOCKS)
     if split and (block_m != 64 or double_acc or wn != block_n):
         raise ValueError("split_k needs block_m == 64, one accumulator set and an unsplit wgmma")
     stages = num_stages if num_stages is not None else _stages_for(block_m, block_n, num_k_blocks, smem_limit, split)

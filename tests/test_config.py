@@ -25,12 +25,13 @@ def test_seed_configs_are_legal(cfg):
     assert cfg.block_n % cfg.wgmma_n == 0
     assert 1 <= cfg.num_stages <= 8
     assert cfg.smem_bytes + 1024 <= C.SM90_MAX_SMEM_PER_BLOCK
-    assert cfg.smem_bytes == C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages)
+    assert cfg.smem_bytes == C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages, cfg.split_k)
     # More stages would not fit (the model fills shared memory), unless already at the cap.
     if cfg.num_stages < 8:
-        assert C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + 1) + 1024 > 232448
+        assert C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + 1, cfg.split_k) + 1024 > 232448
     assert 1 <= cfg.num_sms <= 132
-    assert cfg.num_math_wg == (1 if cfg.block_m == 64 else 2)
+    assert cfg.num_math_wg == (1 if cfg.block_m == 64 and not cfg.split_k else 2)
+    assert not cfg.split_k or (cfg.block_m == 64 and -(-cfg.shape_k // 128) >= 32)
     if cfg.kind == C.KIND_CONTIGUOUS:
         assert 128 % cfg.block_m == 0
 
