@@ -36,7 +36,8 @@ _STRADDLE_PENALTY = 0.2  # tiles crossing 128-column scale blocks promote with e
 _MULTICAST_FACTOR = {0: 1.0, 1: 1.0, 2: 0.85}  # clustered pairs along M (B shared) ran 15 % faster per tile
 _MASKED_ROWS_FACTOR = 1.15  # masked groups run past expected_m (MoE routing is uneven)
 # Split-K over two warpgroups (64-row tiles) measured 0.92-0.96x the time with >= 56 K blocks, 1.0-1.06x with
-# <= 16 (benchmarks/NOTES.md section 7): used from 32 K blocks on.
+# <= 16, on problems of at most two waves (benchmarks/NOTES.md section 7); with many waves (M = 4096) 64-row
+# split tiles lost to 128-row tiles (989 vs 820 us). Used from 32 K blocks on, in at most two waves.
 _SPLIT_K_MIN_BLOCKS = 32
 _SPLIT_K_FACTOR = 0.93
 
@@ -158,9 +159,13 @@ def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, 
     return stages
 
 
-def _tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0) -> float:
+def split_k_pays(block_m: int, k: int, waves: int) -> bool:
+    """Whether split-K over two warpgroups is used for a 64-row tile (see _SPLIT_K_MIN_BLOCKS)."""
+    return block_m == 64 and ceil_div(k, BLOCK_K) >= _SPLIT_K_MIN_BLOCKS and waves <= 2
+
+
+def _tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0, split: bool = False) -> float:
     k_eff = _round_up(k, BLOCK_K)
-    split = block_m == 64 and k_eff // BLOCK_K >= _SPLIT_K_MIN_BLOCKS
     straddles = not (BLOCK_K % block_n == 0 or block_n % BLOCK_K == 0)
     mma = 2.0 * block_m * block_n * k_eff / _MMA_FLOPS_PER_SM * (1.0 + _STRADDLE_PENALTY * straddles)
     load = (block_m + block_n) * k_eff / _LOAD_BYTES_PER_SM
@@ -196,7 +201,8 @@ def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: 
     sms = num_sms - num_sms % 2 if multicast else num_sms
     waves = max(1, ceil_div(tiles, sms))
     last = tiles - (waves - 1) * sms
-    return _Estimate(waves * _tile_seconds(bm, bn, k, multicast), waves, last / sms, tiles)
+    split = split_k_pays(bm, k, waves)
+    return _Estimate(waves * _tile_seconds(bm, bn, k, multicast, split), waves, last / sms, tiles)
 
 
 _override_lock = threading.Lock()
@@ -294,7 +300,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
     cfg = make_config(kind, n, k, bm, bn, num_sms=max(grid, 1), smem_limit=smem_limit,
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
                       raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"), multicast=mc,
-                      split_k=fields.get("split_k"))
+                      split_k=fields.get("split_k", split_k_pays(bm, k, est.waves)))
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
@@ -321,8 +327,7 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     if wn is None or block_n % wn or wn % 8:
         raise ValueError(f"block {block_m}x{block_n}: accumulators do not fit in registers (wgmma_n={wn})")
     num_k_blocks = ceil_div(k, BLOCK_K)
-    split = bool(split_k) if split_k is not None else (
-        block_m == 64 and not double_acc and wn == block_n and num_k_blocks >= _SPLIT_K_MIN_BLOCKS)
+    split = bool(split_k) and not double_acc and wn == block_n if split_k is not None else False
     if split and (block_m != 64 or double_acc or wn != block_n):
         raise ValueError("split_k needs block_m == 64, one accumulator set and an unsplit wgmma")
     stages = num_stages if num_stages is not None else _stages_for(block_m, block_n, num_k_blocks, smem_limit, split)
