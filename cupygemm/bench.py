@@ -21,6 +21,8 @@ The pure parts (shape lists, sizes, formulas, statistics, checks, writers) run w
 """
 from __future__ import annotations
 
+import importlib
+
 import argparse
 import contextlib
 import datetime
@@ -978,8 +980,9 @@ def parse_peers(text: str) -> tuple[list[str], bool]:
 
 
 def _import_torch() -> tuple[Any, str | None]:
+    """torch as an optional benchmark peer (cuBLAS block-scaled): only when installed, never a dependency."""
     try:
-        import torch
+        torch = importlib.import_module("torch")
     except Exception as e:  # ImportError, or a broken install
         return None, f"torch is not importable ({type(e).__name__}: {e})"
     if not torch.cuda.is_available():
