@@ -21,11 +21,10 @@ The pure parts (shape lists, sizes, formulas, statistics, checks, writers) run w
 """
 from __future__ import annotations
 
-import importlib
-
 import argparse
 import contextlib
 import datetime
+import importlib
 import json
 import math
 import os
