@@ -250,11 +250,14 @@ def contiguous_m_indices(group_rows: Sequence[int], align: int = M_ALIGNMENT) ->
 
 def config_m_rows(shape: Shape, sizes: Sizes) -> int:
     """The ``m_rows`` the API passes to choose_config: M, the contiguous total rows, or masked expected_m."""
+    from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, model_rows
+
+    kid = {"normal": KIND_NORMAL, "contiguous": KIND_CONTIGUOUS, "masked": KIND_MASKED}[shape.kind]
     if shape.kind == "normal":
-        return shape.m
+        return model_rows(kid, shape.m)
     if shape.kind == "contiguous":
-        return sizes.a_rows
-    return max(1, min(shape.m, sizes.a_rows))
+        return model_rows(kid, sizes.a_rows)
+    return model_rows(kid, sizes.a_rows, shape.m)
 
 
 def shape_config(shape: Shape, sizes: Sizes, num_sms: int, smem_limit: int | None = None):

@@ -61,8 +61,12 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def warmup_configs(kind: str, shapes: list[tuple[int, ...]], num_sms: int):
-    """The configs the library would pick for ``shapes`` on a GPU with ``num_sms`` SMs."""
-    from cupygemm.config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, choose_config
+    """The configs the library would pick for ``shapes`` on a GPU with ``num_sms`` SMs.
+
+    Grouped shapes are GxMxNxK: contiguous = G groups of M rows, each padded to 128 as the layout requires;
+    masked = G groups with expected_m = M (max_m = M).
+    """
+    from cupygemm.config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, choose_config, model_rows
 
     kid = {"normal": KIND_NORMAL, "contiguous": KIND_CONTIGUOUS, "masked": KIND_MASKED}[kind]
     cfgs = []
@@ -77,8 +81,8 @@ def warmup_configs(kind: str, shapes: list[tuple[int, ...]], num_sms: int):
                 raise SystemExit(f"grouped shapes are GxMxNxK (M = rows per group), got {'x'.join(map(str, s))}")
             g, m, n, k = s
             if kid == KIND_CONTIGUOUS:
-                m = g * m
-        cfgs.append(choose_config(kid, max(m, 1), n, k, g, num_sms))
+                m = g * (-(-m // 128) * 128)
+        cfgs.append(choose_config(kid, model_rows(kid, max(m, 1)), n, k, g, num_sms))
     return cfgs
 
 

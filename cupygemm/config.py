@@ -258,6 +258,14 @@ def candidate_block_ns(block_m: int) -> list[int]:
 _print_lock = threading.Lock()
 
 
+def model_rows(kind: int, rows: int, expected_m: int | None = None) -> int:
+    """The ``m_rows`` the cost model is given for a problem: M (normal), the total rows of A including
+    padding (contiguous), or expected_m clamped to [1, max_m] (masked; ``rows`` = max_m)."""
+    if kind == KIND_MASKED:
+        return max(1, min(int(expected_m if expected_m is not None else rows), rows))
+    return rows
+
+
 def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int,
                   smem_limit: int = SM90_MAX_SMEM_PER_BLOCK) -> GemmConfig:
     """Pick the config for a GEMM. ``m_rows``: M (normal), total rows (contiguous), expected rows per group (masked).

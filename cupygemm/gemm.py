@@ -6,26 +6,27 @@ from typing import Any
 import numpy as np
 
 from . import tma, validate
-from .config import KIND_MASKED, choose_config
+from .config import KIND_MASKED, choose_config, model_rows
 from .device import get_num_sms, require_hopper
+from .layout import ceil_div
 from .kernels import get_gemm_kernel
 from .tensors import export_like
 
 _NULL = np.uint64(0)
 
 
-def _launch(p: validate.Problem, m_rows_hint: int) -> None:
+def _launch(p: validate.Problem, expected_m: int | None = None) -> None:
     import cupy
 
     with cupy.cuda.Device(p.device_id):
         info = require_hopper()
-        cfg = choose_config(p.kind, m_rows_hint, p.n, p.k, p.num_groups, get_num_sms(),
+        cfg = choose_config(p.kind, model_rows(p.kind, p.m, expected_m), p.n, p.k, p.num_groups, get_num_sms(),
                             smem_limit=info.max_smem_per_block)
         kernel = get_gemm_kernel(cfg, p.device_id)
 
         g_a = p.num_groups if p.kind == KIND_MASKED else 1
         g_b = p.num_groups
-        m, n, k, kb = p.m, p.n, p.k, validate.ceil_div(p.k, 128)
+        m, n, k, kb = p.m, p.n, p.k, ceil_div(p.k, 128)
         a, b, d = p.a, p.b, p.out
         lda, ldb, ldd = a.strides[-2], b.strides[-2], d.strides[-2]
         wg_m = cfg.block_m if cfg.split_k else cfg.block_m // cfg.num_math_wg
@@ -86,7 +87,7 @@ def gemm_fp8_fp8_bf16_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any = 
     """
     p = validate.normal(lhs, rhs, out)
     if not _trivial(p):
-        _launch(p, p.m)
+        _launch(p)
     return _finish(p)
 
 
@@ -106,7 +107,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs: tuple[Any, Any], rhs: tuple[A
     """
     p = validate.contiguous(lhs, rhs, out, m_indices)
     if not _trivial(p):
-        _launch(p, p.m)
+        _launch(p)
     return _finish(p)
 
 
@@ -124,5 +125,5 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[Any, Any], rhs: tuple[Any, 
     """
     p = validate.masked(lhs, rhs, out, masked_m, expected_m)
     if not _trivial(p):
-        _launch(p, max(1, min(int(expected_m), p.m)))
+        _launch(p, expected_m)
     return _finish(p)

@@ -162,8 +162,3 @@ def export_like(arr: "cupy.ndarray", framework: Framework) -> Any:
     if framework is Framework.JAX:
         return sys.modules["jax"].dlpack.from_dlpack(arr)
     return arr
-
-
-def same_memory(a: "cupy.ndarray", b: Any) -> bool:
-    """True when ``b`` (any supported array) views exactly the memory of ``a`` (for zero-copy checks)."""
-    return as_cupy(b, "b").data.ptr == a.data.ptr

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
+from .layout import _col_major_tma_aligned_copy, ceil_div, get_tma_aligned_size
 from .tensors import BF16, Framework, as_cupy, framework_of
 
 _INT32_LIMIT = 2**31
@@ -35,15 +36,6 @@ class Problem:
     device_id: int
     framework: Framework
     out_given: Any  # the caller's `out` object (returned as is), or None
-
-
-def ceil_div(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
-def tma_aligned_m(m: int) -> int:
-    """Rows of an M-major FP32 scale column padded to 16 bytes."""
-    return ceil_div(m, 4) * 4
 
 
 def _pair(x: Any, name: str) -> tuple[Any, Any]:
@@ -106,12 +98,10 @@ def _sfa_m_major(sfa, m: int, kb: int):
     """
     import cupy
 
-    m_pad = tma_aligned_m(m)
+    m_pad = get_tma_aligned_size(m, 4)
     if _is_m_major(sfa, m_pad, kb):
         return sfa, m_pad
-    buf = cupy.empty(sfa.shape[:-2] + (kb, m_pad), dtype=np.float32)
-    buf[..., :m] = cupy.swapaxes(sfa, -1, -2)
-    return cupy.swapaxes(buf, -1, -2)[..., :m, :], m_pad
+    return _col_major_tma_aligned_copy(sfa, cupy), m_pad
 
 
 def _device_of(arrs: list, names: list[str]) -> int:

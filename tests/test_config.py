@@ -115,3 +115,15 @@ def test_defines_cover_every_template_constant():
     for name in cfg.defines():
         assert name in src, name
     assert dataclasses.replace(cfg, num_sms=1).defines() == cfg.defines()
+
+
+def test_warmup_picks_what_the_api_picks():
+    """`cupygemm warmup` must pre-compile the config a call will use (contiguous: padded total rows)."""
+    from cupygemm.cli import warmup_configs
+
+    (cfg,) = warmup_configs("contiguous", [(4, 300, 2048, 7168)], 132)
+    assert cfg == C.choose_config(C.KIND_CONTIGUOUS, C.model_rows(C.KIND_CONTIGUOUS, 4 * 384), 2048, 7168, 4, 132)
+    (cfg,) = warmup_configs("masked", [(4, 256, 2048, 7168)], 132)
+    assert cfg == C.choose_config(C.KIND_MASKED, 256, 2048, 7168, 4, 132)
+    assert C.model_rows(C.KIND_MASKED, 4096, 50000) == 4096 and C.model_rows(C.KIND_MASKED, 4096, 0) == 1
+    assert C.model_rows(C.KIND_NORMAL, 77) == 77
