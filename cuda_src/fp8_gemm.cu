@@ -26,7 +26,7 @@ __device__ __forceinline__ uint32_t d_slab_offset(uint32_t row, uint32_t col) {
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t WGMMA_N,
           uint32_t kNumStages, uint32_t kNumMathWG, uint32_t kMathRegs, uint32_t kSwizzleD, uint32_t kRasterN,
-          int kKind, bool kDoubleAcc, int kMulticast, bool kSplitK>
+          int kKind, bool kDoubleAcc, int kMulticast, bool kSplitK, bool kSerialM>
 __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_b,
                                               const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
                                               const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
@@ -50,6 +50,16 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   constexpr uint32_t kMaxSFB =
       (kBlockK % BLOCK_N == 0) ? 1 : kAlignedN ? BLOCK_N / kBlockK : ceil_div(BLOCK_N, kBlockK) + 1;
   static_assert(!kDoubleAcc || kNumNSub == 1, "double accumulators need the whole tile in one wgmma");
+  // Straddling tiles start at n0 % 128 in steps of gcd(BLOCK_N, 128); with few such offsets the K loop is compiled
+  // once per offset (code size grows by that factor).
+  constexpr uint32_t kOffsetStep = cgcd(BLOCK_N, kBlockK);
+  constexpr uint32_t kNumOffsets = kBlockK / kOffsetStep;
+  constexpr bool kSpecializeBoundary = kMaxSFB > 1 && !kAlignedN && kNumOffsets <= 8 && !kDoubleAcc;
+  // kSerialM: a warpgroup owning several m64 slices runs them one after the other through one temporary
+  // accumulator (MMA, wait, promote per slice), so 256-row tiles fit in registers; the other math warpgroup's
+  // MMAs keep the tensor cores busy meanwhile.
+  static_assert(!kSerialM || (kNumMSub > 1 && !kDoubleAcc), "serial m64 slices: several slices, one acc set");
+  constexpr uint32_t kAccSlices = kSerialM ? 1 : kNumMSub;  // m64 slices held in the temporary accumulator
   // Multicast: each CTA of a 2-CTA cluster loads half of the shared tile into both CTAs' shared memory.
   constexpr uint32_t kCluster = kMulticast ? 2 : 1;
   static_assert(kMulticast != 2 || (BLOCK_N % 16 == 0 && kKind == kNormal), "B multicast: halves of whole swizzle atoms");
@@ -79,7 +89,8 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   // Split-K hand-off buffer: warpgroup 1's final accumulators, one float per (register, thread).
   float* smem_red = reinterpret_cast<float*>(empty_bar + kNumStages);
 
-  const uint32_t warpgroup = threadIdx.x / 128;
+  // Broadcast from lane 0 so the compiler knows it is warp-uniform (uniform registers for descriptors).
+  const uint32_t warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (threadIdx.x == kNumMathThreads) {
     tma_prefetch_descriptor(&tmap_a);
     tma_prefetch_descriptor(&tmap_b);
@@ -154,9 +165,11 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     float a[kNumMSub][2];
     float b[kMaxSFB];
   };
-  float acc0[kNumMSub][kAccPerSub];
+  float acc0[kAccSlices][kAccPerSub];
   float acc1[kDoubleAcc ? kNumMSub : 1][kDoubleAcc ? kAccPerSub : 1];
   float final_acc[kNumMSub][kNumNSub][kAccPerSub];
+  const uint64_t desc_a0 = make_smem_desc_k128_sw128(smem_a + wg_row0 * kBlockK);
+  const uint64_t desc_b0 = make_smem_desc_k128_sw128(smem_b);
   uint32_t stage = 0, phase = 0;
 
   while (scheduler.next(tile)) {
@@ -166,8 +179,8 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     const float* sfb_ptr[kMaxSFB];
 #pragma unroll
     for (uint32_t i = 0; i < kMaxSFB; ++i) sfb_ptr[i] = sfb_tile + cmin(n0 / kBlockK + i, kNumSFBRows - 1) * kNumKBlocks;
-    // Tile columns at which the B scale block changes (only used when a tile can straddle blocks).
-    const uint32_t boundary = kBlockK - n0 % kBlockK;
+    // Tile column at which the B scale block changes (only used when a tile can straddle blocks).
+    const uint32_t tile_boundary = kBlockK - n0 % kBlockK;
 
 #pragma unroll
     for (uint32_t ms = 0; ms < kNumMSub; ++ms)
@@ -190,28 +203,33 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         sc.a[ms][1] = sfa[ms * 64 + row_in_sub + 8];
       }
     };
-    auto issue = [&](float (&acc)[kNumMSub][kAccPerSub], uint32_t s, uint32_t ns) {
-      const uint8_t* a_tile = smem_a + s * SMEM_A + wg_row0 * kBlockK;
-      const uint8_t* b_tile = smem_b + s * SMEM_B + ns * WGMMA_N * kBlockK;
+    // Issues the wgmmas of m64 slices [ms_lo, ms_hi) (slice ms accumulates into acc[ms - ms_lo]). Descriptors are
+    // stage 0's plus compile-time offsets: the 14-bit address field never carries (shared memory < 256 KB).
+    auto issue = [&](float (&acc)[kAccSlices][kAccPerSub], uint32_t s, uint32_t ns, uint32_t ms_lo, uint32_t ms_hi) {
+      const uint64_t da = desc_a0 + s * (SMEM_A / 16);
+      const uint64_t db = desc_b0 + (s * SMEM_B + ns * WGMMA_N * kBlockK) / 16;
       wgmma_fence();
 #pragma unroll
       for (uint32_t k32 = 0; k32 < kBlockK / 32; ++k32)
 #pragma unroll
         for (uint32_t ms = 0; ms < kNumMSub; ++ms)
-          WgmmaFP8<WGMMA_N>::mma(make_smem_desc_k128_sw128(a_tile + ms * 64 * kBlockK + k32 * 32),
-                                 make_smem_desc_k128_sw128(b_tile + k32 * 32), acc[ms], k32 > 0);
+          if (ms >= ms_lo && ms < ms_hi)
+            WgmmaFP8<WGMMA_N>::mma(da + (ms * 64 * kBlockK + k32 * 32) / 16, db + (k32 * 32) / 16, acc[ms - ms_lo],
+                                   k32 > 0);
       wgmma_commit();
     };
-    auto settle = [&](float (&acc)[kNumMSub][kAccPerSub]) {
+    auto settle = [&](float (&acc)[kAccSlices][kAccPerSub]) {
 #pragma unroll
-      for (uint32_t ms = 0; ms < kNumMSub; ++ms)
+      for (uint32_t ms = 0; ms < kAccSlices; ++ms)
 #pragma unroll
         for (uint32_t j = 0; j < kAccPerSub; ++j) fence_operand(acc[ms][j]);
     };
     // Promotion on CUDA cores: final += (scale_a(row) * scale_b(block)) * partial.
-    auto promote = [&](const float (&acc)[kNumMSub][kAccPerSub], const Scales& sc, uint32_t ns) {
+    auto promote = [&](const float (&acc)[kAccSlices][kAccPerSub], const Scales& sc, uint32_t ns, uint32_t ms_lo,
+                       uint32_t ms_hi, uint32_t boundary) {
 #pragma unroll
       for (uint32_t ms = 0; ms < kNumMSub; ++ms) {
+        if (ms < ms_lo || ms >= ms_hi) continue;
         float p[kMaxSFB][2];
 #pragma unroll
         for (uint32_t i = 0; i < kMaxSFB; ++i) p[i][0] = sc.a[ms][0] * sc.b[i], p[i][1] = sc.a[ms][1] * sc.b[i];
@@ -220,16 +238,17 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
           const uint32_t col = ns * WGMMA_N + g * 8;
           float s0 = p[0][0], s1 = p[0][1];
           if (kMaxSFB > 1) {
-            // Aligned tiles know their block per column at compile time; others compare with the boundary.
+            // Aligned tiles know their block per column at compile time; others compare with the boundary (a
+            // compile-time constant too when the K loop is specialized per boundary).
             const uint32_t idx = kAlignedN ? col / kBlockK : (col >= boundary) + (col >= boundary + kBlockK);
 #pragma unroll
             for (uint32_t i = 1; i < kMaxSFB; ++i)
               if (idx == i) s0 = p[i][0], s1 = p[i][1];
           }
-          final_acc[ms][ns][g * 4 + 0] += s0 * acc[ms][g * 4 + 0];
-          final_acc[ms][ns][g * 4 + 1] += s0 * acc[ms][g * 4 + 1];
-          final_acc[ms][ns][g * 4 + 2] += s1 * acc[ms][g * 4 + 2];
-          final_acc[ms][ns][g * 4 + 3] += s1 * acc[ms][g * 4 + 3];
+          final_acc[ms][ns][g * 4 + 0] += s0 * acc[ms - ms_lo][g * 4 + 0];
+          final_acc[ms][ns][g * 4 + 1] += s0 * acc[ms - ms_lo][g * 4 + 1];
+          final_acc[ms][ns][g * 4 + 2] += s1 * acc[ms - ms_lo][g * 4 + 2];
+          final_acc[ms][ns][g * 4 + 3] += s1 * acc[ms - ms_lo][g * 4 + 3];
         }
       }
     };
@@ -248,7 +267,11 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     constexpr uint32_t kStep = kSplitK ? 2 : 1;  // split-K: this warpgroup takes K blocks warpgroup, +2, ...
     const uint32_t kb0 = kSplitK ? warpgroup : 0;
     if (kb0 < kNumKBlocks) load_b_scales(next, kb0);
-    if constexpr (!kDoubleAcc) {
+    // The K loop, with the scale-block boundary as a compile-time constant where a tile straddles 128-column
+    // blocks at one of a few offsets (then the promotion picks each column's B scale without selects).
+    auto k_loop = [&](auto offset_case) {
+      const uint32_t boundary = kSpecializeBoundary ? kBlockK - decltype(offset_case)::value * kOffsetStep
+                                                    : tile_boundary;
 #pragma unroll 1
       for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
         if (kSplitK && kb % 2 != warpgroup) {  // the other warpgroup's block: only keep the stage count
@@ -259,19 +282,27 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         if (kb + kStep < kNumKBlocks) load_b_scales(next, kb + kStep);  // prefetch: latency hides behind this block
         wait_stage(cur, stage, phase);
 #pragma unroll
-        for (uint32_t ns = 0; ns < kNumNSub; ++ns) {
-          issue(acc0, stage, ns);
-          wgmma_wait<0>();
-          settle(acc0);
-          if (ns == kNumNSub - 1) release(stage);  // A/B/SFA consumed: hand the stage back early
-          promote(acc0, cur, ns);
-        }
+        for (uint32_t ns = 0; ns < kNumNSub; ++ns)
+#pragma unroll
+          for (uint32_t ms = 0; ms < kNumMSub; ms += kAccSlices) {
+            issue(acc0, stage, ns, ms, ms + kAccSlices);
+            wgmma_wait<0>();
+            settle(acc0);
+            if (ns == kNumNSub - 1 && ms + kAccSlices == kNumMSub) release(stage);  // stage consumed: hand it back
+            promote(acc0, cur, ns, ms, ms + kAccSlices, boundary);
+          }
         advance();
       }
+    };
+    if constexpr (!kDoubleAcc) {
+      if constexpr (kSpecializeBoundary)
+        dispatch_uconst<0, kNumOffsets>((n0 % kBlockK) / kOffsetStep, k_loop);
+      else
+        k_loop(UConst<0>{});
     } else {
       // Two accumulator sets: block kb+1's wgmmas run on the tensor cores while block kb is promoted.
       wait_stage(next, stage, phase);
-      issue(acc0, stage, 0);
+      issue(acc0, stage, 0, 0, kNumMSub);
       auto step = [&](uint32_t kb, float (&acc_cur)[kNumMSub][kAccPerSub], float (&acc_next)[kNumMSub][kAccPerSub]) {
         cur = next;
         const uint32_t cur_stage = stage;
@@ -279,14 +310,14 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         if (kb + 1 < kNumKBlocks) {
           load_b_scales(next, kb + 1);
           wait_stage(next, stage, phase);
-          issue(acc_next, stage, 0);
+          issue(acc_next, stage, 0, 0, kNumMSub);
           wgmma_wait<1>();
         } else {
           wgmma_wait<0>();
         }
         settle(acc_cur);
         release(cur_stage);
-        promote(acc_cur, cur, 0);
+        promote(acc_cur, cur, 0, 0, kNumMSub, tile_boundary);
       };
 #pragma unroll 1
       for (uint32_t kb = 0; kb < kNumKBlocks; kb += 2) {
@@ -408,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
   cupygemm::fp8_gemm_impl<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N, CUPYGEMM_WGMMA_N,
                           CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG, CUPYGEMM_MATH_REGS, CUPYGEMM_SWIZZLE_D,
                           CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_DOUBLE_ACC,
-                          CUPYGEMM_MULTICAST, CUPYGEMM_SPLIT_K>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout,
+                          CUPYGEMM_MULTICAST, CUPYGEMM_SPLIT_K, CUPYGEMM_SERIAL_M>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout,
                                                             d_ptr, shape_m, num_groups, ld_d);
 }
 #endif

@@ -24,6 +24,22 @@ struct alignas(64) TmaDescriptor { unsigned long long opaque[16]; };
 template <typename T> __host__ __device__ constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }
 template <typename T> __host__ __device__ constexpr T round_up(T a, T b) { return ceil_div(a, b) * b; }
 template <typename T> __host__ __device__ constexpr T cmin(T a, T b) { return a < b ? a : b; }
+template <typename T> __host__ __device__ constexpr T cgcd(T a, T b) { return b == 0 ? a : cgcd(b, a % b); }
+
+// A compile-time uint32 carried as a type, for dispatching a runtime value to specialized code.
+template <uint32_t V> struct UConst {
+  static constexpr uint32_t value = V;
+};
+
+// Calls f(UConst<v>{}) for the runtime v in [I, N) (the last case takes any larger v).
+template <uint32_t I, uint32_t N, typename F>
+__device__ __forceinline__ void dispatch_uconst(uint32_t v, F&& f) {
+  if constexpr (I + 1 < N) {
+    if (v == I) f(UConst<I>{}); else dispatch_uconst<I + 1, N>(v, f);
+  } else {
+    f(UConst<I>{});
+  }
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));

@@ -14,8 +14,11 @@ rng = cp.random.default_rng(0)
 # (block_m, block_n, multicast) on odd shapes: smallest and largest tiles, multicast on and off.
 for bm, bn, mc, (m, n, k) in [(64, 16, 0, (65, 136, 576)), (128, 160, 0, (129, 328, 1040)),
                               (256, 80, 0, (300, 168, 256)), (128, 128, 2, (512, 256, 640)),
-                              (64, 64, 1, (70, 512, 384)), (64, 184, 0, (1, 8, 128))]:
-    C.override_config("normal", n, k, block_m=bm, block_n=bn, multicast=mc)
+                              (64, 64, 1, (70, 512, 384)), (64, 184, 0, (1, 8, 128)),
+                              (128, 144, 0, (200, 600, 1408)), (256, 128, 1, (300, 512, 640))]:
+    # 128x144: K loop compiled per scale-block boundary offset; 256x128: serial m64 slices.
+    extra = {"serial_m": True} if bm == 256 and bn > 96 else {}
+    C.override_config("normal", n, k, block_m=bm, block_n=bn, multicast=mc, **extra)
     a, sfa, b, sfb, _, _ = make_normal(m, n, k, bm + bn)
     out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     C.override_config("normal", n, k)
@@ -27,6 +30,14 @@ cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), None, cp.
 a3, s3 = cp.stack([a[:128]] * 3), cp.stack([sfa[:128]] * 3)
 out3 = cp.zeros((3, 128, n), dtype=cupygemm.tensors.BF16)
 cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a3, s3), (b, sfb), out3, cp.asarray(np.array([0, 77, 999], np.int32)), 64)
+# Masked, split-K over two warpgroups on 64-row tiles straddling scale blocks, four groups of uneven sizes.
+g4, n4, k4 = 4, 1008, 1024
+b4, sfb4 = grouped_weights(g4, n4, k4, rng)
+a4, s4 = cupygemm.per_token_cast_to_fp8(randn_bf16((g4 * 320, k4), rng))
+a4, s4 = a4.reshape(g4, 320, k4), s4.reshape(g4, 320, -1)
+C.override_config("masked", n4, k4, block_m=64, block_n=168, split_k=True)
+cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a4, s4), (b4, sfb4), None, cp.asarray(np.array([277, 220, 0, 181], np.int32)), 256)
+C.override_config("masked", n4, k4)
 cupygemm.per_block_cast_to_fp8(randn_bf16((130, 200), rng))
 cp.cuda.Device().synchronize()
 print("sanitize cases done")

@@ -94,6 +94,18 @@ def test_multicast_variants(bm, bn, mc):
         C.override_config("normal", n, k)
 
 
+@pytest.mark.parametrize("bn,mc,k", [(128, 0, 1408), (128, 1, 1408), (128, 2, 1408), (104, 0, 576), (64, 0, 128),
+                                     (120, 1, 1408)])
+def test_serial_m_variants(bn, mc, k):
+    """256-row tiles whose warpgroups run their two m64 slices one after the other."""
+    m, n = 1000 if mc != 2 else 1024, 1280 if bn != 120 else 1200
+    C.override_config("normal", n, k, block_m=256, block_n=bn, multicast=mc, serial_m=True)
+    try:
+        assert_good(run_and_check(m, n, k, seed=bn + mc + k), f"serial 256x{bn} multicast {mc} K={k}")
+    finally:
+        C.override_config("normal", n, k)
+
+
 @pytest.mark.parametrize("bn,mc,k", [(16, 0, 1408), (64, 0, 128), (112, 0, 1408), (128, 2, 1408), (64, 1, 256),
                                      (184, 0, 640)])
 def test_split_k_variants(bn, mc, k):

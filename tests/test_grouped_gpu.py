@@ -88,6 +88,19 @@ def test_grouped_split_k():
             C.override_config(kind, n, k)
 
 
+@pytest.mark.parametrize("mc", [0, 1])
+def test_masked_serial_m(mc):
+    """256-row tiles (serial m64 slices) in the masked layout: rows past masked_m inside a 256-row block."""
+    from cupygemm import config as C
+
+    n, k = 1024, 1408
+    C.override_config("masked", n, k, block_m=256, block_n=128, multicast=mc, serial_m=True)
+    try:
+        run_masked(3, 640, n, k, [640, 0, 300], seed=31 + mc)
+    finally:
+        C.override_config("masked", n, k)
+
+
 def test_contiguous_with_empty_groups():
     run_contiguous(6, 300, 768, 1024, seed=11, empty_groups=(0, 3, 5))
 

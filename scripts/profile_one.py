@@ -1,0 +1,37 @@
+"""Run one GEMM a few times, for a profiler: python scripts/profile_one.py M N K [field=value ...]
+
+Fields override the config (block_m=256 block_n=128 multicast=1 serial_m=1 ...). Example:
+  ncu --clock-control none -k cupygemm_fp8_gemm -s 2 -c 1 python scripts/profile_one.py 4096 7168 16384
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import cupy as cp
+
+import cupygemm
+from cupygemm import config as C
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from gpu_helpers import randn_bf16  # noqa: E402
+
+
+def main() -> None:
+    m, n, k = (int(x) for x in sys.argv[1:4])
+    fields = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in sys.argv[4:]}
+    if fields:
+        C.override_config("normal", n, k, **fields)
+    rng = cp.random.default_rng(0)
+    a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((m, k), rng))
+    b, sfb = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
+    sfa = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    out = cp.empty((m, n), dtype=cupygemm.tensors.BF16)
+    print(C.choose_config(C.KIND_NORMAL, m, n, k, 1, cupygemm.get_num_sms()).describe(), flush=True)
+    for _ in range(4):
+        cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
+    cp.cuda.Device().synchronize()
+
+
+if __name__ == "__main__":
+    main()
