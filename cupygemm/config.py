@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import sys
 import threading
@@ -26,15 +27,20 @@ _MATH_REGS_TWO_WG = 232  # setmaxnreg budget: 128 x 40 (producer) + 256 x 232 = 
 _MATH_REGS_ONE_WG = 255
 _OTHER_REGS = 64  # registers the math loop needs besides accumulators (addresses, scales, loop state)
 
-# The model's constants, fitted to a sweep of every legal tile (with and without multicast) on the 29 seed
-# shapes on an H200 (benchmarks/results/tune-sweep-h200.json, benchmarks/NOTES.md section 4): the model's
-# pick is within 3.9 % of the fastest measured config on geometric mean, 31 % at worst (masked 1x1024x4096x7168).
-_MMA_FLOPS_PER_SM = 1979e12 * 0.5 / 132  # achieved FP8 MMA rate per SM while streaming
-_LOAD_BYTES_PER_SM = 85e9  # achieved A+B streaming rate into one SM
+# The model's constants, fitted by scripts/fit_model.py to a sweep of every legal tile (multicast, split-K and
+# serial 256-row variants included) on the 29 seed shapes on an H200 (benchmarks/results/tune-sweep-*-h200-v2.json,
+# benchmarks/NOTES.md section 9): the model's pick is within 5.3 % of the fastest measured config on geometric
+# mean, 39 % at worst (masked 4x256x4096x7168, where the groups' real sizes decide the waves).
+_MMA_PEAK_PER_SM = 1979e12 / 132  # FP8 dense datasheet rate of one SM
+_MMA_EFFICIENCY = {64: 0.5, 128: 0.5, 256: 0.5}  # achieved fraction of it per tile height, while streaming
+_LOAD_BYTES_PER_SM = 40e9  # achieved A+B streaming rate into one SM
 _TILE_OVERHEAD_S = 1.0e-6  # prologue/epilogue per tile not hidden by the pipeline
 _STRADDLE_PENALTY = 0.2  # tiles crossing 128-column scale blocks promote with extra selects
-_MULTICAST_FACTOR = {0: 1.0, 1: 1.0, 2: 0.85}  # clustered pairs along M (B shared) ran 15 % faster per tile
-_MASKED_ROWS_FACTOR = 1.15  # masked groups run past expected_m (MoE routing is uneven)
+_STRADDLE_SPECIALIZED_PENALTY = 0.05  # ... or, with at most 8 boundary offsets, a K loop compiled per offset
+_MULTICAST_PENALTY = 1.02  # a 2-CTA cluster runs in lock-step: pays only where it relieves the operand stream
+# Masked groups' sizes are only known on the device; expected_m is a hint. The model averages its estimate over
+# sizes spread uniformly in 0.7-1.3 x expected_m (MoE routing is uneven), at the midpoints of six bins.
+_MASKED_SPREAD = (0.75, 0.85, 0.95, 1.05, 1.15, 1.25)
 # Split-K over two warpgroups (64-row tiles) measured 0.92-0.96x the time with >= 56 K blocks, 1.0-1.06x with
 # <= 16, on problems of at most two waves (benchmarks/NOTES.md section 7); with many waves (M = 4096) 64-row
 # split tiles lost to 128-row tiles (989 vs 820 us). Used from 32 K blocks on, in at most two waves.
@@ -61,6 +67,7 @@ class GemmConfig:
     double_acc: bool = False  # two accumulator sets: next block's MMA overlaps this block's promotion
     multicast: int = 0  # 0 none; 1: 2-CTA clusters share A (pairs along N); 2: share B (pairs along M)
     split_k: bool = False  # block_m 64: two math warpgroups take alternate K blocks of the same rows
+    serial_m: bool = False  # a warpgroup's m64 slices run one after the other through one temporary accumulator
 
     @property
     def threads(self) -> int:
@@ -87,6 +94,7 @@ class GemmConfig:
             "CUPYGEMM_DOUBLE_ACC": int(self.double_acc),
             "CUPYGEMM_MULTICAST": self.multicast,
             "CUPYGEMM_SPLIT_K": int(self.split_k),
+            "CUPYGEMM_SERIAL_M": int(self.serial_m),
             "CUPYGEMM_CLUSTER_ATTR": "__cluster_dims__(2, 1, 1)" if self.multicast else "",
         }
 
@@ -95,7 +103,8 @@ class GemmConfig:
                 f"(wgmma n{self.wgmma_n}), {self.num_stages} stages, {self.num_math_wg} math WG, "
                 f"swizzle_d {self.swizzle_d}, {'2 acc sets, ' if self.double_acc else ''}"
                 f"{['', 'multicast A x2, ', 'multicast B x2, '][self.multicast]}"
-                f"{'split-K over 2 WG, ' if self.split_k else ''}grid {self.num_sms}, "
+                f"{'split-K over 2 WG, ' if self.split_k else ''}{'serial m64 slices, ' if self.serial_m else ''}"
+                f"grid {self.num_sms}, "
                 f"smem {self.smem_bytes} B")
 
 
@@ -125,28 +134,46 @@ def output_swizzle(block_n: int) -> int:
     return 0
 
 
-def wgmma_n_for(block_m: int, block_n: int) -> int | None:
+def _math_reg_budget(block_m: int, block_n: int) -> int:
+    """Registers per math thread left for accumulators (the rest hold addresses, scales and loop state).
+
+    Two math warpgroups get 232 from setmaxnreg and need 40 besides accumulators, 64 when tiles straddle
+    128-column scale blocks (masked 128x184, 256x120-serial and 256x88 spill with less). One warpgroup runs at 255 without
+    setmaxnreg and needs 64 (64x208 spills)."""
+    if block_m == 64:
+        return _MATH_REGS_ONE_WG - _OTHER_REGS
+    straddles = not (BLOCK_K % block_n == 0 or block_n % BLOCK_K == 0)
+    return _MATH_REGS_TWO_WG - (_OTHER_REGS if straddles else 40)
+
+
+def _acc_regs(block_m: int, block_n: int, wgmma_n: int, serial_m: bool = False, acc_sets: int = 1) -> int:
+    """Accumulator registers per math thread: temporary wgmma accumulators plus the promoted FP32 sums."""
+    m_sub = block_m // (64 * (1 if block_m == 64 else 2))
+    return (1 if serial_m else m_sub) * acc_sets * (wgmma_n // 2) + m_sub * (block_n // 2)
+
+
+def wgmma_n_for(block_m: int, block_n: int, serial_m: bool = False) -> int | None:
     """The wgmma N used for a tile: the whole block_n when the accumulators fit, else an even split."""
-    num_math_wg = 1 if block_m == 64 else 2
-    m_sub = block_m // (64 * num_math_wg)
-    budget = (_MATH_REGS_TWO_WG if num_math_wg > 1 else _MATH_REGS_ONE_WG) - _OTHER_REGS
+    budget = _math_reg_budget(block_m, block_n)
     for parts in (1, 2, 3, 4):
         if block_n % parts or (block_n // parts) % 8:
             continue
         wn = block_n // parts
-        if m_sub * (wn // 2) + m_sub * (block_n // 2) <= budget:
+        if _acc_regs(block_m, block_n, wn, serial_m) <= budget:
             return wn
     return None
+
+
+def serial_m_possible(block_m: int) -> bool:
+    """Serial m64 slices need a warpgroup owning more than one slice (256-row tiles)."""
+    return block_m == 256
 
 
 def double_acc_fits(block_m: int, block_n: int, wgmma_n: int) -> bool:
     """Whether two temporary accumulator sets plus the final one fit in the math registers."""
     if wgmma_n != block_n:
         return False
-    num_math_wg = 1 if block_m == 64 else 2
-    m_sub = block_m // (64 * num_math_wg)
-    budget = (_MATH_REGS_TWO_WG if num_math_wg > 1 else _MATH_REGS_ONE_WG) - _OTHER_REGS
-    return 3 * m_sub * (block_n // 2) <= budget
+    return _acc_regs(block_m, block_n, wgmma_n, acc_sets=2) <= _math_reg_budget(block_m, block_n)
 
 
 def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, split_k: bool = False) -> int:
@@ -164,12 +191,25 @@ def split_k_pays(block_m: int, k: int, waves: int) -> bool:
     return block_m == 64 and ceil_div(k, BLOCK_K) >= _SPLIT_K_MIN_BLOCKS and waves <= 2
 
 
+def _straddle_penalty(block_n: int) -> float:
+    """Extra promotion cost of tiles crossing 128-column scale blocks: small where the kernel compiles its K loop
+    per boundary offset (at most 8 offsets, cuda_src/fp8_gemm.cu), larger where it selects scales at run time."""
+    if BLOCK_K % block_n == 0 or block_n % BLOCK_K == 0:
+        return 0.0
+    offsets = BLOCK_K // math.gcd(block_n, BLOCK_K)
+    return _STRADDLE_SPECIALIZED_PENALTY if offsets <= 8 else _STRADDLE_PENALTY
+
+
 def _tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0, split: bool = False) -> float:
     k_eff = _round_up(k, BLOCK_K)
-    straddles = not (BLOCK_K % block_n == 0 or block_n % BLOCK_K == 0)
-    mma = 2.0 * block_m * block_n * k_eff / _MMA_FLOPS_PER_SM * (1.0 + _STRADDLE_PENALTY * straddles)
-    load = (block_m + block_n) * k_eff / _LOAD_BYTES_PER_SM
-    return max(mma, load) * _MULTICAST_FACTOR[multicast] * (_SPLIT_K_FACTOR if split else 1.0) + _TILE_OVERHEAD_S
+    rate = _MMA_PEAK_PER_SM * _MMA_EFFICIENCY[block_m]
+    mma = 2.0 * block_m * block_n * k_eff / rate * (1.0 + _straddle_penalty(block_n))
+    # Multicast halves the L2 reads of the shared operand (A when 1, B when 2) and costs the pair's lock-step.
+    a_rows = block_m / 2 if multicast == 1 else block_m
+    b_rows = block_n / 2 if multicast == 2 else block_n
+    load = (a_rows + b_rows) * k_eff / _LOAD_BYTES_PER_SM
+    lockstep = _MULTICAST_PENALTY if multicast else 1.0
+    return max(mma, load) * lockstep * (_SPLIT_K_FACTOR if split else 1.0) + _TILE_OVERHEAD_S
 
 
 def multicast_options(kind: int, m_rows: int, n: int, block_m: int, block_n: int) -> list[int]:
@@ -192,17 +232,20 @@ class _Estimate:
 
 
 def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int,
-              multicast: int = 0) -> _Estimate:
+              multicast: int = 0, serial_m: bool = False) -> _Estimate:
     n_blocks = ceil_div(n, bn)
-    if kind == KIND_MASKED:
-        tiles = groups * ceil_div(int(m_rows * _MASKED_ROWS_FACTOR), bm) * n_blocks
-    else:
-        tiles = ceil_div(m_rows, bm) * n_blocks
     sms = num_sms - num_sms % 2 if multicast else num_sms
+    if kind == KIND_MASKED:
+        tile_counts = [groups * ceil_div(max(1, round(m_rows * f)), bm) * n_blocks for f in _MASKED_SPREAD]
+    else:
+        tile_counts = [ceil_div(m_rows, bm) * n_blocks]
+    wave_counts = [max(1, ceil_div(t, sms)) for t in tile_counts]
+    tiles = round(sum(tile_counts) / len(tile_counts))
     waves = max(1, ceil_div(tiles, sms))
     last = tiles - (waves - 1) * sms
     split = split_k_pays(bm, k, waves)
-    return _Estimate(waves * _tile_seconds(bm, bn, k, multicast, split), waves, last / sms, tiles)
+    mean_waves = sum(wave_counts) / len(wave_counts)
+    return _Estimate(mean_waves * _tile_seconds(bm, bn, k, multicast, split), waves, last / sms, tiles)
 
 
 _override_lock = threading.Lock()
@@ -217,7 +260,7 @@ def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
     """
     kind = _kind_id(kind)
     allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "double_acc", "multicast",
-               "split_k"}
+               "split_k", "serial_m"}
     bad = set(fields) - allowed
     if bad:
         raise ValueError(f"override_config: unknown fields {sorted(bad)}; allowed: {sorted(allowed)}")
@@ -249,10 +292,20 @@ def candidate_block_ms(kind: int, m_rows: int) -> tuple[int, ...]:
     return (64, 128, 256)
 
 
-def candidate_block_ns(block_m: int) -> list[int]:
-    # Split-N tiles serialize MMA and promotion within a warpgroup; the model only proposes whole ones
-    # (splits stay reachable through override_config).
-    return [bn for bn in range(16, 257, 8) if wgmma_n_for(block_m, bn) == bn]
+def candidate_tiles(kind: int, m_rows: int) -> list[tuple[int, int, bool]]:
+    """(block_m, block_n, serial_m) the model considers: tiles whose whole block_n fits one wgmma.
+
+    Split-N tiles serialize MMA and promotion within a warpgroup; the model only proposes whole ones
+    (splits stay reachable through override_config). 256-row tiles whose two m64 slices per warpgroup do
+    not fit at once run them serially."""
+    tiles = []
+    for bm in candidate_block_ms(kind, m_rows):
+        for bn in range(16, 257, 8):
+            if wgmma_n_for(bm, bn) == bn:
+                tiles.append((bm, bn, False))
+            elif serial_m_possible(bm) and wgmma_n_for(bm, bn, serial_m=True) == bn:
+                tiles.append((bm, bn, True))
+    return tiles
 
 
 _print_lock = threading.Lock()
@@ -279,24 +332,25 @@ def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_s
 def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int, smem_limit: int,
                  override_version: int) -> GemmConfig:
     best = None
-    for bm in candidate_block_ms(kind, m_rows):
-        for bn in candidate_block_ns(bm):
-            # Two accumulator sets measured slower everywhere (benchmarks/NOTES.md): never proposed.
-            for mc in multicast_options(kind, m_rows, n, bm, bn) if num_sms >= 2 else [0]:
-                est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
-                # Lower time first; then a fuller last wave; then fewer bytes moved per output.
-                score = (round(est.seconds * 1e9), -est.last_wave_util, (bm + bn) / (bm * bn), mc)
-                if best is None or score < best[0]:
-                    best = (score, bm, bn, mc, est)
+    # Two accumulator sets measured slower everywhere (benchmarks/NOTES.md): never proposed.
+    for bm, bn, serial in candidate_tiles(kind, m_rows):
+        for mc in multicast_options(kind, m_rows, n, bm, bn) if num_sms >= 2 else [0]:
+            est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, serial)
+            # Lower time first; then a fuller last wave; then fewer bytes moved per output.
+            score = (round(est.seconds * 1e9), -est.last_wave_util, (bm + bn) / (bm * bn), mc)
+            if best is None or score < best[0]:
+                best = (score, bm, bn, mc, serial, est)
     assert best is not None
-    _, bm, bn, mc, est = best
+    _, bm, bn, mc, serial, est = best
     fields: dict[str, int] = {}
     with _override_lock:
         fields.update(_overrides.get((kind, n, k), {}))
     if "block_m" in fields or "block_n" in fields:
         bm, bn = fields.get("block_m", bm), fields.get("block_n", bn)
         mc = fields.get("multicast", 0)
-        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
+        serial = fields.get("serial_m", False)
+        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, serial)
+    serial = fields.get("serial_m", serial)
     mc = fields.get("multicast", mc)
     if mc not in multicast_options(kind, m_rows, n, bm, bn):
         raise ValueError(f"multicast={mc} is not legal for {KIND_NAMES[kind]} M={m_rows} N={n} with block "
@@ -308,7 +362,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
     cfg = make_config(kind, n, k, bm, bn, num_sms=max(grid, 1), smem_limit=smem_limit,
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
                       raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"), multicast=mc,
-                      split_k=fields.get("split_k", split_k_pays(bm, k, est.waves)))
+                      split_k=fields.get("split_k", split_k_pays(bm, k, est.waves)), serial_m=serial)
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
@@ -322,7 +376,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
 def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
                 num_stages: int | None = None, raster_n: int = 16, double_acc: bool | None = None,
-                multicast: int = 0, split_k: bool | None = None) -> GemmConfig:
+                multicast: int = 0, split_k: bool | None = None, serial_m: bool = False) -> GemmConfig:
     """Build (and check) a config for explicit block sizes."""
     kind = _kind_id(kind)
     if block_m not in (64, 128, 256):
@@ -331,7 +385,9 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         raise ValueError(f"block_m: contiguous layout needs a divisor of 128, got {block_m}")
     if block_n % 8 or not 8 <= block_n <= 256:
         raise ValueError(f"block_n: expected a multiple of 8 in [8, 256], got {block_n}")
-    wn = wgmma_n if wgmma_n is not None else wgmma_n_for(block_m, block_n)
+    if serial_m and (not serial_m_possible(block_m) or double_acc or split_k):
+        raise ValueError(f"serial_m needs block_m == 256 and no double_acc/split_k, got block_m={block_m}")
+    wn = wgmma_n if wgmma_n is not None else wgmma_n_for(block_m, block_n, serial_m)
     if wn is None or block_n % wn or wn % 8:
         raise ValueError(f"block {block_m}x{block_n}: accumulators do not fit in registers (wgmma_n={wn})")
     num_k_blocks = ceil_div(k, BLOCK_K)
@@ -355,5 +411,5 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         kind=kind, shape_n=n, shape_k=k, block_m=block_m, block_n=block_n, wgmma_n=wn, num_stages=stages,
         num_math_wg=1 if block_m == 64 and not split else 2, swizzle_d=output_swizzle(block_n), raster_n=raster_n,
         num_sms=num_sms, smem_bytes=smem_bytes(block_m, block_n, stages, split),
-        double_acc=bool(double_acc), multicast=multicast, split_k=split,
+        double_acc=bool(double_acc), multicast=multicast, split_k=split, serial_m=bool(serial_m),
     )

@@ -1,7 +1,7 @@
 """Config sweep: time every legal tile config on the seed shapes (and cuBLAS block-scaled as a yardstick).
 
 Writes JSON rows {kind, shape, config, us}; used to calibrate the cost model in cupygemm/config.py.
-Run on a Hopper machine: python scripts/tune.py OUT.json [normal|grouped|all]
+Run on a Hopper machine: python scripts/tune.py OUT.json [normal|grouped|all|small|large]
 """
 from __future__ import annotations
 
@@ -43,19 +43,15 @@ def timed(fn, iters=15):
 
 def variants(kind, m_rows, n, k):
     out = []
-    for bm in C.candidate_block_ms(kind, 4096) if kind != C.KIND_NORMAL else (64, 128, 256):
-        for bn in range(16, 257, 8):
-            wn = C.wgmma_n_for(bm, bn)
-            if wn != bn:
-                continue
-            for dacc in (False,):  # two accumulator sets measured slower everywhere (NOTES.md, 2.)
-                for mc in C.multicast_options(kind, m_rows, n, bm, bn):
-                    for split in ((False, True) if bm == 64 else (False,)):
-                        try:
-                            out.append(C.make_config(kind, n, k, bm, bn, 132, double_acc=dacc, multicast=mc,
-                                                     split_k=split))
-                        except ValueError:
-                            pass
+    for bm, bn, serial in C.candidate_tiles(kind, 4096):
+        # 256-row tiles that fit both ways are measured both ways.
+        for ser in ((False, True) if bm == 256 and not serial else (serial,)):
+            for mc in C.multicast_options(kind, m_rows, n, bm, bn):
+                for split in ((False, True) if bm == 64 else (False,)):
+                    try:
+                        out.append(C.make_config(kind, n, k, bm, bn, 132, multicast=mc, split_k=split, serial_m=ser))
+                    except ValueError:
+                        pass
     return out
 
 
@@ -103,6 +99,9 @@ def main():
     jobs = []
     if which in ("normal", "all"):
         jobs += [("normal", s) for s in NORMAL]
+    if which == "large":  # the shapes where 256-row tiles compete
+        jobs += [("normal", s) for s in NORMAL if s[0] >= 4096] + [("masked", s) for s in MASKED]
+        jobs += [("contiguous", s) for s in CONTIGUOUS]
     if which == "small":  # the shapes where 64-row tiles compete
         jobs += [("normal", s) for s in NORMAL if s[0] <= 128] + [("masked", s) for s in MASKED]
     if which in ("grouped", "all"):
@@ -163,7 +162,7 @@ def main():
         best = None
         for cfg in variants(kid, m_hint if kind != "contiguous" else m_hint, n, k):
             C.override_config(kid, n, k, block_m=cfg.block_m, block_n=cfg.block_n, double_acc=cfg.double_acc,
-                              multicast=cfg.multicast, split_k=cfg.split_k)
+                              multicast=cfg.multicast, split_k=cfg.split_k, serial_m=cfg.serial_m)
             try:
                 us = timed(call, iters=7)
             except Exception as e:
@@ -172,9 +171,10 @@ def main():
             finally:
                 C.override_config(kid, n, k)
             rows.append({"kind": kind, "shape": s, "bm": cfg.block_m, "bn": cfg.block_n, "dacc": cfg.double_acc,
-                         "mc": cfg.multicast, "split": cfg.split_k, "stages": cfg.num_stages, "us": us})
+                         "mc": cfg.multicast, "split": cfg.split_k, "serial": cfg.serial_m, "stages": cfg.num_stages,
+                         "us": us})
             if best is None or us < best[0]:
-                best = (us, cfg.block_m, cfg.block_n, cfg.double_acc, cfg.multicast, cfg.split_k, cfg.num_stages)
+                best = (us, cfg.describe())
         cub = next((r["us"] for r in rows if r["shape"] == s and r.get("config") == "cublas_block"), None)
         print(f"{kind} {s}: default {dflt:.1f}us best {best} cublas {cub}", flush=True)
         with open(path, "w") as f:
