@@ -803,10 +803,16 @@ def environment(info: Any, args: argparse.Namespace, peers: dict[str, Any]) -> d
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "iters": args.iters,
         "seed": args.seed,
-        "method": ("CUDA events around each call on the legacy default stream; before each call an untimed "
-                   f"{FLUSH_BYTES >> 20} MiB memset flushes L2; us = median (p10/p90, min/max) over iters calls "
-                   "after one untimed call; floor = max(bytes / copy bandwidth, FLOPs / 1979 TFLOPS)"),
+        "method": timing_method(False, FLUSH_BYTES),
     }
+
+
+def timing_method(cupti: bool, flush_bytes: int) -> str:
+    what = ("kernel time per call from CUPTI activity records (sum of the kernels the call launches)" if cupti
+            else "CUDA events around each call on the current stream")
+    return (f"{what}; before each call an untimed {flush_bytes >> 20} MiB memset flushes L2; us = median "
+            "(p10/p90, min/max) over iters calls after one untimed call; floor = max(bytes / copy bandwidth, "
+            "FLOPs / 1979 TFLOPS)")
 
 
 # ---- GPU: inputs, providers, timing ------------------------------------------------------------------------------------
@@ -1023,19 +1029,30 @@ def load_peers(names: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
 
 
 class Timer:
-    """Times calls with CUDA events on the current stream, flushing L2 (untimed memset) before each call."""
+    """Times calls after flushing L2 (untimed memset) before each: kernel time from CUPTI records when a
+    :class:`~cupygemm.kernel_timer.KernelTimer` is given (what profilers report), else CUDA events."""
 
-    def __init__(self, flush_bytes: int = FLUSH_BYTES):
+    def __init__(self, flush_bytes: int = FLUSH_BYTES, kernel_timer: Any = None):
         import cupy
 
         self.flush_buf = cupy.empty(flush_bytes, dtype=cupy.uint8)
+        self.kernel_timer = kernel_timer
 
     def flush(self) -> None:
         self.flush_buf.data.memset_async(0, self.flush_buf.nbytes)
 
     def time(self, call: Callable[[], Any], iters: int) -> list[float]:
-        """Per-call times in microseconds. A few flushes first give the host a head start, so Python launch
-        overhead hides behind the flushes instead of showing between the events."""
+        """Per-call times in microseconds."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        if self.kernel_timer is not None:
+            return self.kernel_timer.time(call, iters, before=self.flush, sync=stream.synchronize)
+        return self.time_events(call, iters)
+
+    def time_events(self, call: Callable[[], Any], iters: int) -> list[float]:
+        """Event-timed microseconds. A few flushes first give the host a head start, so Python launch overhead
+        hides behind the flushes instead of showing between the events."""
         import cupy
 
         stream = cupy.cuda.get_current_stream()
@@ -1050,6 +1067,21 @@ class Timer:
             e.record(stream)
         ends[-1].synchronize()
         return [cupy.cuda.get_elapsed_time(s, e) * 1e3 for s, e in zip(starts, ends)]
+
+
+def open_cupti_timer() -> tuple[Any, str]:
+    """A CUPTI kernel timer checked on an empty kernel, or None and why not."""
+    import cupy
+
+    from .kernel_timer import open_kernel_timer
+
+    noop = cupy.RawKernel('extern "C" __global__ void cupygemm_bench_noop() {}', "cupygemm_bench_noop")
+
+    def call():
+        noop((1,), (32,), ())
+
+    call()
+    return open_kernel_timer(call, "cupygemm_bench_noop", cupy.cuda.get_current_stream().synchronize)
 
 
 def measure_copy_bandwidth(nbytes: int = COPY_BYTES, reps: int = 10) -> float:
@@ -1087,7 +1119,7 @@ def measure_event_overhead(timer: Timer, iters: int = 50) -> float | None:
 
         call()
         cupy.cuda.get_current_stream().synchronize()
-        return summarize_times(timer.time(call, iters))["us"]
+        return summarize_times(timer.time_events(call, iters))["us"]
     except Exception:
         return None
 
@@ -1253,11 +1285,16 @@ def _run(args: argparse.Namespace, shapes: Sequence[Shape], peers: dict[str, Any
     meta["flush_bytes"] = max(FLUSH_BYTES, 2 * info.l2_bytes)
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s (device-to-device, read + write); "
           f"floor = max(bytes / copy bandwidth, FLOPs / {FP8_DENSE_FLOPS / 1e12:.0f} TFLOPS)")
-    timer = Timer(meta["flush_bytes"])
+    kernel_timer, why = open_cupti_timer() if args.timing == "cupti" else (None, "--timing events")
+    timer = Timer(meta["flush_bytes"], kernel_timer)
+    meta["timing"] = f"cupti ({why})" if kernel_timer is not None else "events"
+    meta["method"] = timing_method(kernel_timer is not None, meta["flush_bytes"])
     meta["event_overhead_us"] = measure_event_overhead(timer)
-    if meta["event_overhead_us"] is not None:
-        print(f"event timing of an empty kernel: {meta['event_overhead_us']:.2f} us (included in every time below; "
-              "profiler-based tables do not count it)")
+    if kernel_timer is not None:
+        print(f"timing: kernel time from CUPTI activity records ({why}), as the peer tables' profiler reports it")
+    else:
+        print(f"timing: CUDA events ({why}); an empty kernel measures {meta['event_overhead_us'] or 0:.2f} us, "
+              "included in every time below (profiler-based tables do not count it)")
     rows: list[dict[str, Any]] = []
     t0 = time.time()
     for i, shape in enumerate(shapes):
@@ -1314,8 +1351,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="time cupygemm (and cuBLAS block-scaled / DeepGEMM when importable) on the seed shapes",
         description=(
             "Benchmark cupygemm on the 28 seed shapes (18 normal, 4 contiguous, 6 masked) or on --shapes. "
-            "Kernels are compiled first (in parallel); each call is timed with CUDA events after an untimed "
-            "1 GiB L2 flush; every result is checked against a float64 reference on sampled rows. Peers run "
+            "Kernels are compiled first (in parallel); each call is timed after an untimed 1 GiB L2 flush, "
+            "as kernel time from CUPTI activity records (the profiler's view, as in the peer tables; CUDA events "
+            "when CUPTI is missing or with --timing events); every result is checked against a float64 reference on sampled rows. Peers run "
             "in the same process when importable: cuBLASLt block-scaled FP8 via torch._scaled_mm (normal "
             "shapes) and DeepGEMM (03d0be3 API). Exit code: 0 all cupygemm results correct, 1 a result was "
             "wrong or a call failed, 2 usage or setup error."),
@@ -1334,6 +1372,10 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "cublas,deepgemm (then required); default: %(default)s")
     p.add_argument("--iters", type=_positive_int, default=DEFAULT_ITERS, help="timed calls per shape and provider (default: %(default)s)")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the inputs and the group sizes (default: %(default)s)")
+    p.add_argument("--timing", choices=("cupti", "events"), default="cupti",
+                   help="cupti: kernel time from CUPTI activity records, falling back to events when libcupti "
+                        "is missing (CUPYGEMM_CUPTI names the library); events: CUDA events around each call "
+                        "(default: %(default)s)")
     p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, help="parallel kernel compilations (default: the CPU count, %(default)s here)")
     p.set_defaults(func=run_bench)
     return p

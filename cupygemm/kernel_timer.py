@@ -1,0 +1,154 @@
+"""Kernel time as a profiler reports it, through CUPTI's activity API (ctypes; benchmark use only).
+
+The published peer tables (../shared/peers) sum the durations of every kernel a call launches, as the CUDA
+profiler records them; CUDA events around a call add launch gaps (~3.5 us on an H200). This module records
+CONCURRENT_KERNEL activity records (start/end timestamps written by the GPU) and sums them per call.
+
+CUPTI ships with the CUDA toolkit (``extras/CUPTI/lib64``) and as the ``nvidia-cuda-cupti`` wheels; when no
+library loads, or its records do not parse as expected, :func:`open_kernel_timer` returns None and callers fall
+back to CUDA events.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+import threading
+from typing import Any, Callable
+
+_KIND_CONCURRENT_KERNEL = 10  # CUpti_ActivityKind
+_FLUSH_FORCED = 1  # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+_BUFFER_BYTES = 4 << 20
+# CUpti_ActivityKernel4..9 share their head: kind (u32) at 0, start (u64) at 16, end (u64) at 24,
+# correlationId (u32) at 92 and the kernel name (const char*) at 104.
+_OFF_START, _OFF_END, _OFF_NAME = 16, 24, 104
+
+_REQUESTED = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.POINTER(ctypes.c_uint8)), ctypes.POINTER(ctypes.c_size_t),
+                              ctypes.POINTER(ctypes.c_size_t))
+_COMPLETED = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint8), ctypes.c_size_t,
+                              ctypes.c_size_t)
+
+
+def _candidate_paths() -> list[str]:
+    paths = []
+    env = os.environ.get("CUPYGEMM_CUPTI")
+    if env:
+        paths.append(env)
+    for base in sys.path:
+        for sub in ("nvidia/cu13/lib", "nvidia/cuda_cupti/lib", "nvidia/cu12/lib"):
+            paths += sorted(glob.glob(os.path.join(base, sub, "libcupti.so*")), reverse=True)
+    for root in (os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"):
+        if root:
+            paths += sorted(glob.glob(os.path.join(root, "extras/CUPTI/lib64/libcupti.so*")), reverse=True)
+    found = ctypes.util.find_library("cupti")
+    if found:
+        paths.append(found)
+    return paths
+
+
+class KernelTimer:
+    """Collects the kernels launched while it is enabled; :meth:`time` returns per-call kernel microseconds."""
+
+    def __init__(self, lib: ctypes.CDLL, path: str):
+        self.lib, self.path = lib, path
+        self._buffers: dict[int, Any] = {}
+        self._records: list[tuple[int, int, str]] = []
+        self._lock = threading.Lock()
+        self._req = _REQUESTED(self._on_request)
+        self._done = _COMPLETED(self._on_complete)
+        self._check(lib.cuptiActivityRegisterCallbacks(self._req, self._done), "cuptiActivityRegisterCallbacks")
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed with CUPTI status {status}")
+
+    def _on_request(self, buf_pp, size_p, max_records_p) -> None:
+        buf = (ctypes.c_uint8 * (_BUFFER_BYTES + 8))()
+        addr = (ctypes.addressof(buf) + 7) & ~7  # records need 8-byte alignment
+        self._buffers[addr] = buf
+        buf_pp[0] = ctypes.cast(addr, ctypes.POINTER(ctypes.c_uint8))
+        size_p[0] = _BUFFER_BYTES
+        max_records_p[0] = 0
+
+    def _on_complete(self, ctx, stream_id, buf_p, size, valid) -> None:
+        addr = ctypes.cast(buf_p, ctypes.c_void_p).value
+        record = ctypes.c_void_p()
+        got = []
+        while valid and self.lib.cuptiActivityGetNextRecord(buf_p, ctypes.c_size_t(valid), ctypes.byref(record)) == 0:
+            base = record.value
+            if ctypes.c_uint32.from_address(base).value == _KIND_CONCURRENT_KERNEL:
+                start = ctypes.c_uint64.from_address(base + _OFF_START).value
+                end = ctypes.c_uint64.from_address(base + _OFF_END).value
+                name_p = ctypes.c_char_p.from_address(base + _OFF_NAME).value
+                got.append((start, end, (name_p or b"").decode(errors="replace")))
+        with self._lock:
+            self._records += got
+        self._buffers.pop(addr, None)
+
+    def _drain(self) -> list[tuple[int, int, str]]:
+        self._check(self.lib.cuptiActivityFlushAll(_FLUSH_FORCED), "cuptiActivityFlushAll")
+        with self._lock:
+            out, self._records = self._records, []
+        return out
+
+    def time(self, call: Callable[[], Any], iters: int, before: Callable[[], Any] | None = None,
+             sync: Callable[[], Any] | None = None) -> list[float]:
+        """Microseconds of kernel time per call: the sum of the durations of the kernels each call launches.
+
+        ``before`` runs untimed before each call (an L2 flush; memsets are not kernel records); ``sync`` waits for
+        the device so each call's records can be told apart."""
+        times = []
+        self._check(self.lib.cuptiActivityEnable(_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable")
+        try:
+            self._drain()
+            for _ in range(iters):
+                if before is not None:
+                    before()
+                call()
+                if sync is not None:
+                    sync()
+                recs = self._drain()
+                if not recs:
+                    raise RuntimeError("CUPTI recorded no kernel for a call")
+                times.append(sum(end - start for start, end, _ in recs) / 1e3)
+        finally:
+            self.lib.cuptiActivityDisable(_KIND_CONCURRENT_KERNEL)
+        return times
+
+    def names(self, call: Callable[[], Any], sync: Callable[[], Any]) -> list[str]:
+        """Names of the kernels one call launches (a check that the records parse)."""
+        self._check(self.lib.cuptiActivityEnable(_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable")
+        try:
+            self._drain()
+            call()
+            sync()
+            return [name for _, _, name in self._drain()]
+        finally:
+            self.lib.cuptiActivityDisable(_KIND_CONCURRENT_KERNEL)
+
+
+def open_kernel_timer(probe: Callable[[], Any], probe_name: str, sync: Callable[[], Any]) -> tuple[KernelTimer | None, str]:
+    """A working KernelTimer, checked on ``probe`` (a call launching one kernel named ``probe_name``), or None
+    and the reason."""
+    reasons = []
+    for path in _candidate_paths():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            reasons.append(f"{path}: {e}")
+            continue
+        try:
+            timer = KernelTimer(lib, path)
+            names = timer.names(probe, sync)
+            us = timer.time(probe, 3, sync=sync)
+        except Exception as e:  # CUPTI present but unusable (version, permissions, another profiler)
+            reasons.append(f"{path}: {e}")
+            continue
+        if names != [probe_name] or not all(0 < t < 1e5 for t in us):
+            reasons.append(f"{path}: records do not parse as expected ({names}, {us})")
+            continue
+        return timer, path
+    return None, "; ".join(reasons) or "no libcupti found"
