@@ -1069,19 +1069,30 @@ class Timer:
         return [cupy.cuda.get_elapsed_time(s, e) * 1e3 for s, e in zip(starts, ends)]
 
 
+_NOOP_NAME = "cupygemm_bench_noop"
+
+
+def _noop_call() -> Callable[[], None]:
+    """A call launching one empty kernel (compiled and run once here): the probe for timing overheads."""
+    import cupy
+
+    noop = cupy.RawKernel(f'extern "C" __global__ void {_NOOP_NAME}() {{}}', _NOOP_NAME)
+
+    def call():
+        noop((1,), (32,), ())
+
+    call()
+    cupy.cuda.get_current_stream().synchronize()
+    return call
+
+
 def open_cupti_timer() -> tuple[Any, str]:
     """A CUPTI kernel timer checked on an empty kernel, or None and why not."""
     import cupy
 
     from .kernel_timer import open_kernel_timer
 
-    noop = cupy.RawKernel('extern "C" __global__ void cupygemm_bench_noop() {}', "cupygemm_bench_noop")
-
-    def call():
-        noop((1,), (32,), ())
-
-    call()
-    return open_kernel_timer(call, "cupygemm_bench_noop", cupy.cuda.get_current_stream().synchronize)
+    return open_kernel_timer(_noop_call(), _NOOP_NAME, cupy.cuda.get_current_stream().synchronize)
 
 
 def measure_copy_bandwidth(nbytes: int = COPY_BYTES, reps: int = 10) -> float:
@@ -1109,16 +1120,8 @@ def measure_copy_bandwidth(nbytes: int = COPY_BYTES, reps: int = 10) -> float:
 def measure_event_overhead(timer: Timer, iters: int = 50) -> float | None:
     """Median event-timed microseconds of an empty kernel, measured like the GEMMs (flush, events): what event
     timing adds to a kernel's own time (profilers, which the published peer tables use, do not count it)."""
-    import cupy
-
     try:
-        noop = cupy.RawKernel('extern "C" __global__ void cupygemm_bench_noop() {}', "cupygemm_bench_noop")
-
-        def call():
-            noop((1,), (32,), ())
-
-        call()
-        cupy.cuda.get_current_stream().synchronize()
+        call = _noop_call()
         return summarize_times(timer.time_events(call, iters))["us"]
     except Exception:
         return None
@@ -1353,7 +1356,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Benchmark cupygemm on the 28 seed shapes (18 normal, 4 contiguous, 6 masked) or on --shapes. "
             "Kernels are compiled first (in parallel); each call is timed after an untimed 1 GiB L2 flush, "
             "as kernel time from CUPTI activity records (the profiler's view, as in the peer tables; CUDA events "
-            "when CUPTI is missing or with --timing events); every result is checked against a float64 reference on sampled rows. Peers run "
+            "when CUPTI is missing or with --timing events); every result is checked against a float64 "
+            "reference on sampled rows. Peers run "
             "in the same process when importable: cuBLASLt block-scaled FP8 via torch._scaled_mm (normal "
             "shapes) and DeepGEMM (03d0be3 API). Exit code: 0 all cupygemm results correct, 1 a result was "
             "wrong or a call failed, 2 usage or setup error."),

@@ -134,16 +134,20 @@ def output_swizzle(block_n: int) -> int:
     return 0
 
 
+def _straddles(block_n: int) -> bool:
+    """Whether tiles of this width can cross 128-column B-scale blocks."""
+    return not (BLOCK_K % block_n == 0 or block_n % BLOCK_K == 0)
+
+
 def _math_reg_budget(block_m: int, block_n: int) -> int:
     """Registers per math thread left for accumulators (the rest hold addresses, scales and loop state).
 
     Two math warpgroups get 232 from setmaxnreg and need 40 besides accumulators, 64 when tiles straddle
-    128-column scale blocks (masked 128x184, 256x120-serial and 256x88 spill with less). One warpgroup runs at 255 without
-    setmaxnreg and needs 64 (64x208 spills)."""
+    128-column scale blocks (masked 128x184, 256x120-serial and 256x88 spill with less). One warpgroup runs
+    at 255 without setmaxnreg and needs 64 (64x208 spills)."""
     if block_m == 64:
         return _MATH_REGS_ONE_WG - _OTHER_REGS
-    straddles = not (BLOCK_K % block_n == 0 or block_n % BLOCK_K == 0)
-    return _MATH_REGS_TWO_WG - (_OTHER_REGS if straddles else 40)
+    return _MATH_REGS_TWO_WG - (_OTHER_REGS if _straddles(block_n) else 40)
 
 
 def _acc_regs(block_m: int, block_n: int, wgmma_n: int, serial_m: bool = False, acc_sets: int = 1) -> int:
@@ -194,7 +198,7 @@ def split_k_pays(block_m: int, k: int, waves: int) -> bool:
 def _straddle_penalty(block_n: int) -> float:
     """Extra promotion cost of tiles crossing 128-column scale blocks: small where the kernel compiles its K loop
     per boundary offset (at most 8 offsets, cuda_src/fp8_gemm.cu), larger where it selects scales at run time."""
-    if BLOCK_K % block_n == 0 or block_n % BLOCK_K == 0:
+    if not _straddles(block_n):
         return 0.0
     offsets = BLOCK_K // math.gcd(block_n, BLOCK_K)
     return _STRADDLE_SPECIALIZED_PENALTY if offsets <= 8 else _STRADDLE_PENALTY
@@ -232,7 +236,7 @@ class _Estimate:
 
 
 def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int,
-              multicast: int = 0, serial_m: bool = False) -> _Estimate:
+              multicast: int = 0) -> _Estimate:
     n_blocks = ceil_div(n, bn)
     sms = num_sms - num_sms % 2 if multicast else num_sms
     if kind == KIND_MASKED:
@@ -335,7 +339,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
     # Two accumulator sets measured slower everywhere (benchmarks/NOTES.md): never proposed.
     for bm, bn, serial in candidate_tiles(kind, m_rows):
         for mc in multicast_options(kind, m_rows, n, bm, bn) if num_sms >= 2 else [0]:
-            est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, serial)
+            est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
             # Lower time first; then a fuller last wave; then fewer bytes moved per output.
             score = (round(est.seconds * 1e9), -est.last_wave_util, (bm + bn) / (bm * bn), mc)
             if best is None or score < best[0]:
@@ -349,7 +353,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
         bm, bn = fields.get("block_m", bm), fields.get("block_n", bn)
         mc = fields.get("multicast", 0)
         serial = fields.get("serial_m", False)
-        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, serial)
+        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
     serial = fields.get("serial_m", serial)
     mc = fields.get("multicast", mc)
     if mc not in multicast_options(kind, m_rows, n, bm, bn):

@@ -10,6 +10,7 @@ back to CUDA events.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import glob
@@ -94,6 +95,16 @@ class KernelTimer:
             out, self._records = self._records, []
         return out
 
+    @contextlib.contextmanager
+    def _recording(self):
+        """Kernel records enabled for the block, starting from an empty record list."""
+        self._check(self.lib.cuptiActivityEnable(_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable")
+        try:
+            self._drain()
+            yield
+        finally:
+            self.lib.cuptiActivityDisable(_KIND_CONCURRENT_KERNEL)
+
     def time(self, call: Callable[[], Any], iters: int, before: Callable[[], Any] | None = None,
              sync: Callable[[], Any] | None = None) -> list[float]:
         """Microseconds of kernel time per call: the sum of the durations of the kernels each call launches.
@@ -101,9 +112,7 @@ class KernelTimer:
         ``before`` runs untimed before each call (an L2 flush; memsets are not kernel records); ``sync`` waits for
         the device so each call's records can be told apart."""
         times = []
-        self._check(self.lib.cuptiActivityEnable(_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable")
-        try:
-            self._drain()
+        with self._recording():
             for _ in range(iters):
                 if before is not None:
                     before()
@@ -114,20 +123,14 @@ class KernelTimer:
                 if not recs:
                     raise RuntimeError("CUPTI recorded no kernel for a call")
                 times.append(sum(end - start for start, end, _ in recs) / 1e3)
-        finally:
-            self.lib.cuptiActivityDisable(_KIND_CONCURRENT_KERNEL)
         return times
 
     def names(self, call: Callable[[], Any], sync: Callable[[], Any]) -> list[str]:
         """Names of the kernels one call launches (a check that the records parse)."""
-        self._check(self.lib.cuptiActivityEnable(_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable")
-        try:
-            self._drain()
+        with self._recording():
             call()
             sync()
             return [name for _, _, name in self._drain()]
-        finally:
-            self.lib.cuptiActivityDisable(_KIND_CONCURRENT_KERNEL)
 
 
 def open_kernel_timer(probe: Callable[[], Any], probe_name: str, sync: Callable[[], Any]) -> tuple[KernelTimer | None, str]:

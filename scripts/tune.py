@@ -15,30 +15,23 @@ import numpy as np
 
 import cupygemm
 from cupygemm import config as C
+from cupygemm.bench import Timer
 from cupygemm.cli import compile_all
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from gpu_helpers import randn_bf16  # noqa: E402
 from seed_shapes import CONTIGUOUS, MASKED, NORMAL  # noqa: E402
 
-FLUSH = None
+_TIMER = None
 
 
 def timed(fn, iters=15):
-    global FLUSH
-    if FLUSH is None:
-        FLUSH = cp.empty(512 * 1024 * 1024, dtype=cp.uint8)
+    """Median event-timed microseconds after an untimed 512 MiB L2 flush per call (the bench's timer)."""
+    global _TIMER
+    if _TIMER is None:
+        _TIMER = Timer(512 << 20)
     fn()
-    ts = []
-    for _ in range(iters):
-        FLUSH.fill(0)
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(s, e) * 1e3)
-    return float(np.median(ts))
+    return float(np.median(_TIMER.time_events(fn, iters)))
 
 
 def variants(kind, m_rows, n, k):

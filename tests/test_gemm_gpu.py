@@ -70,28 +70,31 @@ VARIANTS = [
 ]
 
 
+def check_with_override(m, n, k, fields, seed, what):
+    """Run and check a normal GEMM with the config fields forced for (N, K), then hand back to the model."""
+    C.override_config("normal", n, k, **fields)
+    try:
+        assert_good(run_and_check(m, n, k, seed=seed), what)
+    finally:
+        C.override_config("normal", n, k)
+
+
 @pytest.mark.parametrize("dacc", [False, True], ids=["one_acc", "two_acc"])
 @pytest.mark.parametrize("bm,bn,wn", VARIANTS)
 def test_kernel_variants(bm, bn, wn, dacc):
     if dacc and (wn is not None or not C.double_acc_fits(bm, bn, bn)):
         pytest.skip("two accumulator sets do not fit this tile")
     m, n, k = 1000, 1160, 1408  # ragged in M and N, K not a multiple of 128 blocks of the tile
-    C.override_config("normal", n, k, block_m=bm, block_n=bn, double_acc=dacc, **({"wgmma_n": wn} if wn else {}))
-    try:
-        assert_good(run_and_check(m, n, k, seed=bm + bn), f"block {bm}x{bn}/{wn} two_acc={dacc}")
-    finally:
-        C.override_config("normal", n, k)
+    fields = dict(block_m=bm, block_n=bn, double_acc=dacc, **({"wgmma_n": wn} if wn else {}))
+    check_with_override(m, n, k, fields, bm + bn, f"block {bm}x{bn}/{wn} two_acc={dacc}")
 
 
 @pytest.mark.parametrize("bm,bn,mc", [(64, 16, 1), (64, 64, 2), (128, 128, 1), (128, 128, 2), (128, 160, 2),
                                       (128, 112, 1), (256, 64, 2), (64, 80, 2)])
 def test_multicast_variants(bm, bn, mc):
     m, n, k = 1024, 1280, 1408  # even block counts along M and N for these tiles
-    C.override_config("normal", n, k, block_m=bm, block_n=bn, multicast=mc)
-    try:
-        assert_good(run_and_check(m, n, k, seed=bm + bn + mc), f"block {bm}x{bn} multicast {mc}")
-    finally:
-        C.override_config("normal", n, k)
+    check_with_override(m, n, k, dict(block_m=bm, block_n=bn, multicast=mc), bm + bn + mc,
+                        f"block {bm}x{bn} multicast {mc}")
 
 
 @pytest.mark.parametrize("bn,mc,k", [(128, 0, 1408), (128, 1, 1408), (128, 2, 1408), (104, 0, 576), (64, 0, 128),
@@ -99,11 +102,8 @@ def test_multicast_variants(bm, bn, mc):
 def test_serial_m_variants(bn, mc, k):
     """256-row tiles whose warpgroups run their two m64 slices one after the other."""
     m, n = 1000 if mc != 2 else 1024, 1280 if bn != 120 else 1200
-    C.override_config("normal", n, k, block_m=256, block_n=bn, multicast=mc, serial_m=True)
-    try:
-        assert_good(run_and_check(m, n, k, seed=bn + mc + k), f"serial 256x{bn} multicast {mc} K={k}")
-    finally:
-        C.override_config("normal", n, k)
+    check_with_override(m, n, k, dict(block_m=256, block_n=bn, multicast=mc, serial_m=True), bn + mc + k,
+                        f"serial 256x{bn} multicast {mc} K={k}")
 
 
 @pytest.mark.parametrize("bn,mc,k", [(16, 0, 1408), (64, 0, 128), (112, 0, 1408), (128, 2, 1408), (64, 1, 256),
@@ -111,20 +111,13 @@ def test_serial_m_variants(bn, mc, k):
 def test_split_k_variants(bn, mc, k):
     """Two warpgroups on alternate K blocks of one 64-row tile (odd and single K-block counts included)."""
     m, n = 1024, 1280
-    C.override_config("normal", n, k, block_m=64, block_n=bn, multicast=mc, split_k=True)
-    try:
-        assert_good(run_and_check(m, n, k, seed=bn + mc + k), f"split-K 64x{bn} multicast {mc} K={k}")
-    finally:
-        C.override_config("normal", n, k)
+    check_with_override(m, n, k, dict(block_m=64, block_n=bn, multicast=mc, split_k=True), bn + mc + k,
+                        f"split-K 64x{bn} multicast {mc} K={k}")
 
 
 def test_few_stages_and_small_grid():
     m, n, k = 512, 1024, 4096
-    C.override_config("normal", n, k, block_m=128, block_n=128, num_stages=1, num_sms=3)
-    try:
-        assert_good(run_and_check(m, n, k), "1 stage, 3 CTAs")
-    finally:
-        C.override_config("normal", n, k)
+    check_with_override(m, n, k, dict(block_m=128, block_n=128, num_stages=1, num_sms=3), 0, "1 stage, 3 CTAs")
 
 
 def test_sfa_layouts_agree():
