@@ -106,14 +106,16 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   // initialised.
   if constexpr (kCluster > 1) cluster_sync(); else __syncthreads();
 
-  using Scheduler = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast>;
-  Scheduler scheduler(shape_m, num_groups, grouped_layout);
+  // The producer runs its scheduler on one thread, the math warpgroups on whole warps.
+  using ProducerScheduler = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, false>;
+  using MathScheduler = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, true>;
   Tile tile;
 
   if (warpgroup == kNumMathWG) {
     // ---------------- TMA producer ----------------
     if (kNumMathWG > 1) regs_dealloc<kProducerRegs>();
     if (threadIdx.x != kNumMathThreads) return;
+    ProducerScheduler scheduler(shape_m, num_groups, grouped_layout);
     uint32_t stage = 0, phase = 0;
     while (scheduler.next(tile)) {
       const int a_row = static_cast<int>(tile.m_block * BLOCK_M);
@@ -152,6 +154,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
 
   // ---------------- math warpgroups ----------------
   if (kNumMathWG > 1) regs_alloc<kMathRegs>();
+  MathScheduler scheduler(shape_m, num_groups, grouped_layout);
   const uint32_t tid = threadIdx.x % 128;
   const uint32_t warp = tid / 32, lane = tid % 32;
   const uint32_t row_in_sub = warp * 16 + lane / 4;  // this thread's first row in an m64 slice (+8 for the second)
@@ -263,6 +266,34 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       if (++stage == kNumStages) stage = 0, phase ^= 1;
     };
 
+    if constexpr (kKind == kGroupedContiguous && BLOCK_M == 256) {
+      static_assert(kRowGroups == 2 && WG_M == 128, "contiguous 256-row tiles: one 128-row half per warpgroup");
+      if (!((tile.halves >> warpgroup) & 1)) {
+        // The other half's tile (its rows belong to another group): keep the stage count, compute nothing.
+#pragma unroll 1
+        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+          mbarrier_wait(&full_bar[stage], phase);
+          release(stage);
+          advance();
+        }
+        continue;
+      }
+    }
+
+    // Rows this thread owns: (ms, h) -> tile row wg_row0 + ms*64 + row_in_sub + 8h. Contiguous: their m_indices
+    // entries are read now, so the latency hides behind the K loop (the epilogue writes only the group's rows).
+    const uint32_t tile_row0 = tile.m_block * BLOCK_M + wg_row0;
+    int row_group[kNumMSub][2];
+    if constexpr (kKind == kGroupedContiguous) {
+#pragma unroll
+      for (uint32_t ms = 0; ms < kNumMSub; ++ms)
+#pragma unroll
+        for (uint32_t h = 0; h < 2; ++h) {
+          const uint32_t r = tile_row0 + ms * 64 + row_in_sub + 8 * h;
+          row_group[ms][h] = r < shape_m ? __ldg(grouped_layout + r) : static_cast<int>(tile.group);
+        }
+    }
+
     Scales cur, next;
     constexpr uint32_t kStep = kSplitK ? 2 : 1;  // split-K: this warpgroup takes K blocks warpgroup, +2, ...
     const uint32_t kb0 = kSplitK ? warpgroup : 0;
@@ -347,22 +378,15 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     }
 
     // ---------------- epilogue ----------------
-    // Rows this thread owns: (ms, h) -> tile row wg_row0 + ms*64 + row_in_sub + 8h.
-    const uint32_t tile_row0 = tile.m_block * BLOCK_M + wg_row0;
     bool rows_ok = true;  // every row of this warpgroup's slice may be written by a TMA store
-    if (kKind == kGroupedContiguous) {
+    if constexpr (kKind == kGroupedContiguous) {
 #pragma unroll
       for (uint32_t ms = 0; ms < kNumMSub; ++ms)
 #pragma unroll
-        for (uint32_t h = 0; h < 2; ++h) {
-          const uint32_t r = tile_row0 + ms * 64 + row_in_sub + 8 * h;
-          rows_ok &= r >= shape_m || __ldg(grouped_layout + r) == static_cast<int>(tile.group);
-        }
-      rows_ok = named_barrier_and(barrier_id, 128, rows_ok);
+        for (uint32_t h = 0; h < 2; ++h) rows_ok &= row_group[ms][h] == static_cast<int>(tile.group);
+      rows_ok = __shfl_sync(0xffffffffu, named_barrier_and(barrier_id, 128, rows_ok), 0);  // uniform, provably
     } else if (kKind == kGroupedMasked) {
-      const uint32_t valid_m = Scheduler::clamped_masked_m(
-          grouped_layout, tile.group, shape_m);
-      rows_ok = tile_row0 + WG_M <= valid_m;  // uniform across the warpgroup
+      rows_ok = tile_row0 + WG_M <= tile.rows;  // uniform across the warpgroup
     }
 
     if (rows_ok) {
@@ -397,17 +421,14 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     } else {
       // Some rows must stay untouched (contiguous padding rows, masked rows past masked_m): direct stores.
       const uint64_t group_rows = kKind == kGroupedMasked ? uint64_t(tile.group) * shape_m : 0;
-      const uint32_t valid_m = kKind == kGroupedMasked
-                                   ? Scheduler::clamped_masked_m(
-                                         grouped_layout, tile.group, shape_m)
-                                   : shape_m;
+      const uint32_t valid_m = tile.rows;
 #pragma unroll
       for (uint32_t ms = 0; ms < kNumMSub; ++ms)
 #pragma unroll
         for (uint32_t h = 0; h < 2; ++h) {
           const uint32_t r = tile_row0 + ms * 64 + row_in_sub + 8 * h;
           bool ok = r < valid_m;
-          if (kKind == kGroupedContiguous) ok = ok && __ldg(grouped_layout + r) == static_cast<int>(tile.group);
+          if constexpr (kKind == kGroupedContiguous) ok = ok && row_group[ms][h] == static_cast<int>(tile.group);
           if (!ok) continue;
           uint16_t* d_row = d_ptr + (group_rows + r) * ld_d;
 #pragma unroll

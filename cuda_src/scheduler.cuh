@@ -11,24 +11,37 @@ struct Tile {
   uint32_t m_block;  // block index within the group's rows (masked) or within all rows
   uint32_t n_block;
   uint32_t group;    // B (and for masked, A/D) group index; 0 for normal GEMMs
+  // Contiguous 256-row tiles: bit h set = rows [128h, 128h + 128) of the block belong to `group` and are
+  // computed (by math warpgroup h). Groups are 128-row aligned, so a 256-row block may hold two groups: it is
+  // then scheduled as two tiles, one per half. Every other tile has both bits set.
+  uint32_t halves;
+  uint32_t rows;  // rows of the group's A and D: the clamped masked_m (masked), else all rows
 };
 
 // kMulticast: 0 = one CTA per tile; 1 = 2-CTA clusters on neighbouring n blocks (they share A);
 // 2 = 2-CTA clusters on neighbouring m blocks (they share B; normal GEMMs only). The host only picks a
 // multicast mode when the paired dimension has an even number of blocks, so a pair is always complete.
-template <int kKind, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kRasterN, int kMulticast>
+// kWarpWide: all 32 lanes of a warp call next() together (math warpgroups). Values read from the group layout are
+// then broadcast from lane 0, so the compiler knows the tile loop's branches are warp-uniform and keeps the K loop's
+// descriptors and stage counters in uniform registers (per-lane loads made it move them through R2UR every block).
+template <int kKind, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kRasterN, int kMulticast,
+          bool kWarpWide>
 struct TileScheduler {
   static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
   static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
   // Scheduling units along N and (for kMulticast == 2) M: a unit is a pair of blocks when clustered.
   static constexpr uint32_t kNumNUnits = kMulticast == 1 ? kNumNBlocks / 2 : kNumNBlocks;
+  static constexpr uint32_t kNotLoaded = ~0u;
 
   uint32_t shape_m;         // rows (normal/contiguous) or max rows per group (masked)
   uint32_t num_groups;
   const int* grouped_layout;  // m_indices (contiguous) or masked_m (masked)
   uint32_t next_tile;
-  // Masked: running position over groups (tile indices only grow, so the scan is incremental).
-  uint32_t cur_group = 0, cur_group_first_tile = 0;
+  // Masked: running position over groups (tile indices only grow, so the scan is incremental); the current
+  // group's rows and tiles are read from masked_m once per group.
+  uint32_t cur_group = 0, cur_group_first_tile = 0, cur_group_rows = 0, cur_group_tiles = kNotLoaded;
+  // Contiguous: the current 256-row block holds two groups and its first half was returned last call.
+  bool on_second_half = false;
 
   uint32_t rank;  // this CTA's place in its cluster
   uint32_t stride;
@@ -55,42 +68,72 @@ struct TileScheduler {
     return v <= 0 ? 0u : cmin(static_cast<uint32_t>(v), max_m);
   }
 
-  __device__ __forceinline__ bool next(Tile& t) {
-    if (kKind == kGroupedMasked) {
-      const uint32_t tile = next_tile;
-      next_tile += stride;
-      while (cur_group < num_groups) {
-        const uint32_t m_blocks = ceil_div(clamped_masked_m(grouped_layout, cur_group, shape_m), BLOCK_M);
-        const uint32_t tiles = m_blocks * kNumNUnits;
-        if (tile < cur_group_first_tile + tiles) {
-          rasterize(tile - cur_group_first_tile, m_blocks, t);
-          t.group = cur_group;
-          return true;
-        }
-        cur_group_first_tile += tiles;
-        ++cur_group;
+  // m_indices entry of a row (-1 past the last row), as loaded by this lane; see uniform().
+  __device__ __forceinline__ int raw_group(uint32_t row) const {
+    return row < shape_m ? __ldg(grouped_layout + row) : -1;
+  }
+  template <typename T> static __device__ __forceinline__ T uniform(T v) {
+    if constexpr (kWarpWide) return __shfl_sync(0xffffffffu, v, 0);
+    return v;
+  }
+  // The group a 128-row block computes for, or -1 when it is skipped (padding, out-of-range entries).
+  __device__ __forceinline__ int valid_group(int raw) const {
+    return raw >= 0 && static_cast<uint32_t>(raw) < num_groups ? raw : -1;
+  }
+
+  __device__ __forceinline__ bool next_masked(Tile& t) {
+    const uint32_t tile = next_tile;
+    next_tile += stride;
+    while (cur_group < num_groups) {
+      if (cur_group_tiles == kNotLoaded) {
+        cur_group_rows = uniform(clamped_masked_m(grouped_layout, cur_group, shape_m));
+        cur_group_tiles = ceil_div(cur_group_rows, BLOCK_M) * kNumNUnits;
       }
-      return false;
-    } else {
-      const uint32_t num_m_units = ceil_div(shape_m, BLOCK_M) / (kMulticast == 2 ? 2 : 1);
-      const uint32_t num_tiles = num_m_units * kNumNUnits;
-      while (next_tile < num_tiles) {
-        const uint32_t tile = next_tile;
-        next_tile += stride;
-        rasterize(tile, num_m_units, t);
-        if (kKind == kNormal) {
-          t.group = 0;
-          return true;
-        }
-        // Contiguous: the block's group is its first row's m_indices entry; -1 or out-of-range skips the block.
-        const int g = __ldg(grouped_layout + t.m_block * BLOCK_M);
-        if (g >= 0 && static_cast<uint32_t>(g) < num_groups) {
-          t.group = static_cast<uint32_t>(g);
-          return true;
-        }
+      if (tile < cur_group_first_tile + cur_group_tiles) {
+        rasterize(tile - cur_group_first_tile, ceil_div(cur_group_rows, BLOCK_M), t);
+        t.group = cur_group;
+        t.rows = cur_group_rows;
+        t.halves = 0b11;
+        return true;
       }
-      return false;
+      cur_group_first_tile += cur_group_tiles;
+      ++cur_group;
+      cur_group_tiles = kNotLoaded;
     }
+    return false;
+  }
+
+  // The next tile of this CTA into `t`; false when there is none.
+  __device__ __forceinline__ bool next(Tile& t) {
+    if (kKind == kGroupedMasked) return next_masked(t);
+    const uint32_t num_m_units = ceil_div(shape_m, BLOCK_M) / (kMulticast == 2 ? 2 : 1);
+    const uint32_t num_tiles = num_m_units * kNumNUnits;
+    while (next_tile < num_tiles) {
+      rasterize(next_tile, num_m_units, t);
+      t.halves = 0b11;
+      t.rows = shape_m;
+      if (kKind == kNormal) {
+        t.group = 0;
+        next_tile += stride;
+        return true;
+      }
+      // Contiguous: a 128-row block's group is its first row's m_indices entry.
+      const uint32_t row0 = t.m_block * BLOCK_M;
+      const int g0 = valid_group(uniform(raw_group(row0)));
+      const int g1 = BLOCK_M > 128 ? valid_group(uniform(raw_group(row0 + 128))) : g0;
+      // A 256-row block holding two groups runs as two tiles, its first half then (the same block again) its
+      // second. One return path: an early return for the pending half cost the K loop its uniform registers.
+      const bool two_groups = g0 >= 0 && g1 >= 0 && g0 != g1;
+      const bool second = two_groups && on_second_half;  // this call returns the block's second half
+      on_second_half = two_groups && !on_second_half;    // the next call does
+      if (!on_second_half) next_tile += stride;
+      if (g0 < 0 && g1 < 0) continue;
+      const bool upper = second || g0 < 0;  // only rows [128, 256) of the block
+      t.group = static_cast<uint32_t>(upper ? g1 : g0);
+      t.halves = g0 == g1 ? 0b11 : upper ? 0b10 : 0b01;
+      return true;
+    }
+    return false;
   }
 };
 

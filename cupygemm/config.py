@@ -16,6 +16,7 @@ import threading
 from dataclasses import dataclass
 
 from .device import SM90_MAX_SMEM_PER_BLOCK
+from .layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
 
 KIND_NORMAL, KIND_CONTIGUOUS, KIND_MASKED = 0, 1, 2
 KIND_NAMES = {KIND_NORMAL: "normal", KIND_CONTIGUOUS: "contiguous", KIND_MASKED: "masked"}
@@ -38,9 +39,11 @@ _TILE_OVERHEAD_S = 1.0e-6  # prologue/epilogue per tile not hidden by the pipeli
 _STRADDLE_PENALTY = 0.2  # tiles crossing 128-column scale blocks promote with extra selects
 _STRADDLE_SPECIALIZED_PENALTY = 0.05  # ... or, with at most 8 boundary offsets, a K loop compiled per offset
 _MULTICAST_PENALTY = 1.02  # a 2-CTA cluster runs in lock-step: pays only where it relieves the operand stream
-# Masked groups' sizes are only known on the device; expected_m is a hint. The model averages its estimate over
-# sizes spread uniformly in 0.7-1.3 x expected_m (MoE routing is uneven), at the midpoints of six bins.
-_MASKED_SPREAD = (0.75, 0.85, 0.95, 1.05, 1.15, 1.25)
+# Masked groups' sizes are only known on the device; the config is planned for groups of expected_m rows, as
+# DeepGEMM does. (Averaging over sizes of 0.7-1.3 x expected_m, six bins, was tried: it prefers narrow tiles that
+# never fill one wave, which lost 0.78x to DeepGEMM on masked 1x1024x4096x7168 with 1006 rows; benchmarks/NOTES.md
+# section 10.) Factors of expected_m at which the estimate is averaged:
+_MASKED_SPREAD = (1.0,)
 # Split-K over two warpgroups (64-row tiles) measured 0.92-0.96x the time with >= 56 K blocks, 1.0-1.06x with
 # <= 16, on problems of at most two waves (benchmarks/NOTES.md section 7); with many waves (M = 4096) 64-row
 # split tiles lost to 128-row tiles (989 vs 820 us). Used from 32 K blocks on, in at most two waves.
@@ -241,6 +244,9 @@ def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: 
     sms = num_sms - num_sms % 2 if multicast else num_sms
     if kind == KIND_MASKED:
         tile_counts = [groups * ceil_div(max(1, round(m_rows * f)), bm) * n_blocks for f in _MASKED_SPREAD]
+    elif kind == KIND_CONTIGUOUS and bm > M_ALIGNMENT:
+        # About half of the group ends fall mid-block; each such block runs as two half tiles.
+        tile_counts = [(ceil_div(m_rows, bm) + ceil_div(groups, 2)) * n_blocks]
     else:
         tile_counts = [ceil_div(m_rows, bm) * n_blocks]
     wave_counts = [max(1, ceil_div(t, sms)) for t in tile_counts]
@@ -258,7 +264,8 @@ _override_version = 0  # bumped on every override change; part of the choice mem
 
 
 def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
-    """Force config fields (block_m, block_n, wgmma_n, num_stages, num_sms, raster_n) for a (kind, N, K).
+    """Force config fields (block_m, block_n, wgmma_n, num_stages, num_sms, raster_n, double_acc, multicast,
+    split_k, serial_m) for a (kind, N, K).
 
     For tuning; ``fields`` empty removes the override. Unknown fields raise ValueError.
     """
@@ -290,7 +297,9 @@ def _kind_id(kind: int | str) -> int:
 
 def candidate_block_ms(kind: int, m_rows: int) -> tuple[int, ...]:
     if kind == KIND_CONTIGUOUS:
-        return (128,)  # groups are padded to 128 rows, so a block never spans two groups
+        # Groups are padded to 128 rows: a 128-row block never spans two groups; a 256-row block holding two is
+        # run as two tiles, one per half (cuda_src/scheduler.cuh).
+        return (128, 256)
     if m_rows <= 64:
         return (64,)
     return (64, 128, 256)
@@ -339,6 +348,10 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
     # Two accumulator sets measured slower everywhere (benchmarks/NOTES.md): never proposed.
     for bm, bn, serial in candidate_tiles(kind, m_rows):
         for mc in multicast_options(kind, m_rows, n, bm, bn) if num_sms >= 2 else [0]:
+            if mc == 1 and bm == 64:
+                # Sharing A between 64-row tiles never paid in the sweeps (10 small-M shapes: equal or 2-6 % slower
+                # than no multicast, benchmarks/NOTES.md section 10), though the model's load term says it should.
+                continue
             est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
             # Lower time first; then a fuller last wave; then fewer bytes moved per output.
             score = (round(est.seconds * 1e9), -est.last_wave_util, (bm + bn) / (bm * bn), mc)
@@ -369,6 +382,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
                       split_k=fields.get("split_k", split_k_pays(bm, k, est.waves)), serial_m=serial)
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
+
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
         with _print_lock:
             print(f"[cupygemm] M={m_rows} G={num_groups} -> {cfg.describe()} "
@@ -385,8 +399,8 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     kind = _kind_id(kind)
     if block_m not in (64, 128, 256):
         raise ValueError(f"block_m: expected 64, 128 or 256, got {block_m}")
-    if kind == KIND_CONTIGUOUS and 128 % block_m:
-        raise ValueError(f"block_m: contiguous layout needs a divisor of 128, got {block_m}")
+    if kind == KIND_CONTIGUOUS and block_m not in (64, M_ALIGNMENT, 2 * M_ALIGNMENT):
+        raise ValueError(f"block_m: contiguous layout needs 64, 128 or 256, got {block_m}")
     if block_n % 8 or not 8 <= block_n <= 256:
         raise ValueError(f"block_n: expected a multiple of 8 in [8, 256], got {block_n}")
     if serial_m and (not serial_m_possible(block_m) or double_acc or split_k):

@@ -121,7 +121,8 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[Any, Any], rhs: tuple[Any, 
         out: bfloat16 [G, max_m, N]; rows at or past masked_m[g] are left untouched.
         masked_m: int32 [G] on the device, read by the kernel (no host synchronization; capturable in a
             CUDA graph). Values are clamped to [0, max_m]; ``CUPYGEMM_CHECK_INPUTS=1`` reports them instead.
-        expected_m: typical rows per group; only used to choose the kernel config.
+        expected_m: typical rows per group; only used to choose the kernel config, which is planned for groups
+            of exactly this many rows (as in DeepGEMM): larger groups may take an extra wave of tiles.
     """
     p = validate.masked(lhs, rhs, out, masked_m, expected_m)
     if not _trivial(p):

@@ -32,8 +32,21 @@ def test_seed_configs_are_legal(cfg):
     assert 1 <= cfg.num_sms <= 132
     assert cfg.num_math_wg == (1 if cfg.block_m == 64 and not cfg.split_k else 2)
     assert not cfg.split_k or (cfg.block_m == 64 and -(-cfg.shape_k // 128) >= 32 and cfg.kind != C.KIND_CONTIGUOUS)
-    if cfg.kind == C.KIND_CONTIGUOUS:
-        assert 128 % cfg.block_m == 0
+    if cfg.kind == C.KIND_CONTIGUOUS:  # 256-row blocks holding two groups run as two half tiles
+        assert 128 % cfg.block_m == 0 or (cfg.block_m == 256 and cfg.num_math_wg == 2)
+
+
+def test_contiguous_block_m_is_a_divisor_or_twice_the_alignment():
+    for bm in (64, 128, 256):
+        assert C.make_config(C.KIND_CONTIGUOUS, 1024, 1024, bm, 128, 132, serial_m=bm == 256).block_m == bm
+
+
+def test_contiguous_model_charges_half_tiles_for_groups_ending_mid_block():
+    """A 256-row block holding two groups runs as two tiles: the model counts about one per two groups."""
+    one = C._estimate(C.KIND_CONTIGUOUS, 8192, 4096, 7168, 1, 256, 128, 132)
+    many = C._estimate(C.KIND_CONTIGUOUS, 8192, 4096, 7168, 8, 256, 128, 132)
+    assert many.tiles == one.tiles + 3 * (4096 // 128)
+    assert C._estimate(C.KIND_CONTIGUOUS, 8192, 4096, 7168, 8, 128, 128, 132).tiles == 64 * 32
 
 
 def test_choice_is_deterministic():

@@ -20,8 +20,9 @@ from gpu_helpers import (  # noqa: E402
 POISON = 0xFFFF
 
 
-def contiguous_layout(g, expected, rng_np, empty_groups=()):
-    sizes = [0 if i in empty_groups else int(expected * rng_np.uniform(0.7, 1.3)) for i in range(g)]
+def contiguous_layout(g, expected, rng_np, empty_groups=(), sizes=None):
+    if sizes is None:
+        sizes = [0 if i in empty_groups else int(expected * rng_np.uniform(0.7, 1.3)) for i in range(g)]
     idx = []
     for i, s in enumerate(sizes):
         padded = -(-s // 128) * 128
@@ -29,9 +30,9 @@ def contiguous_layout(g, expected, rng_np, empty_groups=()):
     return np.array(idx, np.int32), sizes
 
 
-def run_contiguous(g, expected, n, k, seed, empty_groups=()):
+def run_contiguous(g, expected, n, k, seed, empty_groups=(), sizes=None):
     rng, rng_np = cp.random.default_rng(seed), np.random.default_rng(seed)
-    idx_host, _ = contiguous_layout(g, expected, rng_np, empty_groups)
+    idx_host, _ = contiguous_layout(g, expected, rng_np, empty_groups, sizes)
     m = len(idx_host)
     a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((m, k), rng))
     b, sfb = grouped_weights(g, n, k, rng)
@@ -101,6 +102,21 @@ def test_masked_serial_m(mc):
         C.override_config("masked", n, k)
 
 
+@pytest.mark.parametrize("mc,serial", [(0, True), (1, True), (0, False)])
+def test_contiguous_256_row_tiles(mc, serial):
+    """256-row tiles in the contiguous layout. Padded group sizes 384, 0, 128, 256, 256, 128 put the 128-row blocks
+    in the order g0 g0 | g0 g2 | g3 g3 | g4 g4 | g5 -: one block holds two groups (two half tiles), the last one
+    ends after its first half."""
+    from cupygemm import config as C
+
+    n, k = 1024, 1408
+    C.override_config("contiguous", n, k, block_m=256, block_n=128, multicast=mc, serial_m=serial)
+    try:
+        run_contiguous(6, 0, n, k, seed=41 + mc, sizes=[300, 0, 100, 256, 129, 1])
+    finally:
+        C.override_config("contiguous", n, k)
+
+
 def test_contiguous_with_empty_groups():
     run_contiguous(6, 300, 768, 1024, seed=11, empty_groups=(0, 3, 5))
 
@@ -166,10 +182,23 @@ def test_masked_cuda_graph_replay_with_changing_masks():
         check_masked(a, sfa, b, sfb, out, masked)
 
 
-def test_out_of_range_indices_are_safe():
-    """Bad m_indices / masked_m never fault; the context stays usable afterwards."""
-    rng = cp.random.default_rng(0)
+@pytest.mark.parametrize("block_m", [None, 256])
+def test_out_of_range_indices_are_safe(block_m):
+    """Bad m_indices / masked_m never fault; the context stays usable afterwards. With 256-row tiles the bad
+    blocks pair up (7 | -5: skipped) and so do two groups (1 | 2: two half tiles)."""
+    from cupygemm import config as C
+
     g, n, k = 3, 256, 512
+    if block_m is not None:
+        C.override_config("contiguous", n, k, block_m=block_m, block_n=128, serial_m=True)
+    try:
+        check_out_of_range_indices(g, n, k)
+    finally:
+        C.override_config("contiguous", n, k)
+
+
+def check_out_of_range_indices(g, n, k):
+    rng = cp.random.default_rng(0)
     b, sfb = grouped_weights(g, n, k, rng)
     m = 512
     a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((m, k), rng))
