@@ -3,9 +3,9 @@
 DeepGEMM is not installed on our GPU machines, so its time comes from a peers file measured on the same
 kind of GPU (../shared/peers/*.json). Absolute times move between machines, so the comparison goes
 through cuBLAS block-scaled timed in our run: ours / DeepGEMM = (ours / cuBLAS ours-run) x (cuBLAS / DeepGEMM
-peers-run). Grouped shapes have no cuBLAS peer and random group sizes (uniform 0.7-1.3 x expected, drawn
-separately in each run, so the valid rows differ: 1109 vs DeepGEMM's ~1005 for masked 1x1024): they compare by
-TFLOPS over valid rows (same GPU kind), marked "per FLOP".
+peers-run). Grouped shapes have no cuBLAS peer: they compare directly (same GPU kind), marked "same rows" when
+the run drew group sizes with the peer's valid-row total (`cupygemm bench --match-rows PEERS.json`), else by
+TFLOPS over valid rows, marked "per FLOP" (random draws differ: 1109 vs DeepGEMM's 1006 rows for masked 1x1024).
 Usage: python benchmarks/make_table.py RESULTS.json [PEERS.json]
 """
 import json
@@ -40,7 +40,11 @@ def main():
             vs_dg = dg / (r["us"] * cb_peer / c["us"])
             note = ""
         elif dg:
-            vs_dg, note = r["tflops"] / pk_tflops[(k, "deepgemm")], " (per FLOP)"
+            peer_rows = pk_tflops[(k, "deepgemm")] * 1e12 * dg * 1e-6 / (2 * r["shape"][-2] * r["shape"][-1])
+            if round(peer_rows) == r["valid_m"]:
+                vs_dg, note = dg / r["us"], " (same rows)"
+            else:
+                vs_dg, note = r["tflops"] / pk_tflops[(k, "deepgemm")], " (per FLOP)"
         else:
             vs_dg, note = None, ""
         if vs_dg:

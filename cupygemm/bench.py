@@ -225,18 +225,54 @@ class Sizes:
         return int(sum(self.group_rows))
 
 
-def make_sizes(shape: Shape, seed: int) -> Sizes:
+def make_sizes(shape: Shape, seed: int, valid_rows: int | None = None) -> Sizes:
     """Group sizes like the peers' tests: int(expected x U(0.7, 1.3)) (at least 1); contiguous groups are padded
-    to 128 rows; masked ones are clamped to max_m. Deterministic in (shape, seed)."""
+    to 128 rows; masked ones are clamped to max_m. Deterministic in (shape, seed). ``valid_rows``: make the
+    sizes sum to it instead (see :func:`match_total`), to run the very row count a peer table measured."""
     if shape.kind == "normal":
         return Sizes((shape.m,), shape.m)
     rng = np.random.default_rng(shape_seed(shape, seed))
     factors = rng.uniform(GROUP_SPREAD[0], GROUP_SPREAD[1], size=shape.groups)
     rows = [max(1, int(shape.m * f)) for f in factors]
+    if valid_rows is not None:
+        rows = match_total(rows, valid_rows, shape.m)
     if shape.kind == "contiguous":
         return Sizes(tuple(rows), sum(round_up(r, M_ALIGNMENT) for r in rows))
     max_m = masked_max_m(shape.m)
     return Sizes(tuple(min(r, max_m) for r in rows), max_m)
+
+
+def match_total(rows: Sequence[int], total: int, expected: int) -> list[int]:
+    """``rows`` rescaled to sum to ``total``, each kept within int(0.7 x expected)..int(1.3 x expected) (the
+    peers' spread); the remainder of the rounding goes to the first groups with room. ValueError when no such
+    sizes exist."""
+    lo, hi = max(1, int(expected * GROUP_SPREAD[0])), max(1, int(expected * GROUP_SPREAD[1]))
+    if not len(rows) * lo <= total <= len(rows) * hi:
+        raise ValueError(f"{total} valid rows cannot be split into {len(rows)} groups of {lo}..{hi} rows")
+    scale = total / sum(rows)
+    out = [min(hi, max(lo, int(r * scale))) for r in rows]
+    while sum(out) != total:
+        step = 1 if sum(out) < total else -1
+        for i, r in enumerate(out):
+            if sum(out) != total and lo <= r + step <= hi:
+                out[i] = r + step
+    return out
+
+
+def peer_valid_rows(path: str | os.PathLike) -> dict[tuple[str, tuple[int, ...]], int]:
+    """Valid rows of each grouped shape in a peer table (../shared/peers/*.json), from its DeepGEMM rows:
+    rows = TFLOPS x time / (2 N K). Keys are (kind, dims) as in :class:`Shape`."""
+    with open(path) as f:
+        table = json.load(f)
+    kinds = {"contig": "contiguous", "contiguous": "contiguous", "masked": "masked"}
+    out = {}
+    for r in table.get("rows", []):
+        kind = kinds.get(r.get("kind"))
+        if kind is None or r.get("provider") != "deepgemm" or not r.get("tflops") or not r.get("us"):
+            continue
+        dims = tuple(int(d) for d in r["shape"])
+        out[(kind, dims)] = round(r["tflops"] * 1e12 * r["us"] * 1e-6 / (2 * dims[-2] * dims[-1]))
+    return out
 
 
 def contiguous_m_indices(group_rows: Sequence[int], align: int = M_ALIGNMENT) -> np.ndarray:
@@ -746,6 +782,8 @@ def command_line(args: argparse.Namespace) -> str:
     if getattr(args, "shapes", None):
         parts += ["--shapes", *args.shapes]
     parts += ["--peers", args.peers, "--iters", str(args.iters), "--seed", str(args.seed)]
+    if getattr(args, "match_rows", None):
+        parts += ["--match-rows", str(args.match_rows)]
     if getattr(args, "json", None):
         parts += ["--json", str(args.json)]
     if getattr(args, "markdown", False):
@@ -803,6 +841,7 @@ def environment(info: Any, args: argparse.Namespace, peers: dict[str, Any]) -> d
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "iters": args.iters,
         "seed": args.seed,
+        "match_rows": getattr(args, "match_rows", None),
         "method": timing_method(False, FLUSH_BYTES),
     }
 
@@ -1155,10 +1194,9 @@ def run_provider(name: str, prepare: Callable[[Inputs], Prepared], inp: Inputs, 
     return prep, summarize_times(times), None
 
 
-def bench_shape(shape: Shape, seed: int, iters: int, timer: Timer, copy_bw: float, config: str | None,
-                peers: dict[str, Any]) -> list[dict[str, Any]]:
+def bench_shape(shape: Shape, sizes: Sizes, seed: int, iters: int, timer: Timer, copy_bw: float,
+                config: str | None, peers: dict[str, Any]) -> list[dict[str, Any]]:
     """All providers on one shape: inputs, timing, checks. Returns one row per provider that applies."""
-    sizes = make_sizes(shape, seed)
     flops, nbytes = work(shape, sizes)
     floor = floor_us(flops, nbytes, copy_bw)
     try:
@@ -1187,13 +1225,14 @@ def bench_shape(shape: Shape, seed: int, iters: int, timer: Timer, copy_bw: floa
     return rows
 
 
-def _precompile(shapes: Sequence[Shape], seed: int, num_sms: int, smem_limit: int, jobs: int) -> dict[Shape, str]:
+def _precompile(shapes: Sequence[Shape], sizes: dict[Shape, Sizes], num_sms: int, smem_limit: int,
+                jobs: int) -> dict[Shape, str]:
     """Pick every shape's config and compile them all in parallel; returns the configs' descriptions."""
     from .cli import compile_all
 
     cfgs, described = [], {}
     for s in shapes:
-        cfg = shape_config(s, make_sizes(s, seed), num_sms, smem_limit)
+        cfg = shape_config(s, sizes[s], num_sms, smem_limit)
         cfgs.append(cfg)
         described[s] = cfg.describe()
     n = len(set(cfgs))
@@ -1235,6 +1274,23 @@ def _print_header(meta: dict[str, Any], peers: dict[str, Any], notes: Sequence[s
         print(f"  {n}")
 
 
+def shape_sizes(shapes: Sequence[Shape], seed: int, match_rows: str | None) -> dict[Shape, Sizes]:
+    """Each shape's rows; with ``match_rows`` (a peer table) grouped shapes get the valid-row totals it measured."""
+    targets: dict[tuple[str, tuple[int, ...]], int] = {}
+    if match_rows:
+        try:
+            targets = peer_valid_rows(match_rows)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BenchUsageError(f"--match-rows: cannot read a peer table from {match_rows!r}: {e}") from None
+    out = {}
+    for s in shapes:
+        try:
+            out[s] = make_sizes(s, seed, targets.get((s.kind, tuple(s.dims))))
+        except ValueError as e:
+            raise BenchUsageError(f"--match-rows: {s.kind} {s.label}: {e}") from None
+    return out
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """The ``cupygemm bench`` command; returns the exit code (0 ok, 1 a cupygemm result failed, 2 usage/setup)."""
     try:
@@ -1244,6 +1300,7 @@ def run_bench(args: argparse.Namespace) -> int:
             raise BenchUsageError("--iters must be at least 1")
         if args.seed < 0:
             raise BenchUsageError("--seed must be non-negative")
+        sizes = shape_sizes(shapes, args.seed, args.match_rows)
     except BenchUsageError as e:
         print(f"cupygemm bench: {e}", file=sys.stderr)
         return 2
@@ -1274,15 +1331,16 @@ def run_bench(args: argparse.Namespace) -> int:
     num_sms = get_num_sms()
     meta["num_sms"] = num_sms
     with _stream_context(peers):
-        return _run(args, shapes, peers, notes, meta, info, num_sms)
+        return _run(args, shapes, sizes, peers, notes, meta, info, num_sms)
 
 
-def _run(args: argparse.Namespace, shapes: Sequence[Shape], peers: dict[str, Any], notes: Sequence[str],
+def _run(args: argparse.Namespace, shapes: Sequence[Shape], sizes: dict[Shape, Sizes], peers: dict[str, Any],
+         notes: Sequence[str],
          meta: dict[str, Any], info: Any, num_sms: int) -> int:
     import cupy
 
     _print_header(meta, peers, notes)
-    configs = _precompile(shapes, args.seed, num_sms, info.max_smem_per_block, args.jobs)
+    configs = _precompile(shapes, sizes, num_sms, info.max_smem_per_block, args.jobs)
     copy_bw = measure_copy_bandwidth()
     meta["copy_gbs"] = copy_bw / 1e9
     meta["flush_bytes"] = max(FLUSH_BYTES, 2 * info.l2_bytes)
@@ -1301,7 +1359,8 @@ def _run(args: argparse.Namespace, shapes: Sequence[Shape], peers: dict[str, Any
     rows: list[dict[str, Any]] = []
     t0 = time.time()
     for i, shape in enumerate(shapes):
-        shape_rows = bench_shape(shape, args.seed, args.iters, timer, copy_bw, configs.get(shape), peers)
+        shape_rows = bench_shape(shape, sizes[shape], args.seed, args.iters, timer, copy_bw, configs.get(shape),
+                                 peers)
         rows += shape_rows
         done = ", ".join(f"{TITLES.get(r['provider'], r['provider'])} "
                          f"{'error' if r.get('error') else _fmt_us(r.get('us')) + ' us'}"
@@ -1376,6 +1435,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "cublas,deepgemm (then required); default: %(default)s")
     p.add_argument("--iters", type=_positive_int, default=DEFAULT_ITERS, help="timed calls per shape and provider (default: %(default)s)")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the inputs and the group sizes (default: %(default)s)")
+    p.add_argument("--match-rows", default=None, metavar="PEERS.json",
+                   help="grouped shapes: draw group sizes that sum to the valid rows the peer table measured "
+                        "(e.g. ../shared/peers/h200-2026-11-21.json), so both runs do the same work")
     p.add_argument("--timing", choices=("cupti", "events"), default="cupti",
                    help="cupti: kernel time from CUPTI activity records, falling back to events when libcupti "
                         "is missing (CUPYGEMM_CUPTI names the library); events: CUDA events around each call "

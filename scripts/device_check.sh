@@ -13,7 +13,12 @@ python3 -m cupygemm info | tee -a "$OUT/device.txt"
 for s in "${steps[@]}"; do
   case "$s" in
     tests) python3 -m pytest -q -m gpu -rs tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 40 ;;
-    bench) python3 -m cupygemm bench --json "$OUT/bench.json" --markdown --plot "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log" ;;
+    bench)
+      # Grouped shapes run the valid-row totals the peer table measured on this kind of GPU (--match-rows).
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+      case "$gpu" in *H100*) peers=benchmarks/peers/h100-2026-11-21.json ;; *) peers=benchmarks/peers/h200-2026-11-21.json ;; esac
+      python3 -m cupygemm bench --match-rows "$peers" --json "$OUT/bench.json" --markdown --plot "$OUT/bench.png" 2>&1 \
+        | tee "$OUT/bench.log" ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" | tail -n 40 ;;
     *) echo "unknown step $s" ;;
   esac

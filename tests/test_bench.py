@@ -127,6 +127,62 @@ def test_sizes_do_not_depend_on_the_shape_list():
     assert bench.make_sizes(shape, 3) != bench.make_sizes(Shape("contiguous", (8, 4096, 4096, 7168)), 3)
 
 
+def _peer_table(path, rows_by_shape):
+    """A peer table with DeepGEMM rows whose TFLOPS x time encode the given valid rows."""
+    rows = []
+    for (kind, dims), valid in rows_by_shape.items():
+        us = 100.0
+        rows.append({"kind": {"contiguous": "contig"}.get(kind, kind), "shape": list(dims), "provider": "deepgemm",
+                     "us": us, "tflops": 2 * valid * dims[-2] * dims[-1] / (us * 1e-6) / 1e12})
+        rows.append({"kind": kind, "shape": list(dims), "provider": "cublas_block", "us": us, "tflops": 1.0})
+    path.write_text(json.dumps({"device": "test", "rows": rows}))
+    return path
+
+
+def test_peer_valid_rows_reads_deepgemm_rows(tmp_path):
+    want = {("contiguous", (4, 8192, 4096, 7168)): 34151, ("masked", (1, 1024, 4096, 7168)): 1006}
+    assert bench.peer_valid_rows(_peer_table(tmp_path / "p.json", want)) == want
+
+
+@pytest.mark.parametrize("rows,total,expected", [([1109], 1006, 1024), ([300, 500, 200], 1085, 256 * 4 // 3),
+                                                 ([9000, 6000, 10000, 8000], 34151, 8192), ([7, 7], 18, 10)])
+def test_match_total_hits_the_total_within_the_spread(rows, total, expected):
+    out = bench.match_total(rows, total, expected)
+    assert sum(out) == total and len(out) == len(rows)
+    assert all(int(0.7 * expected) <= r <= int(1.3 * expected) for r in out)
+
+
+def test_match_total_rejects_impossible_totals():
+    with pytest.raises(ValueError, match="cannot be split"):
+        bench.match_total([100, 100], 500, 100)
+
+
+@pytest.mark.parametrize("shape,valid", [(Shape("masked", (1, 1024, 4096, 7168)), 1006),
+                                         (Shape("masked", (4, 256, 7168, 2048)), 973),
+                                         (Shape("contiguous", (8, 4096, 7168, 2048)), 38239)])
+def test_make_sizes_with_matched_rows(shape, valid):
+    s = bench.make_sizes(shape, 0, valid)
+    assert s.valid_m == valid and len(s.group_rows) == shape.groups
+    if shape.kind == "contiguous":
+        assert s.a_rows == sum(bench.round_up(r, 128) for r in s.group_rows)
+    else:
+        assert s.a_rows == 4096
+
+
+def test_shape_sizes_match_rows_from_a_peer_table(tmp_path):
+    shapes = bench.default_shapes(["contiguous", "masked"])
+    table = _peer_table(tmp_path / "p.json", {("masked", (2, 512, 4096, 7168)): 1037})
+    sizes = bench.shape_sizes(shapes, 0, str(table))
+    for s in shapes:  # shapes the table lacks keep their seeded draw
+        want = 1037 if s.dims == (2, 512, 4096, 7168) else bench.make_sizes(s, 0).valid_m
+        assert sizes[s].valid_m == want
+    with pytest.raises(bench.BenchUsageError, match="--match-rows"):
+        bench.shape_sizes(shapes, 0, str(tmp_path / "missing.json"))
+    bad = _peer_table(tmp_path / "bad.json", {("masked", (1, 1024, 4096, 7168)): 5000})
+    with pytest.raises(bench.BenchUsageError, match="cannot be split"):
+        bench.shape_sizes(shapes, 0, str(bad))
+
+
 def test_masked_max_m():
     assert bench.masked_max_m(1024) == 4096
     assert bench.masked_max_m(4000) == bench.round_up(math.ceil(4000 * 1.3), 128)
@@ -167,7 +223,7 @@ def test_shape_config_agrees_with_warmup_configs():
         assert got == want
     c = bench.default_shapes(["contiguous"])[0]
     cfg = bench.shape_config(c, bench.make_sizes(c, 0), 132)
-    assert isinstance(cfg, GemmConfig) and cfg.block_m == 128 and "contiguous" in cfg.describe()
+    assert isinstance(cfg, GemmConfig) and cfg.block_m in (128, 256) and "contiguous" in cfg.describe()
 
 
 def test_check_rows_normal():
@@ -474,7 +530,7 @@ def test_bench_parser_defaults():
 
 
 @pytest.mark.parametrize("argv", [["--kinds", "dense"], ["--shapes", "4x128x256x512"], ["--shapes", "64x100x7"],
-                                  ["--peers", "mkl"]])
+                                  ["--peers", "mkl"], ["--match-rows", "/nonexistent/peers.json"]])
 def test_usage_errors_exit_2_before_touching_the_gpu(argv, capsys):
     from cupygemm.cli import main
 

@@ -1,0 +1,85 @@
+"""Time chosen config variants of a few shapes with the bench's inputs and timer (CUPTI kernel time).
+
+For predict-change-measure experiments: each line of the spec file is a bench shape, its kind, and a list of
+override_config variants ({} = the model's pick); rows go to OUT.json. Group sizes follow the bench
+(--match-rows PEERS.json as in ``cupygemm bench``).
+
+Usage (on a Hopper machine): python scripts/try_configs.py SPEC.json OUT.json [--match-rows PEERS.json]
+SPEC.json: [{"kind": "contiguous", "dims": [4, 8192, 4096, 7168], "variants": [{}, {"block_m": 128, ...}]}, ...]
+OUT.json: {"device", "timing", "command", "spec", "rows": [{kind, dims, valid_m, variant, config, us, error}]}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import cupy as cp
+import numpy as np
+
+from cupygemm import bench
+from cupygemm import config as C
+from cupygemm.cli import compile_all
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("spec")
+    p.add_argument("out")
+    p.add_argument("--match-rows", default=None)
+    p.add_argument("--iters", type=int, default=20)
+    args = p.parse_args()
+    spec = json.load(open(args.spec))
+    shapes = [bench.Shape(e["kind"], tuple(e["dims"])) for e in spec]
+    sizes = bench.shape_sizes(shapes, 0, args.match_rows)
+    kid = {"normal": C.KIND_NORMAL, "contiguous": C.KIND_CONTIGUOUS, "masked": C.KIND_MASKED}
+
+    def configs(shape, variants):
+        out = []
+        for v in variants:
+            C.override_config(kid[shape.kind], shape.n, shape.k, **v)
+            try:
+                out.append(bench.shape_config(shape, sizes[shape], 132))
+            except ValueError as ex:
+                print(f"skip {shape.label} {v}: {ex}")
+                out.append(None)
+            finally:
+                C.override_config(kid[shape.kind], shape.n, shape.k)
+        return out
+
+    all_cfgs = [c for e, s in zip(spec, shapes) for c in configs(s, e["variants"]) if c is not None]
+    secs = compile_all(all_cfgs, 16, progress=False)
+    print(f"compiled {len(set(all_cfgs))} kernels in {secs:.0f}s", flush=True)
+    kernel_timer, why = bench.open_cupti_timer()
+    timer = bench.Timer(bench.FLUSH_BYTES, kernel_timer)
+    print("timing:", "cupti" if kernel_timer else f"events ({why})", flush=True)
+    rows = []
+    for e, shape in zip(spec, shapes):
+        inp = bench.make_inputs(shape, sizes[shape], 0)
+        prep = bench.prepare_cupygemm(inp)
+        for v, cfg in zip(e["variants"], configs(shape, e["variants"])):
+            if cfg is None:
+                continue
+            C.override_config(kid[shape.kind], shape.n, shape.k, **v)
+            try:
+                prep.call()
+                us = float(np.median(timer.time(prep.call, args.iters)))
+                err = None
+            except Exception as ex:  # keep going: report the failure
+                us, err = None, f"{type(ex).__name__}: {ex}"
+            finally:
+                C.override_config(kid[shape.kind], shape.n, shape.k)
+            rows.append({"kind": shape.kind, "dims": list(shape.dims), "valid_m": sizes[shape].valid_m,
+                         "variant": v, "config": cfg.describe(), "us": us, "error": err})
+            print(f"{shape.kind} {shape.label} {json.dumps(v)}: {us if us is None else round(us, 2)} us  "
+                  f"[{cfg.describe().split(': ', 1)[1]}]{'  ' + err if err else ''}", flush=True)
+        del inp, prep
+        cp.get_default_memory_pool().free_all_blocks()
+        with open(args.out, "w") as f:
+            json.dump({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "timing":
+                       "cupti" if kernel_timer else "events", "command": " ".join(sys.argv), "spec": spec,
+                       "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
