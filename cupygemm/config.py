@@ -30,8 +30,10 @@ _OTHER_REGS = 64  # registers the math loop needs besides accumulators (addresse
 
 # The model's constants, fitted by scripts/fit_model.py to a sweep of every legal tile (multicast, split-K and
 # serial 256-row variants included) on the 29 seed shapes on an H200 (benchmarks/results/tune-sweep-*-h200-v2.json,
-# benchmarks/NOTES.md section 9): the model's pick is within 5.3 % of the fastest measured config on geometric
-# mean, 39 % at worst (masked 4x256x4096x7168, where the groups' real sizes decide the waves).
+# benchmarks/NOTES.md section 9). With the session-3 rules (no A-multicast on 64-row tiles, masked planned for
+# expected_m) the pick is within 1.6 % of the fastest measured config on the 19 normal shapes (geomean; 8.5 % worst).
+# The grouped picks were measured directly against DeepGEMM instead (section 10): the v2 sweep predates 256-row
+# contiguous tiles and drew other group sizes than the peers.
 _MMA_PEAK_PER_SM = 1979e12 / 132  # FP8 dense datasheet rate of one SM
 _MMA_EFFICIENCY = {64: 0.5, 128: 0.5, 256: 0.5}  # achieved fraction of it per tile height, while streaming
 _LOAD_BYTES_PER_SM = 40e9  # achieved A+B streaming rate into one SM
