@@ -6,11 +6,13 @@ through cuBLAS block-scaled timed in our run: ours / DeepGEMM = (ours / cuBLAS o
 peers-run). Grouped shapes have no cuBLAS peer: they compare directly (same GPU kind), marked "same rows" when
 the run drew group sizes with the peer's valid-row total (`cupygemm bench --match-rows PEERS.json`), else by
 TFLOPS over valid rows, marked "per FLOP" (random draws differ: 1109 vs DeepGEMM's 1006 rows for masked 1x1024).
-Usage: python benchmarks/make_table.py RESULTS.json [PEERS.json]
+Usage (cupygemm installed): python benchmarks/make_table.py RESULTS.json [PEERS.json]
 """
 import json
 import math
 import sys
+
+from cupygemm.bench import peer_valid_rows
 
 
 def key(kind, shape):
@@ -20,6 +22,7 @@ def key(kind, shape):
 def main():
     res = json.load(open(sys.argv[1]))
     peers = json.load(open(sys.argv[2]))["rows"] if len(sys.argv) > 2 else []
+    peer_rows = peer_valid_rows(sys.argv[2]) if len(sys.argv) > 2 else {}
     pk, pk_tflops = {}, {}
     for r in peers:
         pk[(key(r["kind"], r["shape"]), r["provider"])] = r["us"]
@@ -40,8 +43,7 @@ def main():
             vs_dg = dg / (r["us"] * cb_peer / c["us"])
             note = ""
         elif dg:
-            peer_rows = pk_tflops[(k, "deepgemm")] * 1e12 * dg * 1e-6 / (2 * r["shape"][-2] * r["shape"][-1])
-            if round(peer_rows) == r["valid_m"]:
+            if peer_rows.get((r["kind"], tuple(r["shape"]))) == r["valid_m"]:
                 vs_dg, note = dg / r["us"], " (same rows)"
             else:
                 vs_dg, note = r["tflops"] / pk_tflops[(k, "deepgemm")], " (per FLOP)"

@@ -32,6 +32,7 @@ struct TileScheduler {
   // Scheduling units along N and (for kMulticast == 2) M: a unit is a pair of blocks when clustered.
   static constexpr uint32_t kNumNUnits = kMulticast == 1 ? kNumNBlocks / 2 : kNumNBlocks;
   static constexpr uint32_t kNotLoaded = ~0u;
+  static constexpr uint32_t kGroupAlign = 128;  // contiguous: every group's rows start on a multiple of this
 
   uint32_t shape_m;         // rows (normal/contiguous) or max rows per group (masked)
   uint32_t num_groups;
@@ -117,12 +118,12 @@ struct TileScheduler {
         next_tile += stride;
         return true;
       }
-      // Contiguous: a 128-row block's group is its first row's m_indices entry.
+      // Contiguous: a kGroupAlign-row block's group is its first row's m_indices entry.
       const uint32_t row0 = t.m_block * BLOCK_M;
       const int g0 = valid_group(uniform(raw_group(row0)));
-      const int g1 = BLOCK_M > 128 ? valid_group(uniform(raw_group(row0 + 128))) : g0;
+      const int g1 = BLOCK_M > kGroupAlign ? valid_group(uniform(raw_group(row0 + kGroupAlign))) : g0;
       // A 256-row block holding two groups runs as two tiles, its first half then (the same block again) its
-      // second. One return path: an early return for the pending half cost the K loop its uniform registers.
+      // second. No separate early return for the pending half: one cost the K loop its uniform registers.
       const bool two_groups = g0 >= 0 && g1 >= 0 && g0 != g1;
       const bool second = two_groups && on_second_half;  // this call returns the block's second half
       on_second_half = two_groups && !on_second_half;    // the next call does

@@ -42,10 +42,9 @@ _STRADDLE_PENALTY = 0.2  # tiles crossing 128-column scale blocks promote with e
 _STRADDLE_SPECIALIZED_PENALTY = 0.05  # ... or, with at most 8 boundary offsets, a K loop compiled per offset
 _MULTICAST_PENALTY = 1.02  # a 2-CTA cluster runs in lock-step: pays only where it relieves the operand stream
 # Masked groups' sizes are only known on the device; the config is planned for groups of expected_m rows, as
-# DeepGEMM does. (Averaging over sizes of 0.7-1.3 x expected_m, six bins, was tried: it prefers narrow tiles that
+# DeepGEMM does. (Averaging the estimate over sizes of 0.7-1.3 x expected_m was tried: it prefers narrow tiles that
 # never fill one wave, which lost 0.78x to DeepGEMM on masked 1x1024x4096x7168 with 1006 rows; benchmarks/NOTES.md
-# section 10.) Factors of expected_m at which the estimate is averaged:
-_MASKED_SPREAD = (1.0,)
+# section 10.)
 # Split-K over two warpgroups (64-row tiles) measured 0.92-0.96x the time with >= 56 K blocks, 1.0-1.06x with
 # <= 16, on problems of at most two waves (benchmarks/NOTES.md section 7); with many waves (M = 4096) 64-row
 # split tiles lost to 128-row tiles (989 vs 820 us). Used from 32 K blocks on, in at most two waves.
@@ -244,20 +243,17 @@ def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: 
               multicast: int = 0) -> _Estimate:
     n_blocks = ceil_div(n, bn)
     sms = num_sms - num_sms % 2 if multicast else num_sms
+    m_blocks = ceil_div(m_rows, bm)
     if kind == KIND_MASKED:
-        tile_counts = [groups * ceil_div(max(1, round(m_rows * f)), bm) * n_blocks for f in _MASKED_SPREAD]
+        m_blocks *= groups
     elif kind == KIND_CONTIGUOUS and bm > M_ALIGNMENT:
         # About half of the group ends fall mid-block; each such block runs as two half tiles.
-        tile_counts = [(ceil_div(m_rows, bm) + ceil_div(groups, 2)) * n_blocks]
-    else:
-        tile_counts = [ceil_div(m_rows, bm) * n_blocks]
-    wave_counts = [max(1, ceil_div(t, sms)) for t in tile_counts]
-    tiles = round(sum(tile_counts) / len(tile_counts))
+        m_blocks += ceil_div(groups, 2)
+    tiles = m_blocks * n_blocks
     waves = max(1, ceil_div(tiles, sms))
     last = tiles - (waves - 1) * sms
     split = split_k_pays(bm, k, waves)
-    mean_waves = sum(wave_counts) / len(wave_counts)
-    return _Estimate(mean_waves * _tile_seconds(bm, bn, k, multicast, split), waves, last / sms, tiles)
+    return _Estimate(waves * _tile_seconds(bm, bn, k, multicast, split), waves, last / sms, tiles)
 
 
 _override_lock = threading.Lock()
@@ -384,7 +380,6 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
                       split_k=fields.get("split_k", split_k_pays(bm, k, est.waves)), serial_m=serial)
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
-
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
         with _print_lock:
             print(f"[cupygemm] M={m_rows} G={num_groups} -> {cfg.describe()} "

@@ -32,19 +32,18 @@ def main() -> None:
     spec = json.load(open(args.spec))
     shapes = [bench.Shape(e["kind"], tuple(e["dims"])) for e in spec]
     sizes = bench.shape_sizes(shapes, 0, args.match_rows)
-    kid = {"normal": C.KIND_NORMAL, "contiguous": C.KIND_CONTIGUOUS, "masked": C.KIND_MASKED}
 
     def configs(shape, variants):
         out = []
         for v in variants:
-            C.override_config(kid[shape.kind], shape.n, shape.k, **v)
+            C.override_config(shape.kind, shape.n, shape.k, **v)
             try:
                 out.append(bench.shape_config(shape, sizes[shape], 132))
             except ValueError as ex:
                 print(f"skip {shape.label} {v}: {ex}")
                 out.append(None)
             finally:
-                C.override_config(kid[shape.kind], shape.n, shape.k)
+                C.override_config(shape.kind, shape.n, shape.k)
         return out
 
     all_cfgs = [c for e, s in zip(spec, shapes) for c in configs(s, e["variants"]) if c is not None]
@@ -60,7 +59,7 @@ def main() -> None:
         for v, cfg in zip(e["variants"], configs(shape, e["variants"])):
             if cfg is None:
                 continue
-            C.override_config(kid[shape.kind], shape.n, shape.k, **v)
+            C.override_config(shape.kind, shape.n, shape.k, **v)
             try:
                 prep.call()
                 us = float(np.median(timer.time(prep.call, args.iters)))
@@ -68,7 +67,7 @@ def main() -> None:
             except Exception as ex:  # keep going: report the failure
                 us, err = None, f"{type(ex).__name__}: {ex}"
             finally:
-                C.override_config(kid[shape.kind], shape.n, shape.k)
+                C.override_config(shape.kind, shape.n, shape.k)
             rows.append({"kind": shape.kind, "dims": list(shape.dims), "valid_m": sizes[shape].valid_m,
                          "variant": v, "config": cfg.describe(), "us": us, "error": err})
             print(f"{shape.kind} {shape.label} {json.dumps(v)}: {us if us is None else round(us, 2)} us  "
