@@ -5,6 +5,7 @@
 // differs). Warpgroups 0..kNumMathWG-1 do the math, the last warpgroup is the TMA producer.
 // The JIT (cupygemm/jit/source.py) prepends the CUPYGEMM_* constants that instantiate it.
 #include "ptx_common.cuh"
+#include "ptx_global.cuh"
 #include "ptx_mbarrier.cuh"
 #include "ptx_tma.cuh"
 #include "ptx_wgmma.cuh"
@@ -26,12 +27,13 @@ __device__ __forceinline__ uint32_t d_slab_offset(uint32_t row, uint32_t col) {
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t WGMMA_N,
           uint32_t kNumStages, uint32_t kNumMathWG, uint32_t kMathRegs, uint32_t kSwizzleD, uint32_t kRasterN,
-          int kKind, bool kDoubleAcc, int kMulticast, bool kSplitK, bool kSerialM>
+          int kKind, bool kDoubleAcc, int kMulticast, bool kSplitK, bool kSerialM, uint32_t kKSlices>
 __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_b,
                                               const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
                                               const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
-                                              uint16_t* __restrict__ d_ptr, uint32_t shape_m, uint32_t num_groups,
-                                              uint32_t ld_d) {
+                                              uint16_t* __restrict__ d_ptr, float* __restrict__ partials,
+                                              uint32_t* __restrict__ tile_counters, uint32_t shape_m,
+                                              uint32_t num_groups, uint32_t ld_d) {
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
   // kSplitK: two math warpgroups share all BLOCK_M rows and take alternate K blocks (two MMA/promotion chains per
   // CTA for small tiles); warpgroup 1 hands its sums to warpgroup 0 through shared memory at the end of a tile.
@@ -43,6 +45,9 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   constexpr uint32_t kNumNSub = BLOCK_N / WGMMA_N;  // N slices accumulated one after the other
   constexpr uint32_t kAccPerSub = WGMMA_N / 2;
   constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, kBlockK);
+  // kKSlices > 1: split-K across CTAs. Each CTA sums one slice of the K blocks of a tile into FP32 partial sums in
+  // global memory (`partials`); the last of the tile's CTAs to arrive (`tile_counters`) adds them and stores the tile.
+  static_assert(kKSlices >= 1 && kKSlices <= kNumKBlocks, "every K slice needs at least one K block");
   constexpr uint32_t kNumSFBRows = ceil_div(SHAPE_N, kBlockK);
   // B scale blocks (128 columns) one tile touches: one when BLOCK_N divides 128; BLOCK_N / 128 when 128 divides
   // BLOCK_N (tiles start on block boundaries); otherwise a tile may straddle, touching ceil(BLOCK_N/128)+1.
@@ -107,9 +112,12 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   if constexpr (kCluster > 1) cluster_sync(); else __syncthreads();
 
   // The producer runs its scheduler on one thread, the math warpgroups on whole warps.
-  using ProducerScheduler = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, false>;
-  using MathScheduler = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, true>;
+  using ProducerScheduler = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kKSlices, false>;
+  using MathScheduler = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kKSlices, true>;
   Tile tile;
+  // The K blocks [first, end) of a tile's slice: balanced, never empty.
+  auto k_first = [](const Tile& t) { return t.k_slice * kNumKBlocks / kKSlices; };
+  auto k_end = [](const Tile& t) { return (t.k_slice + 1) * kNumKBlocks / kKSlices; };
 
   if (warpgroup == kNumMathWG) {
     // ---------------- TMA producer ----------------
@@ -122,8 +130,9 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       const int a_group = kKind == kGroupedMasked ? static_cast<int>(tile.group) : 0;
       const int b_row = static_cast<int>(tile.n_block * BLOCK_N);
       const int b_group = kKind == kNormal ? 0 : static_cast<int>(tile.group);
+      const uint32_t kb_end = k_end(tile);
 #pragma unroll 1
-      for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+      for (uint32_t kb = k_first(tile); kb < kb_end; ++kb) {
         mbarrier_wait(&empty_bar[stage], phase ^ 1);
         mbarrier_arrive_expect_tx(&full_bar[stage], kStageTxBytes);
         const int k = static_cast<int>(kb * kBlockK);
@@ -177,6 +186,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
 
   while (scheduler.next(tile)) {
     const uint32_t n0 = tile.n_block * BLOCK_N;
+    const uint32_t kb_first = k_first(tile), kb_end = k_end(tile);
     const uint32_t b_group = kKind == kNormal ? 0 : tile.group;
     const float* sfb_tile = sfb + (b_group * kNumSFBRows) * kNumKBlocks;
     const float* sfb_ptr[kMaxSFB];
@@ -271,7 +281,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       if (!((tile.halves >> warpgroup) & 1)) {
         // The other half's tile (its rows belong to another group): keep the stage count, compute nothing.
 #pragma unroll 1
-        for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
+        for (uint32_t kb = kb_first; kb < kb_end; ++kb) {
           mbarrier_wait(&full_bar[stage], phase);
           release(stage);
           advance();
@@ -296,21 +306,21 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
 
     Scales cur, next;
     constexpr uint32_t kStep = kSplitK ? 2 : 1;  // split-K: this warpgroup takes K blocks warpgroup, +2, ...
-    const uint32_t kb0 = kSplitK ? warpgroup : 0;
-    if (kb0 < kNumKBlocks) load_b_scales(next, kb0);
+    const uint32_t kb0 = kb_first + (kSplitK ? warpgroup : 0);
+    if (kb0 < kb_end) load_b_scales(next, kb0);
     // The K loop, with the scale-block boundary as a compile-time constant where a tile straddles 128-column
     // blocks at one of a few offsets (then the promotion picks each column's B scale without selects).
     auto k_loop = [&](auto offset_case) {
       const uint32_t boundary = kSpecializeBoundary ? kBlockK - decltype(offset_case)::value * kOffsetStep
                                                     : tile_boundary;
 #pragma unroll 1
-      for (uint32_t kb = 0; kb < kNumKBlocks; ++kb) {
-        if (kSplitK && kb % 2 != warpgroup) {  // the other warpgroup's block: only keep the stage count
+      for (uint32_t kb = kb_first; kb < kb_end; ++kb) {
+        if (kSplitK && (kb - kb_first) % 2 != warpgroup) {  // the other warpgroup's block: only keep the stage count
           advance();
           continue;
         }
         cur = next;
-        if (kb + kStep < kNumKBlocks) load_b_scales(next, kb + kStep);  // prefetch: latency hides behind this block
+        if (kb + kStep < kb_end) load_b_scales(next, kb + kStep);  // prefetch: latency hides behind this block
         wait_stage(cur, stage, phase);
 #pragma unroll
         for (uint32_t ns = 0; ns < kNumNSub; ++ns)
@@ -338,7 +348,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         cur = next;
         const uint32_t cur_stage = stage;
         advance();
-        if (kb + 1 < kNumKBlocks) {
+        if (kb + 1 < kb_end) {
           load_b_scales(next, kb + 1);
           wait_stage(next, stage, phase);
           issue(acc_next, stage, 0, 0, kNumMSub);
@@ -351,9 +361,9 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         promote(acc_cur, cur, 0, 0, kNumMSub, tile_boundary);
       };
 #pragma unroll 1
-      for (uint32_t kb = 0; kb < kNumKBlocks; kb += 2) {
+      for (uint32_t kb = kb_first; kb < kb_end; kb += 2) {
         step(kb, acc0, acc1);
-        if (kb + 1 < kNumKBlocks) step(kb + 1, acc1, acc0);
+        if (kb + 1 < kb_end) step(kb + 1, acc1, acc0);
       }
     }
 
@@ -377,6 +387,61 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       if (warpgroup == 1) continue;
     }
 
+    if constexpr (kKSlices > 1) {
+      // This slice's sums go to global memory in register order, four per thread and access (coalesced); the
+      // tile's last CTA to arrive adds every slice in slice order, so the result does not depend on which CTA that
+      // is, and stores the tile.
+      constexpr uint32_t kPartial = WG_M * BLOCK_N;  // floats per slice and row group
+      static_assert(kAccPerSub % 4 == 0, "partial sums move in groups of four registers");
+      const uint32_t row_group_idx = kSplitK ? 0 : warpgroup;
+      const uint32_t tile_id = tile.m_block * ceil_div(SHAPE_N, BLOCK_N) + tile.n_block;
+      float* tile_partials = partials + (tile_id * kKSlices * kRowGroups + row_group_idx) * kPartial + tid * 4;
+      auto slot = [&](uint32_t slice, uint32_t ms, uint32_t ns, uint32_t j) {  // j: a multiple of 4
+        return tile_partials + slice * kRowGroups * kPartial + ((ms * kNumNSub + ns) * kAccPerSub + j) * 128;
+      };
+      // f(ms, ns, j) for every group of four accumulator registers final_acc[ms][ns][j .. j+3].
+      auto for_each_quad = [&](auto&& f) {
+#pragma unroll
+        for (uint32_t ms = 0; ms < kNumMSub; ++ms)
+#pragma unroll
+          for (uint32_t ns = 0; ns < kNumNSub; ++ns)
+#pragma unroll
+            for (uint32_t j = 0; j < kAccPerSub; j += 4) f(ms, ns, j);
+      };
+      for_each_quad([&](uint32_t ms, uint32_t ns, uint32_t j) {
+        const float* v = &final_acc[ms][ns][j];
+        st_global_cg_v4(slot(tile.k_slice, ms, ns, j), v[0], v[1], v[2], v[3]);
+      });
+      named_barrier_sync(barrier_id, 128);  // every thread's stores precede the release below
+      uint32_t* counter = tile_counters + tile_id * kRowGroups + row_group_idx;
+      const bool last = named_barrier_vote<true>(
+          barrier_id, 128, tid == 0 && arrive_counter_acq_rel(counter) == kKSlices - 1);
+      if (!__shfl_sync(0xffffffffu, last, 0)) continue;
+      if (tid == 0) reset_counter(counter);  // ready for the next launch
+      // Every slice is read back, this CTA's own too, in passes over as many slices as 128 registers of loads in
+      // flight allow (more spill in the two-warpgroup kernels; fewer leave the reads latency bound).
+      constexpr uint32_t kFloats = kNumMSub * kNumNSub * kAccPerSub;  // this thread's share of a partial tile
+      constexpr uint32_t kPassSlices = cmin(kKSlices, cmax(1u, 128u / kFloats));
+      for_each_quad([&](uint32_t ms, uint32_t ns, uint32_t j) {
+#pragma unroll
+        for (uint32_t e = 0; e < 4; ++e) final_acc[ms][ns][j + e] = 0.f;
+      });
+#pragma unroll 1
+      for (uint32_t first = 0; first < kKSlices; first += kPassSlices)
+        for_each_quad([&](uint32_t ms, uint32_t ns, uint32_t j) {
+          float p[kPassSlices][4];
+#pragma unroll
+          for (uint32_t i = 0; i < kPassSlices; ++i)
+            if (kKSlices % kPassSlices == 0 || first + i < kKSlices)
+              ld_global_cg_v4(slot(first + i, ms, ns, j), p[i][0], p[i][1], p[i][2], p[i][3]);
+#pragma unroll
+          for (uint32_t i = 0; i < kPassSlices; ++i)
+            if (kKSlices % kPassSlices == 0 || first + i < kKSlices)
+#pragma unroll
+              for (uint32_t e = 0; e < 4; ++e) final_acc[ms][ns][j + e] += p[i][e];
+        });
+    }
+
     // ---------------- epilogue ----------------
     bool rows_ok = true;  // every row of this warpgroup's slice may be written by a TMA store
     if constexpr (kKind == kGroupedContiguous) {
@@ -384,7 +449,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       for (uint32_t ms = 0; ms < kNumMSub; ++ms)
 #pragma unroll
         for (uint32_t h = 0; h < 2; ++h) rows_ok &= row_group[ms][h] == static_cast<int>(tile.group);
-      rows_ok = __shfl_sync(0xffffffffu, named_barrier_and(barrier_id, 128, rows_ok), 0);  // uniform, provably
+      rows_ok = __shfl_sync(0xffffffffu, named_barrier_vote<false>(barrier_id, 128, rows_ok), 0);  // uniform, provably
     } else if (kKind == kGroupedMasked) {
       rows_ok = tile_row0 + WG_M <= tile.rows;  // uniform across the warpgroup
     }
@@ -455,12 +520,12 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                       const __grid_constant__ cupygemm::TmaDescriptor tmap_b,
                       const __grid_constant__ cupygemm::TmaDescriptor tmap_sfa,
                       const __grid_constant__ cupygemm::TmaDescriptor tmap_d, const float* sfb,
-                      const int* grouped_layout, uint16_t* d_ptr, uint32_t shape_m, uint32_t num_groups,
-                      uint32_t ld_d) {
+                      const int* grouped_layout, uint16_t* d_ptr, float* partials, uint32_t* tile_counters,
+                      uint32_t shape_m, uint32_t num_groups, uint32_t ld_d) {
   cupygemm::fp8_gemm_impl<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N, CUPYGEMM_WGMMA_N,
                           CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG, CUPYGEMM_MATH_REGS, CUPYGEMM_SWIZZLE_D,
                           CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_DOUBLE_ACC,
-                          CUPYGEMM_MULTICAST, CUPYGEMM_SPLIT_K, CUPYGEMM_SERIAL_M>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout,
-                                                            d_ptr, shape_m, num_groups, ld_d);
+                          CUPYGEMM_MULTICAST, CUPYGEMM_SPLIT_K, CUPYGEMM_SERIAL_M, CUPYGEMM_K_SLICES>(
+      tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials, tile_counters, shape_m, num_groups, ld_d);
 }
 #endif

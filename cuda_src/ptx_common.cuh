@@ -24,6 +24,7 @@ struct alignas(64) TmaDescriptor { unsigned long long opaque[16]; };
 template <typename T> __host__ __device__ constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }
 template <typename T> __host__ __device__ constexpr T round_up(T a, T b) { return ceil_div(a, b) * b; }
 template <typename T> __host__ __device__ constexpr T cmin(T a, T b) { return a < b ? a : b; }
+template <typename T> __host__ __device__ constexpr T cmax(T a, T b) { return a < b ? b : a; }
 template <typename T> __host__ __device__ constexpr T cgcd(T a, T b) { return b == 0 ? a : cgcd(b, a % b); }
 
 // A compile-time uint32 carried as a type, for dispatching a runtime value to specialized code.
@@ -58,15 +59,24 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t count) 
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-// Named barrier that also ANDs a predicate over the participating threads.
-__device__ __forceinline__ bool named_barrier_and(uint32_t id, uint32_t count, bool pred) {
+// Named barrier that also reduces a predicate over the participating threads: all of them (kAny = false) or any.
+template <bool kAny>
+__device__ __forceinline__ bool named_barrier_vote(uint32_t id, uint32_t count, bool pred) {
   uint32_t result;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\n"
-      "bar.red.and.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(result)
-      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(count)
-      : "memory");
+  if constexpr (kAny)
+    asm volatile(
+        "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\n"
+        "bar.red.or.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+        : "=r"(result)
+        : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(count)
+        : "memory");
+  else
+    asm volatile(
+        "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\n"
+        "bar.red.and.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+        : "=r"(result)
+        : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(count)
+        : "memory");
   return result != 0;
 }
 

@@ -16,17 +16,21 @@ struct Tile {
   // then scheduled as two tiles, one per half. Every other tile has both bits set.
   uint32_t halves;
   uint32_t rows;  // rows of the group's A and D: the clamped masked_m (masked), else all rows
+  uint32_t k_slice;  // normal GEMMs split over K across CTAs: which slice of the K blocks this tile sums
 };
 
 // kMulticast: 0 = one CTA per tile; 1 = 2-CTA clusters on neighbouring n blocks (they share A);
 // 2 = 2-CTA clusters on neighbouring m blocks (they share B; normal GEMMs only). The host only picks a
 // multicast mode when the paired dimension has an even number of blocks, so a pair is always complete.
+// kKSlices > 1 (normal GEMMs): every output tile is computed as kKSlices work units, one per slice of the K
+// blocks, on different CTAs; the units of one tile are consecutive, so they run in the same wave.
 // kWarpWide: all 32 lanes of a warp call next() together (math warpgroups). Values read from the group layout are
 // then broadcast from lane 0, so the compiler knows the tile loop's branches are warp-uniform and keeps the K loop's
 // descriptors and stage counters in uniform registers (per-lane loads made it move them through R2UR every block).
 template <int kKind, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kRasterN, int kMulticast,
-          bool kWarpWide>
+          uint32_t kKSlices, bool kWarpWide>
 struct TileScheduler {
+  static_assert(kKSlices == 1 || kKind == kNormal, "K slices across CTAs: normal GEMMs only");
   static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
   static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
   // Scheduling units along N and (for kMulticast == 2) M: a unit is a pair of blocks when clustered.
@@ -95,6 +99,7 @@ struct TileScheduler {
         t.group = cur_group;
         t.rows = cur_group_rows;
         t.halves = 0b11;
+        t.k_slice = 0;
         return true;
       }
       cur_group_first_tile += cur_group_tiles;
@@ -108,9 +113,10 @@ struct TileScheduler {
   __device__ __forceinline__ bool next(Tile& t) {
     if (kKind == kGroupedMasked) return next_masked(t);
     const uint32_t num_m_units = ceil_div(shape_m, BLOCK_M) / (kMulticast == 2 ? 2 : 1);
-    const uint32_t num_tiles = num_m_units * kNumNUnits;
+    const uint32_t num_tiles = num_m_units * kNumNUnits * kKSlices;
     while (next_tile < num_tiles) {
-      rasterize(next_tile, num_m_units, t);
+      rasterize(next_tile / kKSlices, num_m_units, t);
+      t.k_slice = next_tile % kKSlices;
       t.halves = 0b11;
       t.rows = shape_m;
       if (kKind == kNormal) {

@@ -50,6 +50,17 @@ _MULTICAST_PENALTY = 1.02  # a 2-CTA cluster runs in lock-step: pays only where 
 # split tiles lost to 128-row tiles (989 vs 820 us). Used from 32 K blocks on, in at most two waves.
 _SPLIT_K_MIN_BLOCKS = 32
 _SPLIT_K_FACTOR = 0.93
+# Split-K across CTAs (k_slices): each unit stores its FP32 partial tile, the tile's last unit reads them all back
+# (about 1.5 us per wave: store, release, counter round trip, reads; benchmarks/NOTES.md section 11).
+_REDUCE_BYTES_PER_SM = 100e9
+_REDUCE_OVERHEAD_S = 1.2e-6
+# The model's load term does not rank sliced configs (wide sliced tiles measured slower than it predicts), so they
+# come from a measured rule instead: when even 64x64 tiles would leave half the SMs idle, use 48-column tiles with
+# the most slices (2..4, at least 8 K blocks each) that still fit one wave. On an H200: 64x2112x7168 11.3 -> 9.4 us,
+# 128x2112x7168 12.3 -> 10.5 us; where 64x64 tiles fill more SMs slices only tied or lost (section 11).
+_SLICED_BLOCK_N = 48
+_MAX_K_SLICES = 4
+_MIN_SLICE_K_BLOCKS = 8
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,7 @@ class GemmConfig:
     multicast: int = 0  # 0 none; 1: 2-CTA clusters share A (pairs along N); 2: share B (pairs along M)
     split_k: bool = False  # block_m 64: two math warpgroups take alternate K blocks of the same rows
     serial_m: bool = False  # a warpgroup's m64 slices run one after the other through one temporary accumulator
+    k_slices: int = 1  # normal GEMMs: each tile's K blocks split over this many CTAs (FP32 partials, last one reduces)
 
     @property
     def threads(self) -> int:
@@ -99,6 +111,7 @@ class GemmConfig:
             "CUPYGEMM_MULTICAST": self.multicast,
             "CUPYGEMM_SPLIT_K": int(self.split_k),
             "CUPYGEMM_SERIAL_M": int(self.serial_m),
+            "CUPYGEMM_K_SLICES": self.k_slices,
             "CUPYGEMM_CLUSTER_ATTR": "__cluster_dims__(2, 1, 1)" if self.multicast else "",
         }
 
@@ -108,6 +121,7 @@ class GemmConfig:
                 f"swizzle_d {self.swizzle_d}, {'2 acc sets, ' if self.double_acc else ''}"
                 f"{['', 'multicast A x2, ', 'multicast B x2, '][self.multicast]}"
                 f"{'split-K over 2 WG, ' if self.split_k else ''}{'serial m64 slices, ' if self.serial_m else ''}"
+                f"{f'K over {self.k_slices} CTAs, ' if self.k_slices > 1 else ''}"
                 f"grid {self.num_sms}, "
                 f"smem {self.smem_bytes} B")
 
@@ -240,7 +254,7 @@ class _Estimate:
 
 
 def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int,
-              multicast: int = 0) -> _Estimate:
+              multicast: int = 0, k_slices: int = 1) -> _Estimate:
     n_blocks = ceil_div(n, bn)
     sms = num_sms - num_sms % 2 if multicast else num_sms
     m_blocks = ceil_div(m_rows, bm)
@@ -249,11 +263,32 @@ def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: 
     elif kind == KIND_CONTIGUOUS and bm > M_ALIGNMENT:
         # About half of the group ends fall mid-block; each such block runs as two half tiles.
         m_blocks += ceil_div(groups, 2)
-    tiles = m_blocks * n_blocks
+    tiles = m_blocks * n_blocks * k_slices
     waves = max(1, ceil_div(tiles, sms))
     last = tiles - (waves - 1) * sms
-    split = split_k_pays(bm, k, waves)
-    return _Estimate(waves * _tile_seconds(bm, bn, k, multicast, split), waves, last / sms, tiles)
+    k_unit = slice_k(k, k_slices)
+    split = split_k_pays(bm, k_unit, waves)
+    unit = _tile_seconds(bm, bn, k_unit, multicast, split)
+    if k_slices > 1:
+        # Every unit stores its FP32 partial tile; the tile's last CTA then reads the other slices' partials.
+        unit += (bm * bn * 4 * k_slices) / _REDUCE_BYTES_PER_SM + _REDUCE_OVERHEAD_S
+    return _Estimate(waves * unit, waves, last / sms, tiles)
+
+
+def sliced_tile(kind: int, m_rows: int, n: int, k: int, num_sms: int) -> tuple[int, int, int] | None:
+    """(block_m, block_n, k_slices) of split-K across CTAs where the measured rule asks for it, else None: a normal
+    GEMM whose 64x64 tiles would fill at most half the SMs, with at least two slices of 8+ K blocks in one wave."""
+    if kind != KIND_NORMAL or ceil_div(m_rows, 64) * ceil_div(n, 64) > num_sms // 2:
+        return None
+    bm = 64 if m_rows <= 64 else 128
+    tiles = ceil_div(m_rows, bm) * ceil_div(n, _SLICED_BLOCK_N)
+    ks = min(_MAX_K_SLICES, num_sms // tiles, ceil_div(k, BLOCK_K) // _MIN_SLICE_K_BLOCKS)
+    return (bm, _SLICED_BLOCK_N, ks) if ks >= 2 else None
+
+
+def slice_k(k: int, k_slices: int) -> int:
+    """The K one split-K unit sums (its largest slice of the 128-wide K blocks)."""
+    return ceil_div(ceil_div(k, BLOCK_K), k_slices) * BLOCK_K
 
 
 _override_lock = threading.Lock()
@@ -263,13 +298,13 @@ _override_version = 0  # bumped on every override change; part of the choice mem
 
 def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
     """Force config fields (block_m, block_n, wgmma_n, num_stages, num_sms, raster_n, double_acc, multicast,
-    split_k, serial_m) for a (kind, N, K).
+    split_k, serial_m, k_slices) for a (kind, N, K).
 
     For tuning; ``fields`` empty removes the override. Unknown fields raise ValueError.
     """
     kind = _kind_id(kind)
     allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "double_acc", "multicast",
-               "split_k", "serial_m"}
+               "split_k", "serial_m", "k_slices"}
     bad = set(fields) - allowed
     if bad:
         raise ValueError(f"override_config: unknown fields {sorted(bad)}; allowed: {sorted(allowed)}")
@@ -357,6 +392,12 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
                 best = (score, bm, bn, mc, serial, est)
     assert best is not None
     _, bm, bn, mc, serial, est = best
+    ks = 1
+    sliced = sliced_tile(kind, m_rows, n, k, num_sms)
+    if sliced is not None:
+        bm, bn, ks = sliced
+        mc, serial = 0, False
+        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks)
     fields: dict[str, int] = {}
     with _override_lock:
         fields.update(_overrides.get((kind, n, k), {}))
@@ -364,9 +405,13 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
         bm, bn = fields.get("block_m", bm), fields.get("block_n", bn)
         mc = fields.get("multicast", 0)
         serial = fields.get("serial_m", False)
-        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
+        ks = fields.get("k_slices", 1)
+        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks)
     serial = fields.get("serial_m", serial)
     mc = fields.get("multicast", mc)
+    if fields.get("k_slices", ks) != ks:
+        ks = fields["k_slices"]
+        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks)
     if mc not in multicast_options(kind, m_rows, n, bm, bn):
         raise ValueError(f"multicast={mc} is not legal for {KIND_NAMES[kind]} M={m_rows} N={n} with block "
                          f"{bm}x{bn} (legal: {multicast_options(kind, m_rows, n, bm, bn)})")
@@ -377,7 +422,8 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
     cfg = make_config(kind, n, k, bm, bn, num_sms=max(grid, 1), smem_limit=smem_limit,
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
                       raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"), multicast=mc,
-                      split_k=fields.get("split_k", split_k_pays(bm, k, est.waves)), serial_m=serial)
+                      split_k=fields.get("split_k", split_k_pays(bm, slice_k(k, ks), est.waves)), serial_m=serial,
+                      k_slices=ks)
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
@@ -391,7 +437,8 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
 def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
                 num_stages: int | None = None, raster_n: int = 16, double_acc: bool | None = None,
-                multicast: int = 0, split_k: bool | None = None, serial_m: bool = False) -> GemmConfig:
+                multicast: int = 0, split_k: bool | None = None, serial_m: bool = False,
+                k_slices: int = 1) -> GemmConfig:
     """Build (and check) a config for explicit block sizes."""
     kind = _kind_id(kind)
     if block_m not in (64, 128, 256):
@@ -420,11 +467,15 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         raise ValueError("multicast=2 (share B) needs a normal GEMM and block_n % 16 == 0")
     if multicast and num_sms % 2:
         raise ValueError(f"multicast needs an even grid, got {num_sms}")
+    if not isinstance(k_slices, int) or not 1 <= k_slices <= num_k_blocks:
+        raise ValueError(f"k_slices: expected an int in [1, {num_k_blocks}] (K blocks of 128), got {k_slices!r}")
+    if k_slices > 1 and kind != KIND_NORMAL:
+        raise ValueError(f"k_slices > 1 (split-K across CTAs) needs a normal GEMM, got {KIND_NAMES[kind]}")
     if double_acc and not double_acc_fits(block_m, block_n, wn):
         raise ValueError(f"block {block_m}x{block_n} (wgmma_n={wn}): two accumulator sets do not fit in registers")
     return GemmConfig(
         kind=kind, shape_n=n, shape_k=k, block_m=block_m, block_n=block_n, wgmma_n=wn, num_stages=stages,
         num_math_wg=1 if block_m == 64 and not split else 2, swizzle_d=output_swizzle(block_n), raster_n=raster_n,
         num_sms=num_sms, smem_bytes=smem_bytes(block_m, block_n, stages, split),
-        double_acc=bool(double_acc), multicast=multicast, split_k=split, serial_m=bool(serial_m),
+        double_acc=bool(double_acc), multicast=multicast, split_k=split, serial_m=bool(serial_m), k_slices=k_slices,
     )

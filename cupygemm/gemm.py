@@ -11,6 +11,7 @@ from .device import get_num_sms, require_hopper
 from .layout import ceil_div
 from .kernels import get_gemm_kernel
 from .tensors import export_like
+from .workspace import split_k_scratch
 
 _NULL = np.uint64(0)
 
@@ -44,10 +45,11 @@ def _launch(p: validate.Problem, expected_m: int | None = None) -> None:
                                   (ldd, d.strides[0] if d.ndim == 3 else ldd * m), (slab, wg_m, 1), cfg.swizzle_d)
         layout = p.grouped_layout if p.grouped_layout is not None else _NULL
         grid = cfg.num_sms if not cfg.multicast else min(cfg.num_sms, 2 * kernel.max_clusters)
+        partials, counters = split_k_scratch(cfg, m, p.device_id)
         kernel.function(
             (grid,), (cfg.threads,),
-            (tmap_a, tmap_b, tmap_sfa, tmap_d, p.sfb, layout, d, np.uint32(m), np.uint32(p.num_groups),
-             np.uint32(ldd // 2)),
+            (tmap_a, tmap_b, tmap_sfa, tmap_d, p.sfb, layout, d, np.uint64(partials), np.uint64(counters),
+             np.uint32(m), np.uint32(p.num_groups), np.uint32(ldd // 2)),
             shared_mem=cfg.smem_bytes,
         )
 

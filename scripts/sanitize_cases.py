@@ -22,6 +22,13 @@ for bm, bn, mc, (m, n, k) in [(64, 16, 0, (65, 136, 576)), (128, 160, 0, (129, 3
     a, sfa, b, sfb, _, _ = make_normal(m, n, k, bm + bn)
     out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     C.override_config("normal", n, k)
+# Split-K across CTAs (FP32 partials, last CTA reduces): ragged tiles, uneven slices, two row groups, multicast.
+for bm, bn, ks, mc, (m, n, k) in [(64, 128, 3, 0, (65, 264, 1408)), (128, 128, 4, 2, (256, 384, 1024)),
+                                  (64, 16, 7, 0, (33, 40, 896))]:
+    C.override_config("normal", n, k, block_m=bm, block_n=bn, multicast=mc, k_slices=ks)
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, bm + bn + ks)
+    out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
+    C.override_config("normal", n, k)
 g, n, k = 3, 256, 512
 b, sfb = grouped_weights(g, n, k, rng)
 a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((384, k), rng))

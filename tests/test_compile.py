@@ -82,6 +82,19 @@ def test_split_n_and_block_m_256_compile(tmp_path):
         assert "QGMMA" in sass and not re.search(r"\b(LDL|STL)\b", sass)
 
 
+@pytest.mark.parametrize("bm,bn,ks,split", [(64, 128, 8, False), (64, 128, 4, True), (128, 128, 4, False),
+                                         (256, 128, 2, False)])
+def test_k_slices_compile(bm, bn, ks, split, tmp_path):
+    """Split-K across CTAs: the partial-sum pass adds no spills; one acquire-release arrival per tile."""
+    cfg = C.make_config(C.KIND_NORMAL, 2112, 7168, bm, bn, 132, k_slices=ks, split_k=split,
+                        serial_m=bm == 256)
+    assert cfg.defines()["CUPYGEMM_K_SLICES"] == ks
+    sass, res = _sass(compile_gemm(cfg), tmp_path)
+    assert "QGMMA" in sass and not re.search(r"\b(LDL|STL)\b", sass)
+    assert len(re.findall(r"ATOMG\.E\.ADD\.STRONG\.GPU", sass)) == 1
+    assert "MEMBAR.ALL.GPU" in sass  # the arrival's release/acquire fence
+
+
 def test_compile_error_carries_log_and_config():
     cfg = C.make_config(C.KIND_NORMAL, 4096, 1024, 128, 128, 132)
     src = gemm_source(cfg)

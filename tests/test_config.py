@@ -58,8 +58,22 @@ def test_choice_is_deterministic():
 def test_small_m_uses_one_math_warpgroup_and_fills_the_gpu():
     cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
     assert cfg.block_m == 64
-    tiles = -(-2112 // cfg.block_n)
-    assert tiles >= 100, "a 64-row GEMM must spread N over most SMs"
+    units = -(-2112 // cfg.block_n) * cfg.k_slices
+    assert units >= 100, "a 64-row GEMM must spread N (and K) over most SMs"
+
+
+@pytest.mark.parametrize("m,n,k,want", [(64, 2112, 7168, (64, 48, 3)), (128, 2112, 7168, (128, 48, 3)),
+                                        (1, 2112, 7168, (64, 48, 3)), (200, 512, 7168, (128, 48, 4)),
+                                        (64, 4096, 7168, None), (64, 2112, 1024, None), (4096, 2112, 7168, None)])
+def test_k_slices_only_where_tiles_cannot_fill_the_gpu(m, n, k, want):
+    """Split-K across CTAs when 64x64 tiles would fill at most half the SMs, with slices of 8+ K blocks."""
+    assert C.sliced_tile(C.KIND_NORMAL, m, n, k, 132) == want
+    cfg = C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
+    assert (cfg.block_m, cfg.block_n, cfg.k_slices) == want if want else cfg.k_slices == 1
+    if want:
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        assert cfg.num_sms == min(132, tiles * cfg.k_slices) and not cfg.multicast
+    assert C.sliced_tile(C.KIND_MASKED, m, n, k, 132) is None
 
 
 def test_fewer_sms_never_gives_a_larger_grid():
@@ -140,3 +154,36 @@ def test_warmup_picks_what_the_api_picks():
     assert cfg == C.choose_config(C.KIND_MASKED, 256, 2048, 7168, 4, 132)
     assert C.model_rows(C.KIND_MASKED, 4096, 50000) == 4096 and C.model_rows(C.KIND_MASKED, 4096, 0) == 1
     assert C.model_rows(C.KIND_NORMAL, 77) == 77
+
+
+@pytest.mark.parametrize("kind,k,ks,msg", [(C.KIND_NORMAL, 1024, 0, r"\[1, 8\]"), (C.KIND_NORMAL, 1024, 9, r"\[1, 8\]"),
+                                           (C.KIND_NORMAL, 1000, 2.0, "int"),
+                                           (C.KIND_MASKED, 1024, 2, "normal GEMM"),
+                                           (C.KIND_CONTIGUOUS, 1024, 2, "normal GEMM")])
+def test_make_config_rejects_bad_k_slices(kind, k, ks, msg):
+    with pytest.raises(ValueError, match=msg):
+        C.make_config(kind, 2048, k, 128, 128, 132, k_slices=ks)
+
+
+def test_k_slices_override_grid_and_scratch():
+    """Each tile's K slices are separate work units: the grid covers them; the scratch holds one FP32 partial
+    tile per unit and one counter per tile and row group."""
+    from cupygemm.workspace import scratch_sizes
+
+    C.override_config("normal", 2112, 7168, block_m=64, block_n=128, k_slices=4)
+    try:
+        cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
+    finally:
+        C.override_config("normal", 2112, 7168)
+    assert (cfg.block_m, cfg.block_n, cfg.k_slices) == (64, 128, 4)
+    assert cfg.num_sms == 17 * 4
+    assert "K over 4 CTAs" in cfg.describe()
+    assert scratch_sizes(cfg, 64) == (17 * 4 * 64 * 128, 17 * cfg.num_math_wg)
+    assert scratch_sizes(cfg, 65) == (34 * 4 * 64 * 128, 34 * cfg.num_math_wg)
+    assert scratch_sizes(dataclasses.replace(cfg, k_slices=1), 64) == (0, 0)
+
+
+def test_slice_k_is_the_largest_slice():
+    assert C.slice_k(7168, 1) == 7168
+    assert C.slice_k(7168, 8) == 7 * 128
+    assert C.slice_k(1408, 4) == 3 * 128  # 11 blocks: 2, 3, 3, 3

@@ -115,6 +115,57 @@ def test_split_k_variants(bn, mc, k):
                         f"split-K 64x{bn} multicast {mc} K={k}")
 
 
+@pytest.mark.parametrize("bm,bn,ks,extra,m,k", [
+    (64, 128, 2, {}, 1000, 1408), (64, 128, 11, {}, 1000, 1408), (64, 16, 5, {}, 200, 1408),
+    (64, 128, 3, {"split_k": True}, 1000, 4096), (128, 128, 4, {}, 1000, 1408), (128, 160, 3, {}, 1000, 1408),
+    (128, 128, 2, {"multicast": 2}, 1024, 1408), (128, 128, 2, {"multicast": 1}, 1000, 1408),
+    (256, 128, 2, {"serial_m": True}, 1000, 1408), (64, 64, 3, {"double_acc": True}, 1000, 1408),
+    (64, 128, 4, {}, 64, 7168), (128, 256, 4, {"wgmma_n": 128}, 128, 2112),
+])
+def test_k_slices_variants(bm, bn, ks, extra, m, k):
+    """Split-K across CTAs: ragged tiles, one K block per slice (11 of 11), uneven slices, with the other
+    variants; the repeat check asserts the reduction is deterministic."""
+    from cupygemm import workspace
+
+    n = 1280
+    check_with_override(m, n, k, dict(block_m=bm, block_n=bn, k_slices=ks, **extra), bm + bn + ks,
+                        f"{bm}x{bn} K over {ks} CTAs {extra} M={m} K={k}")
+    for s in workspace._sets.values():  # every kernel leaves its tile counters at zero for the next one
+        assert int(s.counters.sum()) == 0
+
+
+def test_k_slices_streams_and_graph():
+    """Split-K scratch is per stream: GEMMs on two streams at once, and one replayed from a CUDA graph."""
+    m, n, k = 128, 2048, 4096
+    C.override_config("normal", n, k, block_m=64, block_n=128, k_slices=4)
+    try:
+        ins = [make_normal(m, n, k, 40 + i)[:4] for i in range(2)]
+        # SFA in the kernel's layout already: nothing is allocated while capturing.
+        ins = [(a, cupygemm.get_col_major_tma_aligned_tensor(sfa), b, sfb) for a, sfa, b, sfb in ins]
+        want = [cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb)) for a, sfa, b, sfb in ins]
+        streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+        outs = [cp.empty((m, n), want[0].dtype) for _ in range(2)]
+        for _ in range(20):
+            for (a, sfa, b, sfb), s, o in zip(ins, streams, outs):
+                with s:
+                    cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), o)
+            for w, s, o in zip(want, streams, outs):
+                s.synchronize()
+                assert (o.view(cp.uint16) == w.view(cp.uint16)).all()
+        a, sfa, b, sfb = ins[0]
+        with streams[0]:
+            streams[0].begin_capture()
+            cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), outs[0])
+            graph = streams[0].end_capture()
+            for _ in range(3):
+                outs[0].view(cp.uint16).fill(0x7FC0)
+                graph.launch(streams[0])
+        streams[0].synchronize()
+        assert (outs[0].view(cp.uint16) == want[0].view(cp.uint16)).all()
+    finally:
+        C.override_config("normal", n, k)
+
+
 def test_few_stages_and_small_grid():
     m, n, k = 512, 1024, 4096
     check_with_override(m, n, k, dict(block_m=128, block_n=128, num_stages=1, num_sms=3), 0, "1 stage, 3 CTAs")
