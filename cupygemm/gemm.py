@@ -13,9 +13,6 @@ from .kernels import get_gemm_kernel
 from .tensors import export_like
 from .workspace import split_k_scratch
 
-_NULL = np.uint64(0)
-
-
 def _launch(p: validate.Problem, expected_m: int | None = None) -> None:
     import cupy
 
@@ -43,15 +40,17 @@ def _launch(p: validate.Problem, expected_m: int | None = None) -> None:
                                     (4 * p.sfa_m_pad, 4 * p.sfa_m_pad * kb), (cfg.block_m, 1, 1), 0)
         tmap_d = tma.encode_tiled(tma.BFLOAT16, d.data.ptr, (n, m, g_a),
                                   (ldd, d.strides[0] if d.ndim == 3 else ldd * m), (slab, wg_m, 1), cfg.swizzle_d)
-        layout = p.grouped_layout if p.grouped_layout is not None else _NULL
+        layout = p.grouped_layout.data.ptr if p.grouped_layout is not None else 0
         grid = cfg.num_sms if not cfg.multicast else min(cfg.num_sms, 2 * kernel.max_clusters)
         partials, counters = split_k_scratch(cfg, m, p.device_id)
-        kernel.function(
-            (grid,), (cfg.threads,),
-            (tmap_a, tmap_b, tmap_sfa, tmap_d, p.sfb, layout, d, np.uint64(partials), np.uint64(counters),
-             np.uint32(m), np.uint32(p.num_groups), np.uint32(ldd // 2)),
-            shared_mem=cfg.smem_bytes,
-        )
+        values = (tmap_a.tobytes(), tmap_b.tobytes(), tmap_sfa.tobytes(), tmap_d.tobytes(), p.sfb.data.ptr, layout,
+                  d.data.ptr, partials, counters, m, p.num_groups, ldd // 2)
+        if kernel.launcher is not None:
+            kernel.launcher(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, values)
+        else:  # the driver cannot report parameter offsets (CUDA < 12.4): CuPy packs them
+            kernel.function((grid,), (cfg.threads,),
+                            (tmap_a, tmap_b, tmap_sfa, tmap_d) + tuple(np.uint64(v) for v in values[4:9]) +
+                            tuple(np.uint32(v) for v in values[9:]), shared_mem=cfg.smem_bytes)
 
 
 def _finish(p: validate.Problem) -> Any:

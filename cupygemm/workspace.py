@@ -18,6 +18,7 @@ from .config import GemmConfig
 from .layout import ceil_div
 
 MAX_SETS = 64
+MAX_PARTIALS = 1 << 30  # floats (4 GiB)
 
 
 @dataclass
@@ -38,7 +39,12 @@ def scratch_sizes(cfg: GemmConfig, m: int) -> tuple[int, int]:
     if cfg.k_slices <= 1:
         return 0, 0
     tiles = ceil_div(m, cfg.block_m) * ceil_div(cfg.shape_n, cfg.block_n)
-    return tiles * cfg.k_slices * cfg.block_m * cfg.block_n, tiles * cfg.num_math_wg
+    n_partials = tiles * cfg.k_slices * cfg.block_m * cfg.block_n
+    if n_partials > MAX_PARTIALS:  # the kernel indexes the scratch with 32-bit offsets
+        raise ValueError(f"k_slices={cfg.k_slices} on M={m}, N={cfg.shape_n} with {cfg.block_m}x{cfg.block_n} tiles "
+                         f"needs {n_partials * 4 / 2**30:.1f} GiB of split-K scratch (at most "
+                         f"{MAX_PARTIALS * 4 / 2**30:.0f} GiB); use fewer k_slices or none for a problem this large")
+    return n_partials, tiles * cfg.num_math_wg
 
 
 def split_k_scratch(cfg: GemmConfig, m: int, device_id: int) -> tuple[int, int]:

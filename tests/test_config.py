@@ -181,9 +181,33 @@ def test_k_slices_override_grid_and_scratch():
     assert scratch_sizes(cfg, 64) == (17 * 4 * 64 * 128, 17 * cfg.num_math_wg)
     assert scratch_sizes(cfg, 65) == (34 * 4 * 64 * 128, 34 * cfg.num_math_wg)
     assert scratch_sizes(dataclasses.replace(cfg, k_slices=1), 64) == (0, 0)
+    with pytest.raises(ValueError, match="fewer k_slices"):  # 32-bit scratch offsets: refused before any launch
+        scratch_sizes(cfg, 1 << 22)
 
 
 def test_slice_k_is_the_largest_slice():
     assert C.slice_k(7168, 1) == 7168
     assert C.slice_k(7168, 8) == 7 * 128
     assert C.slice_k(1408, 4) == 3 * 128  # 11 blocks: 2, 3, 3, 3
+
+
+def test_packed_launch_parameters_follow_the_driver_layout():
+    """The launch packs parameters at the offsets the driver reports (padding before aligned descriptors)."""
+    import struct
+
+    from cupygemm.errors import CupygemmDeviceError
+    from cupygemm.kernels import GEMM_PARAMS
+    from cupygemm.launch import DESC, PTR, U32, PackedLauncher
+
+    layout = [(0, 128), (128, 128), (256, 128), (384, 128)] + [(512 + 8 * i, 8) for i in range(5)] + \
+             [(552, 4), (556, 4), (560, 4)]
+    launcher = PackedLauncher(0, GEMM_PARAMS, layout)
+    values = [bytes([i]) * 128 for i in range(4)] + [1 << 40, 0, 7, 8, 9, 64, 2, 4096]
+    packed = launcher.pack(values)
+    assert launcher.param_bytes == len(packed) == 564
+    assert packed[384:512] == bytes([3]) * 128
+    assert struct.unpack_from("<QQQQQIII", packed, 512) == (1 << 40, 0, 7, 8, 9, 64, 2, 4096)
+    padded = PackedLauncher(0, (U32, DESC, PTR), [(0, 4), (128, 128), (256, 8)]).pack([5, b"\x01" * 128, 6])
+    assert len(padded) == 264 and padded[:4] == b"\x05\0\0\0" and padded[4:128] == bytes(124)
+    with pytest.raises(CupygemmDeviceError, match="do not match"):
+        PackedLauncher(0, GEMM_PARAMS, layout[:-1] + [(560, 8)])

@@ -254,3 +254,21 @@ def test_jax_inputs():
     assert isinstance(out, jax.Array) and out.dtype == jnp.bfloat16
     ref = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     assert np.array_equal(np.asarray(jax.lax.bitcast_convert_type(out, jnp.uint16)), ref.view(cp.uint16).get())
+
+
+def test_packed_launch_matches_cupy_launch():
+    """The driver launch with a packed parameter buffer and CuPy's launch give bitwise the same output."""
+    from cupygemm.device import get_num_sms
+    from cupygemm.kernels import get_gemm_kernel
+
+    m, n, k = 200, 2112, 1408
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, 11)
+    out_packed = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
+    kernel = get_gemm_kernel(C.choose_config(C.KIND_NORMAL, m, n, k, 1, get_num_sms()), 0)
+    assert kernel.launcher is not None, "the driver should report kernel parameter offsets (CUDA >= 12.4)"
+    launcher, kernel.launcher = kernel.launcher, None
+    try:
+        out_cupy = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
+    finally:
+        kernel.launcher = launcher
+    assert (out_packed.view(cp.uint16) == out_cupy.view(cp.uint16)).all()
