@@ -286,9 +286,9 @@ def contiguous_m_indices(group_rows: Sequence[int], align: int = M_ALIGNMENT) ->
 
 def config_m_rows(shape: Shape, sizes: Sizes) -> int:
     """The ``m_rows`` the API passes to choose_config: M, the contiguous total rows, or masked expected_m."""
-    from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, model_rows
+    from .config import kind_id, model_rows
 
-    kid = {"normal": KIND_NORMAL, "contiguous": KIND_CONTIGUOUS, "masked": KIND_MASKED}[shape.kind]
+    kid = kind_id(shape.kind)
     if shape.kind == "normal":
         return model_rows(kid, shape.m)
     if shape.kind == "contiguous":
@@ -298,9 +298,9 @@ def config_m_rows(shape: Shape, sizes: Sizes) -> int:
 
 def shape_config(shape: Shape, sizes: Sizes, num_sms: int, smem_limit: int | None = None):
     """The GemmConfig the library picks for this shape (same arguments as cupygemm.gemm)."""
-    from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, choose_config
+    from .config import choose_config, kind_id
 
-    kid = {"normal": KIND_NORMAL, "contiguous": KIND_CONTIGUOUS, "masked": KIND_MASKED}[shape.kind]
+    kid = kind_id(shape.kind)
     kwargs = {} if smem_limit is None else {"smem_limit": smem_limit}
     return choose_config(kid, config_m_rows(shape, sizes), shape.n, shape.k, shape.groups, num_sms, **kwargs)
 

@@ -302,7 +302,7 @@ def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
 
     For tuning; ``fields`` empty removes the override. Unknown fields raise ValueError.
     """
-    kind = _kind_id(kind)
+    kind = kind_id(kind)
     allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "double_acc", "multicast",
                "split_k", "serial_m", "k_slices"}
     bad = set(fields) - allowed
@@ -317,7 +317,8 @@ def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
         _override_version += 1
 
 
-def _kind_id(kind: int | str) -> int:
+def kind_id(kind: int | str) -> int:
+    """The kind's id from its id or name ("normal", "contiguous", "masked"); ValueError otherwise."""
     if isinstance(kind, str):
         for kid, name in KIND_NAMES.items():
             if name == kind:
@@ -409,7 +410,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
         est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks)
     serial = fields.get("serial_m", serial)
     mc = fields.get("multicast", mc)
-    if fields.get("k_slices", ks) != ks:
+    if fields.get("k_slices", ks) != ks:  # only the slice count forced: the model's tile, re-estimated
         ks = fields["k_slices"]
         est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks)
     if mc not in multicast_options(kind, m_rows, n, bm, bn):
@@ -440,7 +441,7 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
                 multicast: int = 0, split_k: bool | None = None, serial_m: bool = False,
                 k_slices: int = 1) -> GemmConfig:
     """Build (and check) a config for explicit block sizes."""
-    kind = _kind_id(kind)
+    kind = kind_id(kind)
     if block_m not in (64, 128, 256):
         raise ValueError(f"block_m: expected 64, 128 or 256, got {block_m}")
     if kind == KIND_CONTIGUOUS and block_m not in (64, M_ALIGNMENT, 2 * M_ALIGNMENT):

@@ -13,6 +13,7 @@ from .kernels import get_gemm_kernel
 from .tensors import export_like
 from .workspace import split_k_scratch
 
+
 def _launch(p: validate.Problem, expected_m: int | None = None) -> None:
     import cupy
 
@@ -43,13 +44,14 @@ def _launch(p: validate.Problem, expected_m: int | None = None) -> None:
         layout = p.grouped_layout.data.ptr if p.grouped_layout is not None else 0
         grid = cfg.num_sms if not cfg.multicast else min(cfg.num_sms, 2 * kernel.max_clusters)
         partials, counters = split_k_scratch(cfg, m, p.device_id)
-        values = (tmap_a.tobytes(), tmap_b.tobytes(), tmap_sfa.tobytes(), tmap_d.tobytes(), p.sfb.data.ptr, layout,
-                  d.data.ptr, partials, counters, m, p.num_groups, ldd // 2)
+        values = (tmap_a, tmap_b, tmap_sfa, tmap_d, p.sfb.data.ptr, layout, d.data.ptr, partials, counters, m,
+                  p.num_groups, ldd // 2)
         if kernel.launcher is not None:
             kernel.launcher(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, values)
         else:  # the driver cannot report parameter offsets (CUDA < 12.4): CuPy packs them
             kernel.function((grid,), (cfg.threads,),
-                            (tmap_a, tmap_b, tmap_sfa, tmap_d) + tuple(np.uint64(v) for v in values[4:9]) +
+                            tuple(np.frombuffer(t, "V128") for t in values[:4]) +
+                            tuple(np.uint64(v) for v in values[4:9]) +
                             tuple(np.uint32(v) for v in values[9:]), shared_mem=cfg.smem_bytes)
 
 

@@ -20,7 +20,7 @@ SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}
 _ELEM_SIZE = {UINT8: 1, FLOAT32: 4, BFLOAT16: 2}
 
 _lock = threading.Lock()
-_cache: dict[tuple, np.ndarray] = {}
+_cache: dict[tuple, bytes] = {}
 _CACHE_LIMIT = 4096
 
 
@@ -43,8 +43,8 @@ def _encode_fn():
 
 
 def encode_tiled(dtype: int, ptr: int, dims: tuple[int, ...], strides_bytes: tuple[int, ...],
-                 box: tuple[int, ...], swizzle_bytes: int = 0, l2_promotion: int = 2) -> np.ndarray:
-    """A CUtensorMap as a 1-element ``V128`` NumPy array (CuPy passes it by value).
+                 box: tuple[int, ...], swizzle_bytes: int = 0, l2_promotion: int = 2) -> bytes:
+    """A CUtensorMap: its 128 bytes, as a kernel takes it by value.
 
     ``dims``/``box`` innermost first; ``strides_bytes`` has len(dims) - 1 entries (outer dims).
     """
@@ -63,8 +63,7 @@ def encode_tiled(dtype: int, ptr: int, dims: tuple[int, ...], strides_bytes: tup
         raise ValueError(f"TMA box inner extent must be a multiple of 16 bytes, got {box[0]} elements")
     raw = np.zeros(128 + 128, dtype=np.uint8)  # the driver wants the map 64-byte aligned (128 on CUDA 13)
     offset = (-raw.ctypes.data) % 128
-    buf = raw[offset:offset + 128].view("V128")  # shape (1,): CuPy passes it by value
-    addr = buf.ctypes.data
+    addr = raw.ctypes.data + offset
     res = _encode_fn()(
         ctypes.c_void_p(addr), dtype, rank, ctypes.c_void_p(ptr),
         (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * max(rank - 1, 1))(*strides_bytes),
@@ -76,8 +75,9 @@ def encode_tiled(dtype: int, ptr: int, dims: tuple[int, ...], strides_bytes: tup
             f"cuTensorMapEncodeTiled failed (CUresult {res}) for dims={dims} strides={strides_bytes} box={box} "
             f"swizzle={swizzle_bytes}"
         )
+    desc = raw[offset:offset + 128].tobytes()
     with _lock:
         if len(_cache) >= _CACHE_LIMIT:
             _cache.clear()
-        _cache[key] = buf
-    return buf
+        _cache[key] = desc
+    return desc
