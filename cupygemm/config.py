@@ -213,13 +213,18 @@ def split_k_pays(block_m: int, k: int, waves: int) -> bool:
     return block_m == 64 and ceil_div(k, BLOCK_K) >= _SPLIT_K_MIN_BLOCKS and waves <= 2
 
 
+def _selects_scales_at_run_time(block_n: int) -> bool:
+    """Whether tiles of this width straddle 128-column scale blocks at more than 8 offsets, so the kernel picks each
+    column's B scale at run time instead of compiling its K loop per offset (cuda_src/fp8_gemm.cu)."""
+    return _straddles(block_n) and BLOCK_K // math.gcd(block_n, BLOCK_K) > 8
+
+
 def _straddle_penalty(block_n: int) -> float:
-    """Extra promotion cost of tiles crossing 128-column scale blocks: small where the kernel compiles its K loop
-    per boundary offset (at most 8 offsets, cuda_src/fp8_gemm.cu), larger where it selects scales at run time."""
+    """Extra promotion cost of tiles crossing 128-column scale blocks: small where the K loop is compiled per
+    boundary offset, larger where scales are selected at run time."""
     if not _straddles(block_n):
         return 0.0
-    offsets = BLOCK_K // math.gcd(block_n, BLOCK_K)
-    return _STRADDLE_SPECIALIZED_PENALTY if offsets <= 8 else _STRADDLE_PENALTY
+    return _STRADDLE_PENALTY if _selects_scales_at_run_time(block_n) else _STRADDLE_SPECIALIZED_PENALTY
 
 
 def _tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0, split: bool = False) -> float:
@@ -230,8 +235,12 @@ def _tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0, split:
     a_rows = block_m / 2 if multicast == 1 else block_m
     b_rows = block_n / 2 if multicast == 2 else block_n
     load = (a_rows + b_rows) * k_eff / _LOAD_BYTES_PER_SM
+    # Widths that are odd multiples of 8 (run-time scale selects in the MMA -> promotion chain, unswizzled output
+    # staging) also cost where loads bound the tile: 64x56 lost 2-7 % to 64x64 on 64x7168x2048 in four runs and
+    # 1.7 % on 64x7168x16384, where the load term alone ranked 56 first (benchmarks/NOTES.md section 12).
+    chain = 1.0 + _STRADDLE_PENALTY if _selects_scales_at_run_time(block_n) else 1.0
     lockstep = _MULTICAST_PENALTY if multicast else 1.0
-    return max(mma, load) * lockstep * (_SPLIT_K_FACTOR if split else 1.0) + _TILE_OVERHEAD_S
+    return max(mma, load * chain) * lockstep * (_SPLIT_K_FACTOR if split else 1.0) + _TILE_OVERHEAD_S
 
 
 def multicast_options(kind: int, m_rows: int, n: int, block_m: int, block_n: int) -> list[int]:

@@ -110,3 +110,15 @@ def test_render_inlines_every_header():
     assert src.text.startswith("#define X 1\n")
     assert {"ptx_common.cuh", "ptx_mbarrier.cuh", "ptx_tma.cuh", "ptx_wgmma.cuh", "ptx_wgmma_fp8.cuh",
             "scheduler.cuh"} <= set(src.headers)
+
+
+@pytest.mark.parametrize("bm,fields,unroll", [(64, {}, 1), (64, {"split_k": True}, 1), (128, {}, 4),
+                                             (256, {"serial_m": True}, 4), (128, {"k_slices": 2}, 1)])
+def test_k_loop_unroll(bm, fields, unroll, tmp_path):
+    """Two warpgroups on different rows unroll the K loop 4x (benchmarks/NOTES.md 12c); one-warpgroup, split-K and
+    sliced kernels keep one block per iteration. Counted in wgmmas: 4 per m64 slice and K block of 128."""
+    cfg = C.make_config(C.KIND_NORMAL, 2048, 7168, bm, 128, 132, **fields)
+    sass, _ = _sass(compile_gemm(cfg), tmp_path)
+    slices_per_wg = 2 if bm == 256 else 1
+    assert len(re.findall(r"QGMMA\.64x128x32", sass)) == 4 * slices_per_wg * unroll
+    assert not re.search(r"\b(LDL|STL)\b", sass)

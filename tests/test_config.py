@@ -76,6 +76,15 @@ def test_k_slices_only_where_tiles_cannot_fill_the_gpu(m, n, k, want):
     assert C.sliced_tile(C.KIND_MASKED, m, n, k, 132) is None
 
 
+@pytest.mark.parametrize("k", [2048, 16384])
+def test_one_wave_prefers_widths_with_compiled_scale_offsets(k):
+    """64x7168: 56-wide tiles (odd multiple of 8: run-time scale selects) measured 2-7 % slower than 64-wide ones,
+    both one wave (benchmarks/NOTES.md 12d); the model charges the selects on the load-bound tile too."""
+    cfg = C.choose_config(C.KIND_NORMAL, 64, 7168, k, 1, 132)
+    assert (cfg.block_m, cfg.block_n) == (64, 64)
+    assert C._tile_seconds(64, 56, k) > C._tile_seconds(64, 64, k) * 56 / 64
+
+
 def test_fewer_sms_never_gives_a_larger_grid():
     for sms in (132, 100, 66, 8, 1):
         cfg = C.choose_config(C.KIND_NORMAL, 4096, 7168, 2048, 1, sms)
