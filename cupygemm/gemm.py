@@ -43,11 +43,12 @@ def _launch(p: validate.Problem, expected_m: int | None = None) -> None:
                                   (ldd, d.strides[0] if d.ndim == 3 else ldd * m), (slab, wg_m, 1), cfg.swizzle_d)
         layout = p.grouped_layout.data.ptr if p.grouped_layout is not None else 0
         grid = cfg.num_sms if not cfg.multicast else min(cfg.num_sms, 2 * kernel.max_clusters)
-        partials, counters = split_k_scratch(cfg, m, p.device_id)
+        stream = cupy.cuda.get_current_stream()
+        partials, counters = split_k_scratch(cfg, m, p.device_id, stream)
         values = (tmap_a, tmap_b, tmap_sfa, tmap_d, p.sfb.data.ptr, layout, d.data.ptr, partials, counters, m,
                   p.num_groups, ldd // 2)
         if kernel.launcher is not None:
-            kernel.launcher(grid, cfg.threads, cfg.smem_bytes, cupy.cuda.get_current_stream().ptr, values)
+            kernel.launcher(grid, cfg.threads, cfg.smem_bytes, stream.ptr, values)
         else:  # the driver cannot report parameter offsets (CUDA < 12.4): CuPy packs them
             kernel.function((grid,), (cfg.threads,),
                             tuple(np.frombuffer(t, "V128") for t in values[:4]) +

@@ -44,9 +44,9 @@ def max_active_clusters(kernel: LoadedKernel, cfg: GemmConfig) -> int:
     Clusters must sit within one GPC; GPCs with an odd number of free SMs leave one idle, so a persistent
     grid of num_sms CTAs may not be co-resident. Returns 0 when the driver cannot tell.
     """
-    from .tma import _driver
+    from .tma import driver
 
-    fn = getattr(_driver(), "cuOccupancyMaxActiveClusters", None)
+    fn = getattr(driver(), "cuOccupancyMaxActiveClusters", None)
     if fn is None:
         return 0
     cfg_struct = _LaunchConfig((cfg.num_sms, 1, 1), (cfg.threads, 1, 1), cfg.smem_bytes, None, None, 0)

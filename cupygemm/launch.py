@@ -14,7 +14,7 @@ import struct
 from typing import Sequence
 
 from .errors import CupygemmDeviceError
-from .tma import _driver
+from .tma import driver
 
 # Parameter kinds: a by-value 128-byte TMA descriptor, a 64-bit device pointer, a 32-bit unsigned int.
 DESC, PTR, U32 = "128s", "Q", "I"
@@ -24,7 +24,7 @@ _CU_LAUNCH_PARAM_END, _CU_LAUNCH_PARAM_BUFFER_POINTER, _CU_LAUNCH_PARAM_BUFFER_S
 
 def _param_layout(func_ptr: int, count: int) -> list[tuple[int, int]] | None:
     """(offset, size) of the kernel's first ``count`` parameters, or None when the driver cannot tell."""
-    fn = getattr(_driver(), "cuFuncGetParamInfo", None)
+    fn = getattr(driver(), "cuFuncGetParamInfo", None)
     if fn is None:
         return None
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
@@ -40,7 +40,7 @@ def _param_layout(func_ptr: int, count: int) -> list[tuple[int, int]] | None:
 
 @functools.lru_cache(maxsize=1)
 def _launch_fn():
-    fn = _driver().cuLaunchKernel
+    fn = driver().cuLaunchKernel
     fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
     fn.restype = ctypes.c_int
     return fn

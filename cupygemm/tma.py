@@ -25,7 +25,8 @@ _CACHE_LIMIT = 4096
 
 
 @functools.lru_cache(maxsize=1)
-def _driver() -> ctypes.CDLL:
+def driver() -> ctypes.CDLL:
+    """The CUDA driver library (libcuda), loaded once; CupygemmDeviceError when it cannot be loaded."""
     try:
         return ctypes.CDLL("libcuda.so.1")
     except OSError as e:
@@ -34,7 +35,7 @@ def _driver() -> ctypes.CDLL:
 
 @functools.lru_cache(maxsize=1)
 def _encode_fn():
-    fn = _driver().cuTensorMapEncodeTiled
+    fn = driver().cuTensorMapEncodeTiled
     u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]

@@ -47,8 +47,9 @@ def scratch_sizes(cfg: GemmConfig, m: int) -> tuple[int, int]:
     return n_partials, tiles * cfg.num_math_wg
 
 
-def split_k_scratch(cfg: GemmConfig, m: int, device_id: int) -> tuple[int, int]:
-    """Device pointers (partials, counters) for a launch of ``cfg`` on the current stream; (0, 0) if unused.
+def split_k_scratch(cfg: GemmConfig, m: int, device_id: int, stream: object) -> tuple[int, int]:
+    """Device pointers (partials, counters) for a launch of ``cfg`` on ``stream`` (a cupy Stream, the current one);
+    (0, 0) if unused.
 
     Call with ``device_id`` current. The first call on a stream allocates (not capturable in a CUDA graph: run
     the GEMM once before capturing it, as is needed anyway to load the kernel)."""
@@ -57,7 +58,6 @@ def split_k_scratch(cfg: GemmConfig, m: int, device_id: int) -> tuple[int, int]:
         return 0, 0
     import cupy
 
-    stream = cupy.cuda.get_current_stream()
     key = (device_id, stream.ptr)
     with _lock:
         s = _sets.get(key)
