@@ -312,7 +312,8 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     // blocks at one of a few offsets (then the promotion picks each column's B scale without selects).
     // Two warpgroups on different rows unroll the K loop 4x, so the next block's barrier wait and operand setup can
     // overlap this block's promotion: 2-6 % on 256-row tiles (M = 4096, contiguous), 4-10 % on 128-row ones. One
-    // warpgroup and split kernels showed no gain (benchmarks/NOTES.md section 12).
+    // warpgroup kernels showed no gain; split-K and sliced two-warpgroup kernels were not tried (benchmarks/NOTES.md
+    // section 12).
     constexpr uint32_t kKLoopUnroll = kNumMathWG == 2 && !kSplitK && kKSlices == 1 ? 4 : 1;
     auto k_loop = [&](auto offset_case) {
       const uint32_t boundary = kSpecializeBoundary ? kBlockK - decltype(offset_case)::value * kOffsetStep
