@@ -27,7 +27,8 @@ __device__ __forceinline__ uint32_t d_slab_offset(uint32_t row, uint32_t col) {
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t WGMMA_N,
           uint32_t kNumStages, uint32_t kNumMathWG, uint32_t kMathRegs, uint32_t kSwizzleD, uint32_t kRasterN,
-          int kKind, bool kDoubleAcc, int kMulticast, bool kSplitK, bool kSerialM, uint32_t kKSlices>
+          int kKind, bool kDoubleAcc, int kMulticast, bool kSplitK, bool kSerialM, uint32_t kKSlices,
+          uint32_t A_BOX_M>
 __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_b,
                                               const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
                                               const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
@@ -71,6 +72,13 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   static_assert(BLOCK_M % (64 * kRowGroups) == 0, "each math warpgroup owns whole m64 slices");
   static_assert(BLOCK_N % WGMMA_N == 0 && WGMMA_N % 8 == 0 && WGMMA_N <= 256, "bad wgmma N");
   static_assert(BLOCK_N <= 256 && BLOCK_M <= 256, "TMA boxes are at most 256 rows");
+  // A arrives in boxes of A_BOX_M rows (with A multicast, each CTA of the pair loads half of them into both). Boxes
+  // wholly past the tile's valid rows are not loaded: masked tiles use 64-row boxes, since rows past masked_m lie
+  // inside the tensor and would otherwise be read from memory for nothing.
+  constexpr uint32_t kABoxes = BLOCK_M / A_BOX_M;
+  constexpr uint32_t kABoxesPerCta = kMulticast == 1 ? kABoxes / 2 : kABoxes;
+  // (Unloaded boxes leave stale rows in shared memory; they only feed output rows that are never stored.)
+  static_assert(BLOCK_M % A_BOX_M == 0 && kABoxesPerCta >= 1, "A boxes tile BLOCK_M");
 
   // Output staging: per math warpgroup, BLOCK_N / kSlabCols slabs of WG_M x kSlabCols BF16.
   constexpr uint32_t kSlabCols = kSwizzleD == 0 ? BLOCK_N : kSwizzleD / 2;
@@ -82,7 +90,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   constexpr uint32_t SMEM_A = BLOCK_M * kBlockK;
   constexpr uint32_t SMEM_B = BLOCK_N * kBlockK;
   constexpr uint32_t SMEM_SFA = round_up(BLOCK_M * 4u, 128u);
-  constexpr uint32_t kStageTxBytes = SMEM_A + SMEM_B + BLOCK_M * 4;
+  constexpr uint32_t kStageTxBytesNoA = SMEM_B + BLOCK_M * 4;  // plus the A boxes loaded for the tile
 
   extern __shared__ __align__(1024) uint8_t smem[];
   uint8_t* smem_d = smem;
@@ -130,17 +138,25 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       const int a_group = kKind == kGroupedMasked ? static_cast<int>(tile.group) : 0;
       const int b_row = static_cast<int>(tile.n_block * BLOCK_N);
       const int b_group = kKind == kNormal ? 0 : static_cast<int>(tile.group);
+      const uint32_t a_boxes = cmin(kABoxes, ceil_div(tile.rows - tile.m_block * BLOCK_M, A_BOX_M));
+      const uint32_t tx_bytes = a_boxes * A_BOX_M * kBlockK + kStageTxBytesNoA;
       const uint32_t kb_end = k_end(tile);
 #pragma unroll 1
       for (uint32_t kb = k_first(tile); kb < kb_end; ++kb) {
         mbarrier_wait(&empty_bar[stage], phase ^ 1);
-        mbarrier_arrive_expect_tx(&full_bar[stage], kStageTxBytes);
+        mbarrier_arrive_expect_tx(&full_bar[stage], tx_bytes);
         const int k = static_cast<int>(kb * kBlockK);
-        if constexpr (kMulticast == 1)
-          tma_load_3d_multicast(smem_a + stage * SMEM_A + scheduler.rank * (SMEM_A / 2), &tmap_a, &full_bar[stage],
-                                0b11, k, a_row + static_cast<int>(scheduler.rank * BLOCK_M / 2), a_group);
-        else
-          tma_load_3d(smem_a + stage * SMEM_A, &tmap_a, &full_bar[stage], k, a_row, a_group);
+#pragma unroll
+        for (uint32_t i = 0; i < kABoxesPerCta; ++i) {
+          const uint32_t box = (kMulticast == 1 ? scheduler.rank * kABoxesPerCta : 0) + i;
+          if (box >= a_boxes) break;
+          uint8_t* dst = smem_a + stage * SMEM_A + box * A_BOX_M * kBlockK;
+          const int row = a_row + static_cast<int>(box * A_BOX_M);
+          if constexpr (kMulticast == 1)
+            tma_load_3d_multicast(dst, &tmap_a, &full_bar[stage], 0b11, k, row, a_group);
+          else
+            tma_load_3d(dst, &tmap_a, &full_bar[stage], k, row, a_group);
+        }
         if constexpr (kMulticast == 2)
           tma_load_3d_multicast(smem_b + stage * SMEM_B + scheduler.rank * (SMEM_B / 2), &tmap_b, &full_bar[stage],
                                 0b11, k, b_row + static_cast<int>(scheduler.rank * BLOCK_N / 2), b_group);
@@ -276,23 +292,27 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       if (++stage == kNumStages) stage = 0, phase ^= 1;
     };
 
+    // m64 slices of this warpgroup that hold valid rows: all of them, except in a tile reaching past the last row
+    // (the last m block, a masked group's last block). Their MMAs and promotions are skipped.
+    const uint32_t tile_row0 = tile.m_block * BLOCK_M + wg_row0;
+    uint32_t active_slices = tile.rows > tile_row0 ? cmin(kNumMSub, ceil_div(tile.rows - tile_row0, 64u)) : 0;
     if constexpr (kKind == kGroupedContiguous && BLOCK_M == 256) {
       static_assert(kRowGroups == 2 && WG_M == 128, "contiguous 256-row tiles: one 128-row half per warpgroup");
-      if (!((tile.halves >> warpgroup) & 1)) {
-        // The other half's tile (its rows belong to another group): keep the stage count, compute nothing.
+      if (!((tile.halves >> warpgroup) & 1)) active_slices = 0;  // the half's rows belong to another group
+    }
+    if (active_slices == 0) {
+      // Nothing to compute: keep the stage count only.
 #pragma unroll 1
-        for (uint32_t kb = kb_first; kb < kb_end; ++kb) {
-          mbarrier_wait(&full_bar[stage], phase);
-          release(stage);
-          advance();
-        }
-        continue;
+      for (uint32_t kb = kb_first; kb < kb_end; ++kb) {
+        mbarrier_wait(&full_bar[stage], phase);
+        release(stage);
+        advance();
       }
+      continue;
     }
 
     // Rows this thread owns: (ms, h) -> tile row wg_row0 + ms*64 + row_in_sub + 8h. Contiguous: their m_indices
     // entries are read now, so the latency hides behind the K loop (the epilogue writes only the group's rows).
-    const uint32_t tile_row0 = tile.m_block * BLOCK_M + wg_row0;
     int row_group[kNumMSub][2];
     if constexpr (kKind == kGroupedContiguous) {
 #pragma unroll
@@ -340,8 +360,33 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         advance();
       }
     };
+    // A warpgroup with some of its m64 slices past the valid rows: only the first `slices` are issued and promoted.
+    // One copy of the loop, not unrolled or specialized per boundary: at most one m block per group takes it.
+    auto k_loop_partial = [&](uint32_t slices) {
+#pragma unroll 1
+      for (uint32_t kb = kb_first; kb < kb_end; ++kb) {
+        cur = next;
+        if (kb + 1 < kb_end) load_b_scales(next, kb + 1);
+        wait_stage(cur, stage, phase);
+#pragma unroll
+        for (uint32_t ns = 0; ns < kNumNSub; ++ns)
+#pragma unroll
+          for (uint32_t ms = 0; ms < kNumMSub; ms += kAccSlices) {
+            if (ms >= slices) break;
+            const uint32_t hi = cmin(ms + kAccSlices, slices);
+            issue(acc0, stage, ns, ms, hi);
+            wgmma_wait<0>();
+            settle(acc0);
+            if (ns == kNumNSub - 1 && hi == slices) release(stage);
+            promote(acc0, cur, ns, ms, hi, tile_boundary);
+          }
+        advance();
+      }
+    };
     if constexpr (!kDoubleAcc) {
-      if constexpr (kSpecializeBoundary)
+      if (kNumMSub > 1 && !kSplitK && active_slices < kNumMSub)
+        k_loop_partial(active_slices);
+      else if constexpr (kSpecializeBoundary)
         dispatch_uconst<0, kNumOffsets>((n0 % kBlockK) / kOffsetStep, k_loop);
       else
         k_loop(UConst<0>{});
@@ -530,7 +575,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
   cupygemm::fp8_gemm_impl<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N, CUPYGEMM_WGMMA_N,
                           CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG, CUPYGEMM_MATH_REGS, CUPYGEMM_SWIZZLE_D,
                           CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_DOUBLE_ACC,
-                          CUPYGEMM_MULTICAST, CUPYGEMM_SPLIT_K, CUPYGEMM_SERIAL_M, CUPYGEMM_K_SLICES>(
+                          CUPYGEMM_MULTICAST, CUPYGEMM_SPLIT_K, CUPYGEMM_SERIAL_M, CUPYGEMM_K_SLICES,
+                          CUPYGEMM_A_BOX_M>(
       tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials, tile_counters, shape_m, num_groups, ld_d);
 }
 #endif

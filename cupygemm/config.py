@@ -30,10 +30,10 @@ _OTHER_REGS = 64  # registers the math loop needs besides accumulators (addresse
 
 # The model's constants, fitted by scripts/fit_model.py to a sweep of every legal tile (multicast, split-K and
 # serial 256-row variants included) on the 29 seed shapes on an H200 (benchmarks/results/tune-sweep-*-h200-v2.json,
-# benchmarks/NOTES.md section 9). With the session-3 rules (no A-multicast on 64-row tiles, masked planned for
-# expected_m) the pick is within 1.6 % of the fastest measured config on the 19 normal shapes (geomean; 8.5 % worst).
-# The grouped picks were measured directly against DeepGEMM instead (section 10): the v2 sweep predates 256-row
-# contiguous tiles and drew other group sizes than the peers.
+# benchmarks/NOTES.md section 9). With the session-3 rule (no A-multicast on 64-row tiles) the pick is within 1.6 % of
+# the fastest measured config on the 19 normal shapes (geomean; 8.5 % worst). The grouped picks were measured
+# directly against DeepGEMM and over several group-size draws instead (sections 10 and 13): the v2 sweep predates
+# 256-row contiguous tiles and drew other group sizes than the peers.
 _MMA_PEAK_PER_SM = 1979e12 / 132  # FP8 dense datasheet rate of one SM
 _MMA_EFFICIENCY = {64: 0.5, 128: 0.5, 256: 0.5}  # achieved fraction of it per tile height, while streaming
 _LOAD_BYTES_PER_SM = 40e9  # achieved A+B streaming rate into one SM
@@ -41,10 +41,13 @@ _TILE_OVERHEAD_S = 1.0e-6  # prologue/epilogue per tile not hidden by the pipeli
 _STRADDLE_PENALTY = 0.2  # tiles crossing 128-column scale blocks promote with extra selects
 _STRADDLE_SPECIALIZED_PENALTY = 0.05  # ... or, with at most 8 boundary offsets, a K loop compiled per offset
 _MULTICAST_PENALTY = 1.02  # a 2-CTA cluster runs in lock-step: pays only where it relieves the operand stream
-# Masked groups' sizes are only known on the device; the config is planned for groups of expected_m rows, as
-# DeepGEMM does. (Averaging the estimate over sizes of 0.7-1.3 x expected_m was tried: it prefers narrow tiles that
-# never fill one wave, which lost 0.78x to DeepGEMM on masked 1x1024x4096x7168 with 1006 rows; benchmarks/NOTES.md
-# section 10.)
+# Masked groups' sizes are only known on the device. The config is planned for the spread the peers' tests draw
+# (each group int(expected_m x U(0.7, 1.3)) rows): the estimate is averaged over a fixed set of such draws. Planning
+# for exactly expected_m rows (DeepGEMM's way, used here until session 6) bets on the draw: on four draws of the six
+# masked seed shapes its 256-row picks were 1.18x the fastest of four configs on geomean (1.59x at worst), the
+# averaged picks 1.09x (1.29x); benchmarks/NOTES.md section 13.
+_MASKED_SPREAD = (0.7, 1.3)
+_MASKED_DRAWS = 16
 # Split-K over two warpgroups (64-row tiles) measured 0.92-0.96x the time with >= 56 K blocks, 1.0-1.06x with
 # <= 16, on problems of at most two waves (benchmarks/NOTES.md section 7); with many waves (M = 4096) 64-row
 # split tiles lost to 128-row tiles (989 vs 820 us). Used from 32 K blocks on, in at most two waves.
@@ -93,6 +96,14 @@ class GemmConfig:
     def math_regs(self) -> int:
         return _MATH_REGS_TWO_WG if self.num_math_wg > 1 else _MATH_REGS_ONE_WG
 
+    @property
+    def a_box_rows(self) -> int:
+        """Rows of A per TMA load. Masked tiles load 64-row boxes and skip those past the group's rows (they lie
+        inside the tensor, so they would be read for nothing); otherwise the CTA's share of the tile in one box."""
+        if self.kind == KIND_MASKED and self.block_m > 64:
+            return 64
+        return self.block_m // 2 if self.multicast == 1 else self.block_m
+
     def defines(self) -> dict[str, object]:
         """The CUPYGEMM_* constants that instantiate cuda_src/fp8_gemm.cu."""
         return {
@@ -112,6 +123,7 @@ class GemmConfig:
             "CUPYGEMM_SPLIT_K": int(self.split_k),
             "CUPYGEMM_SERIAL_M": int(self.serial_m),
             "CUPYGEMM_K_SLICES": self.k_slices,
+            "CUPYGEMM_A_BOX_M": self.a_box_rows,
             "CUPYGEMM_CLUSTER_ATTR": "__cluster_dims__(2, 1, 1)" if self.multicast else "",
         }
 
@@ -262,10 +274,31 @@ class _Estimate:
     tiles: int
 
 
+def _masked_group_rows(expected_m: int, groups: int) -> list[list[int]]:
+    """The group sizes the masked estimate averages over: _MASKED_DRAWS deterministic draws of
+    int(expected_m x f) rows per group, f spread evenly over _MASKED_SPREAD (a different offset per group)."""
+    lo, hi = _MASKED_SPREAD
+    golden = (math.sqrt(5.0) - 1.0) / 2.0
+    return [[max(1, int(expected_m * (lo + (hi - lo) * (((d + 0.5) / _MASKED_DRAWS + g * golden) % 1.0))))
+             for g in range(groups)] for d in range(_MASKED_DRAWS)]
+
+
 def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int,
               multicast: int = 0, k_slices: int = 1) -> _Estimate:
+    """Time of a GEMM (waves x time of one tile). Masked: ``m_rows`` = expected_m; the time is the mean over
+    _masked_group_rows, the waves and last-wave figures those of groups of exactly expected_m rows."""
     n_blocks = ceil_div(n, bn)
     sms = num_sms - num_sms % 2 if multicast else num_sms
+    k_unit = slice_k(k, k_slices)
+
+    def time_of(tiles: int) -> tuple[float, int]:
+        waves = max(1, ceil_div(tiles, sms))
+        unit = _tile_seconds(bm, bn, k_unit, multicast, split_k_pays(bm, k_unit, waves))
+        if k_slices > 1:
+            # Every unit stores its FP32 partial tile; the tile's last CTA then reads the other slices' partials.
+            unit += (bm * bn * 4 * k_slices) / _REDUCE_BYTES_PER_SM + _REDUCE_OVERHEAD_S
+        return waves * unit, waves
+
     m_blocks = ceil_div(m_rows, bm)
     if kind == KIND_MASKED:
         m_blocks *= groups
@@ -273,15 +306,12 @@ def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: 
         # About half of the group ends fall mid-block; each such block runs as two half tiles.
         m_blocks += ceil_div(groups, 2)
     tiles = m_blocks * n_blocks * k_slices
-    waves = max(1, ceil_div(tiles, sms))
+    seconds, waves = time_of(tiles)
+    if kind == KIND_MASKED:
+        draws = _masked_group_rows(m_rows, groups)
+        seconds = sum(time_of(sum(ceil_div(r, bm) for r in rows) * n_blocks)[0] for rows in draws) / len(draws)
     last = tiles - (waves - 1) * sms
-    k_unit = slice_k(k, k_slices)
-    split = split_k_pays(bm, k_unit, waves)
-    unit = _tile_seconds(bm, bn, k_unit, multicast, split)
-    if k_slices > 1:
-        # Every unit stores its FP32 partial tile; the tile's last CTA then reads the other slices' partials.
-        unit += (bm * bn * 4 * k_slices) / _REDUCE_BYTES_PER_SM + _REDUCE_OVERHEAD_S
-    return _Estimate(waves * unit, waves, last / sms, tiles)
+    return _Estimate(seconds, waves, last / sms, tiles)
 
 
 def sliced_tile(kind: int, m_rows: int, n: int, k: int, num_sms: int) -> tuple[int, int, int] | None:

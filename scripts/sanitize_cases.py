@@ -51,6 +51,12 @@ a4, s4 = a4.reshape(g4, 320, k4), s4.reshape(g4, 320, -1)
 C.override_config("masked", n4, k4, block_m=64, block_n=168, split_k=True)
 cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a4, s4), (b4, sfb4), None, cp.asarray(np.array([277, 220, 0, 181], np.int32)), 256)
 C.override_config("masked", n4, k4)
+# Masked on 256-row serial tiles with A multicast: groups ending in each m64 slice of a block (skipped slices, A
+# boxes past masked_m not loaded, cheap blocks scheduled last).
+b6, sfb6 = grouped_weights(g4, 896, k4, rng)
+C.override_config("masked", 896, k4, block_m=256, block_n=112, multicast=1, serial_m=True)
+cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a4, s4), (b6, sfb6), None, cp.asarray(np.array([257, 129, 64, 320], np.int32)), 256)
+C.override_config("masked", 896, k4)
 cupygemm.per_block_cast_to_fp8(randn_bf16((130, 200), rng))
 cp.cuda.Device().synchronize()
 print("sanitize cases done")

@@ -4,7 +4,7 @@ For predict-change-measure experiments: each line of the spec file is a bench sh
 override_config variants ({} = the model's pick); rows go to OUT.json. Group sizes follow the bench
 (--match-rows PEERS.json as in ``cupygemm bench``).
 
-Usage (on a Hopper machine): python scripts/try_configs.py SPEC.json OUT.json [--match-rows PEERS.json]
+Usage (on a Hopper machine): python scripts/try_configs.py SPEC.json OUT.json [--match-rows PEERS.json] [--seed S]
 SPEC.json: [{"kind": "contiguous", "dims": [4, 8192, 4096, 7168], "variants": [{}, {"block_m": 128, ...}]}, ...]
 OUT.json: {"device", "timing", "command", "spec", "rows": [{kind, dims, valid_m, variant, config, us, error}]}
 """
@@ -28,10 +28,11 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--match-rows", default=None)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0, help="the bench's seed for group sizes (without --match-rows)")
     args = p.parse_args()
     spec = json.load(open(args.spec))
     shapes = [bench.Shape(e["kind"], tuple(e["dims"])) for e in spec]
-    sizes = bench.shape_sizes(shapes, 0, args.match_rows)
+    sizes = bench.shape_sizes(shapes, args.seed, args.match_rows)
 
     def configs(shape, variants):
         out = []
@@ -69,6 +70,7 @@ def main() -> None:
             finally:
                 C.override_config(shape.kind, shape.n, shape.k)
             rows.append({"kind": shape.kind, "dims": list(shape.dims), "valid_m": sizes[shape].valid_m,
+                         "group_rows": list(sizes[shape].group_rows),
                          "variant": v, "config": cfg.describe(), "us": us, "error": err})
             print(f"{shape.kind} {shape.label} {json.dumps(v)}: {us if us is None else round(us, 2)} us  "
                   f"[{cfg.describe().split(': ', 1)[1]}]{'  ' + err if err else ''}", flush=True)

@@ -220,3 +220,16 @@ def test_packed_launch_parameters_follow_the_driver_layout():
     assert len(padded) == 264 and padded[:4] == b"\x05\0\0\0" and padded[4:128] == bytes(124)
     with pytest.raises(CupygemmDeviceError, match="do not match"):
         PackedLauncher(0, GEMM_PARAMS, layout[:-1] + [(560, 8)])
+
+
+def test_masked_plan_averages_group_sizes():
+    """Masked group sizes are unknown on the host: the estimate averages fixed draws of expected_m x U(0.7, 1.3)."""
+    draws = C._masked_group_rows(1000, 4)
+    assert len(draws) == C._MASKED_DRAWS and all(len(d) == 4 for d in draws)
+    assert all(700 <= r <= 1300 for d in draws for r in d)
+    assert abs(sum(map(sum, draws)) / (4000 * len(draws)) - 1.0) < 0.02
+    assert draws == C._masked_group_rows(1000, 4)  # deterministic
+    # 256x128 tiles fill exactly one wave at 1024 rows (4 x 32 tiles); the draws above 1024 rows need a second.
+    est = C._estimate(C.KIND_MASKED, 1024, 4096, 7168, 1, 256, 128, 132, 1)
+    single = C._tile_seconds(256, 128, 7168, 1)
+    assert est.waves == 1 and 1.2 * single < est.seconds < 2 * single

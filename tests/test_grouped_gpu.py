@@ -102,6 +102,25 @@ def test_masked_serial_m(mc):
         C.override_config("masked", n, k)
 
 
+# Group sizes ending in every m64 slice of a 256-row block (1..4 slices with rows), empty and full groups.
+PARTIAL_BLOCK_SIZES = [1, 64, 65, 128, 129, 192, 193, 255, 256, 0, 257, 320, 449, 512]
+
+
+@pytest.mark.parametrize("bm,bn,mc,serial", [(256, 128, 0, True), (256, 128, 1, True), (256, 112, 1, True),
+                                             (128, 160, 1, False), (128, 128, 0, False)])
+def test_masked_partial_blocks(bm, bn, mc, serial):
+    """A group's last block with some m64 slices past masked_m: those slices' A boxes, MMAs and promotions are
+    skipped (cuda_src/fp8_gemm.cu)."""
+    from cupygemm import config as C
+
+    n, k = 8 * bn, 1408  # an even number of n blocks (multicast pairs)
+    C.override_config("masked", n, k, block_m=bm, block_n=bn, multicast=mc, serial_m=serial)
+    try:
+        run_masked(len(PARTIAL_BLOCK_SIZES), 512, n, k, PARTIAL_BLOCK_SIZES, seed=bm + bn + mc, expected_m=256)
+    finally:
+        C.override_config("masked", n, k)
+
+
 @pytest.mark.parametrize("mc,serial", [(0, True), (1, True), (0, False)])
 def test_contiguous_256_row_tiles(mc, serial):
     """256-row tiles in the contiguous layout. Padded group sizes 384, 0, 128, 256, 256, 128 put the 128-row blocks
