@@ -274,13 +274,15 @@ class _Estimate:
     tiles: int
 
 
-def _masked_group_rows(expected_m: int, groups: int) -> list[list[int]]:
+@functools.lru_cache(maxsize=256)
+def _masked_group_rows(expected_m: int, groups: int) -> tuple[tuple[int, ...], ...]:
     """The group sizes the masked estimate averages over: _MASKED_DRAWS deterministic draws of
-    int(expected_m x f) rows per group, f spread evenly over _MASKED_SPREAD (a different offset per group)."""
+    int(expected_m x f) rows per group, f spread evenly over _MASKED_SPREAD (a different offset per group).
+    Cached: every candidate tile of a problem averages over the same draws."""
     lo, hi = _MASKED_SPREAD
     golden = (math.sqrt(5.0) - 1.0) / 2.0
-    return [[max(1, int(expected_m * (lo + (hi - lo) * (((d + 0.5) / _MASKED_DRAWS + g * golden) % 1.0))))
-             for g in range(groups)] for d in range(_MASKED_DRAWS)]
+    return tuple(tuple(max(1, int(expected_m * (lo + (hi - lo) * (((d + 0.5) / _MASKED_DRAWS + g * golden) % 1.0))))
+                       for g in range(groups)) for d in range(_MASKED_DRAWS))
 
 
 def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int,
