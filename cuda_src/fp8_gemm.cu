@@ -28,7 +28,7 @@ __device__ __forceinline__ uint32_t d_slab_offset(uint32_t row, uint32_t col) {
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t WGMMA_N,
           uint32_t kNumStages, uint32_t kNumMathWG, uint32_t kMathRegs, uint32_t kSwizzleD, uint32_t kRasterN,
           int kKind, bool kDoubleAcc, int kMulticast, bool kSplitK, bool kSerialM, uint32_t kKSlices,
-          uint32_t A_BOX_M>
+          bool kStreamK, uint32_t A_BOX_M>
 __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_b,
                                               const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
                                               const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
@@ -49,6 +49,9 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   // kKSlices > 1: split-K across CTAs. Each CTA sums one slice of the K blocks of a tile into FP32 partial sums in
   // global memory (`partials`); the last of the tile's CTAs to arrive (`tile_counters`) adds them and stores the tile.
   static_assert(kKSlices >= 1 && kKSlices <= kNumKBlocks, "every K slice needs at least one K block");
+  // kStreamK: the last round's units are split along K over all clusters (scheduler.cuh); their pieces meet in
+  // `partials` the same way.
+  static_assert(!kStreamK || (!kSplitK && !kDoubleAcc && kKSlices == 1), "stream-K tail: one accumulator set");
   constexpr uint32_t kNumSFBRows = ceil_div(SHAPE_N, kBlockK);
   // B scale blocks (128 columns) one tile touches: one when BLOCK_N divides 128; BLOCK_N / 128 when 128 divides
   // BLOCK_N (tiles start on block boundaries); otherwise a tile may straddle, touching ceil(BLOCK_N/128)+1.
@@ -120,18 +123,18 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   if constexpr (kCluster > 1) cluster_sync(); else __syncthreads();
 
   // The producer runs its scheduler on one thread, the math warpgroups on whole warps.
-  using ProducerScheduler = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kKSlices, false>;
-  using MathScheduler = TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kKSlices, true>;
+  using ProducerScheduler =
+      TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kKSlices, kStreamK, kNumKBlocks, false>;
+  using MathScheduler =
+      TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kKSlices, kStreamK, kNumKBlocks, true>;
   Tile tile;
-  // The K blocks [first, end) of a tile's slice: balanced, never empty.
-  auto k_first = [](const Tile& t) { return t.k_slice * kNumKBlocks / kKSlices; };
-  auto k_end = [](const Tile& t) { return (t.k_slice + 1) * kNumKBlocks / kKSlices; };
 
   if (warpgroup == kNumMathWG) {
     // ---------------- TMA producer ----------------
     if (kNumMathWG > 1) regs_dealloc<kProducerRegs>();
+    if (threadIdx.x / 32 != kNumMathThreads / 32) return;
+    ProducerScheduler scheduler(shape_m, num_groups, grouped_layout);  // by a whole warp (see TileScheduler)
     if (threadIdx.x != kNumMathThreads) return;
-    ProducerScheduler scheduler(shape_m, num_groups, grouped_layout);
     uint32_t stage = 0, phase = 0;
     while (scheduler.next(tile)) {
       const int a_row = static_cast<int>(tile.m_block * BLOCK_M);
@@ -140,9 +143,8 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       const int b_group = kKind == kNormal ? 0 : static_cast<int>(tile.group);
       const uint32_t a_boxes = cmin(kABoxes, ceil_div(tile.rows - tile.m_block * BLOCK_M, A_BOX_M));
       const uint32_t tx_bytes = a_boxes * A_BOX_M * kBlockK + kStageTxBytesNoA;
-      const uint32_t kb_end = k_end(tile);
 #pragma unroll 1
-      for (uint32_t kb = k_first(tile); kb < kb_end; ++kb) {
+      for (uint32_t kb = tile.k_begin; kb < tile.k_end; ++kb) {
         mbarrier_wait(&empty_bar[stage], phase ^ 1);
         mbarrier_arrive_expect_tx(&full_bar[stage], tx_bytes);
         const int k = static_cast<int>(kb * kBlockK);
@@ -202,7 +204,9 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
 
   while (scheduler.next(tile)) {
     const uint32_t n0 = tile.n_block * BLOCK_N;
-    const uint32_t kb_first = k_first(tile), kb_end = k_end(tile);
+    const uint32_t kb_first = tile.k_begin, kb_end = tile.k_end;
+    // A piece of a stream-K tail unit: part of the tile's K blocks, partial sums met in global memory.
+    const bool sk_piece = kStreamK && tile.sk_unit != kWholeUnit;
     const uint32_t b_group = kKind == kNormal ? 0 : tile.group;
     const float* sfb_tile = sfb + (b_group * kNumSFBRows) * kNumKBlocks;
     const float* sfb_ptr[kMaxSFB];
@@ -338,14 +342,16 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     auto k_loop = [&](auto offset_case) {
       const uint32_t boundary = kSpecializeBoundary ? kBlockK - decltype(offset_case)::value * kOffsetStep
                                                     : tile_boundary;
+      // Whole tiles (no K slices) loop over compile-time bounds.
+      const uint32_t lo = kKSlices == 1 ? 0u : kb_first, hi = kKSlices == 1 ? kNumKBlocks : kb_end;
 #pragma unroll kKLoopUnroll
-      for (uint32_t kb = kb_first; kb < kb_end; ++kb) {
-        if (kSplitK && (kb - kb_first) % 2 != warpgroup) {  // the other warpgroup's block: only keep the stage count
+      for (uint32_t kb = lo; kb < hi; ++kb) {
+        if (kSplitK && (kb - lo) % 2 != warpgroup) {  // the other warpgroup's block: only keep the stage count
           advance();
           continue;
         }
         cur = next;
-        if (kb + kStep < kb_end) load_b_scales(next, kb + kStep);  // prefetch: latency hides behind this block
+        if (kb + kStep < hi) load_b_scales(next, kb + kStep);  // prefetch: latency hides behind this block
         wait_stage(cur, stage, phase);
 #pragma unroll
         for (uint32_t ns = 0; ns < kNumNSub; ++ns)
@@ -361,7 +367,8 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       }
     };
     // A warpgroup with some of its m64 slices past the valid rows: only the first `slices` are issued and promoted.
-    // One copy of the loop, not unrolled or specialized per boundary: at most one m block per group takes it.
+    // Also the pieces of stream-K tail units (run-time K bounds). One copy of the loop, not unrolled or specialized
+    // per boundary: at most one m block per group and the last round's pieces take it.
     auto k_loop_partial = [&](uint32_t slices) {
 #pragma unroll 1
       for (uint32_t kb = kb_first; kb < kb_end; ++kb) {
@@ -384,7 +391,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       }
     };
     if constexpr (!kDoubleAcc) {
-      if (kNumMSub > 1 && !kSplitK && active_slices < kNumMSub)
+      if ((kNumMSub > 1 && !kSplitK && active_slices < kNumMSub) || sk_piece)
         k_loop_partial(active_slices);
       else if constexpr (kSpecializeBoundary)
         dispatch_uconst<0, kNumOffsets>((n0 % kBlockK) / kOffsetStep, k_loop);
@@ -437,59 +444,86 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       if (warpgroup == 1) continue;
     }
 
-    if constexpr (kKSlices > 1) {
-      // This slice's sums go to global memory in register order, four per thread and access (coalesced); the
-      // tile's last CTA to arrive adds every slice in slice order, so the result does not depend on which CTA that
-      // is, and stores the tile.
-      constexpr uint32_t kPartial = WG_M * BLOCK_N;  // floats per slice and row group
+    if (kKSlices > 1 || sk_piece) {
+      // This CTA's sums go to global memory in register order, four per thread and access (coalesced); the tile's
+      // last CTA to arrive adds every piece (K slice, or stream-K piece) in K order, so the result does not depend
+      // on which CTA that is, and stores the tile.
+      constexpr uint32_t kPartial = WG_M * BLOCK_N;  // floats per piece and row group
       static_assert(kAccPerSub % 4 == 0, "partial sums move in groups of four registers");
       const uint32_t row_group_idx = kSplitK ? 0 : warpgroup;
-      const uint32_t tile_id = tile.m_block * ceil_div(SHAPE_N, BLOCK_N) + tile.n_block;
-      float* tile_partials = partials + (tile_id * kKSlices * kRowGroups + row_group_idx) * kPartial + tid * 4;
-      auto slot = [&](uint32_t slice, uint32_t ms, uint32_t ns, uint32_t j) {  // j: a multiple of 4
-        return tile_partials + slice * kRowGroups * kPartial + ((ms * kNumNSub + ns) * kAccPerSub + j) * 128;
+      // Piece i's partial sums (this thread's first float), its count, this CTA's piece and the arrival counter.
+      uint32_t pieces, mine, counter_idx;
+      auto piece_sums = [&](uint32_t i) -> float* {
+        if constexpr (kStreamK) {
+          const uint32_t slot = scheduler.sk_slot(tile.sk_unit, i);
+          return partials + ((slot * kCluster + scheduler.rank) * kRowGroups + row_group_idx) * kPartial + tid * 4;
+        } else {
+          const uint32_t tile_id = tile.m_block * ceil_div(SHAPE_N, BLOCK_N) + tile.n_block;
+          return partials + ((tile_id * kKSlices + i) * kRowGroups + row_group_idx) * kPartial + tid * 4;
+        }
       };
-      // f(ms, ns, j) for every group of four accumulator registers final_acc[ms][ns][j .. j+3].
-      auto for_each_quad = [&](auto&& f) {
+      if constexpr (kStreamK) {
+        pieces = scheduler.sk_split;
+        mine = scheduler.sk_piece();
+        counter_idx = tile.sk_unit * kCluster + scheduler.rank;
+      } else {
+        pieces = kKSlices;
+        mine = tile.k_slice;
+        counter_idx = tile.m_block * ceil_div(SHAPE_N, BLOCK_N) + tile.n_block;
+      }
+      auto at = [](float* base, uint32_t ms, uint32_t ns, uint32_t j) {  // j: a multiple of 4
+        return base + ((ms * kNumNSub + ns) * kAccPerSub + j) * 128;
+      };
+      float* my_sums = piece_sums(mine);
 #pragma unroll
-        for (uint32_t ms = 0; ms < kNumMSub; ++ms)
+      for (uint32_t ms = 0; ms < kNumMSub; ++ms)
+#pragma unroll
+        for (uint32_t ns = 0; ns < kNumNSub; ++ns)
+#pragma unroll
+          for (uint32_t j = 0; j < kAccPerSub; j += 4) {
+            const float* v = &final_acc[ms][ns][j];
+            st_global_cg_v4(at(my_sums, ms, ns, j), v[0], v[1], v[2], v[3]);
+          }
+      named_barrier_sync(barrier_id, 128);  // every thread's stores precede the release below
+      uint32_t* counter = tile_counters + counter_idx * kRowGroups + row_group_idx;
+      const bool last = named_barrier_vote<true>(
+          barrier_id, 128, tid == 0 && arrive_counter_acq_rel(counter) == pieces - 1);
+      if (!__shfl_sync(0xffffffffu, last, 0)) continue;
+      if (tid == 0) reset_counter(counter);  // ready for the next launch
+      // Every piece is read back, this CTA's own too, one m64 slice at a time, in passes over as many pieces as 128
+      // registers of loads in flight allow (more spill in the two-warpgroup kernels; fewer leave the reads latency
+      // bound).
+      constexpr uint32_t kSliceFloats = kNumNSub * kAccPerSub;  // this thread's share of one m64 slice
+      constexpr uint32_t kPass = cmin(kKSlices > 1 ? kKSlices : 4u, cmax(1u, 128u / (kSliceFloats * kNumMSub)));
+      constexpr bool kWholePasses = !kStreamK && kKSlices % kPass == 0;  // every pass reads kPass pieces
+#pragma unroll
+      for (uint32_t ms = 0; ms < kNumMSub; ++ms) {
+#pragma unroll
+        for (uint32_t ns = 0; ns < kNumNSub; ++ns)
+#pragma unroll
+          for (uint32_t j = 0; j < kAccPerSub; ++j) final_acc[ms][ns][j] = 0.f;
+#pragma unroll 1
+        for (uint32_t first = 0; first < pieces; first += kPass) {
+          float* base[kPass];
+#pragma unroll
+          for (uint32_t i = 0; i < kPass; ++i) base[i] = piece_sums(cmin(first + i, pieces - 1));
 #pragma unroll
           for (uint32_t ns = 0; ns < kNumNSub; ++ns)
 #pragma unroll
-            for (uint32_t j = 0; j < kAccPerSub; j += 4) f(ms, ns, j);
-      };
-      for_each_quad([&](uint32_t ms, uint32_t ns, uint32_t j) {
-        const float* v = &final_acc[ms][ns][j];
-        st_global_cg_v4(slot(tile.k_slice, ms, ns, j), v[0], v[1], v[2], v[3]);
-      });
-      named_barrier_sync(barrier_id, 128);  // every thread's stores precede the release below
-      uint32_t* counter = tile_counters + tile_id * kRowGroups + row_group_idx;
-      const bool last = named_barrier_vote<true>(
-          barrier_id, 128, tid == 0 && arrive_counter_acq_rel(counter) == kKSlices - 1);
-      if (!__shfl_sync(0xffffffffu, last, 0)) continue;
-      if (tid == 0) reset_counter(counter);  // ready for the next launch
-      // Every slice is read back, this CTA's own too, in passes over as many slices as 128 registers of loads in
-      // flight allow (more spill in the two-warpgroup kernels; fewer leave the reads latency bound).
-      constexpr uint32_t kFloats = kNumMSub * kNumNSub * kAccPerSub;  // this thread's share of a partial tile
-      constexpr uint32_t kPassSlices = cmin(kKSlices, cmax(1u, 128u / kFloats));
-      for_each_quad([&](uint32_t ms, uint32_t ns, uint32_t j) {
+            for (uint32_t j = 0; j < kAccPerSub; j += 4) {
+              float p[kPass][4];
 #pragma unroll
-        for (uint32_t e = 0; e < 4; ++e) final_acc[ms][ns][j + e] = 0.f;
-      });
-#pragma unroll 1
-      for (uint32_t first = 0; first < kKSlices; first += kPassSlices)
-        for_each_quad([&](uint32_t ms, uint32_t ns, uint32_t j) {
-          float p[kPassSlices][4];
+              for (uint32_t i = 0; i < kPass; ++i)
+                if (kWholePasses || first + i < pieces)
+                  ld_global_cg_v4(at(base[i], ms, ns, j), p[i][0], p[i][1], p[i][2], p[i][3]);
 #pragma unroll
-          for (uint32_t i = 0; i < kPassSlices; ++i)
-            if (kKSlices % kPassSlices == 0 || first + i < kKSlices)
-              ld_global_cg_v4(slot(first + i, ms, ns, j), p[i][0], p[i][1], p[i][2], p[i][3]);
+              for (uint32_t i = 0; i < kPass; ++i)
+                if (kWholePasses || first + i < pieces)
 #pragma unroll
-          for (uint32_t i = 0; i < kPassSlices; ++i)
-            if (kKSlices % kPassSlices == 0 || first + i < kKSlices)
-#pragma unroll
-              for (uint32_t e = 0; e < 4; ++e) final_acc[ms][ns][j + e] += p[i][e];
-        });
+                  for (uint32_t e = 0; e < 4; ++e) final_acc[ms][ns][j + e] += p[i][e];
+            }
+        }
+      }
     }
 
     // ---------------- epilogue ----------------
@@ -576,7 +610,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                           CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG, CUPYGEMM_MATH_REGS, CUPYGEMM_SWIZZLE_D,
                           CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_DOUBLE_ACC,
                           CUPYGEMM_MULTICAST, CUPYGEMM_SPLIT_K, CUPYGEMM_SERIAL_M, CUPYGEMM_K_SLICES,
-                          CUPYGEMM_A_BOX_M>(
+                          CUPYGEMM_STREAM_K, CUPYGEMM_A_BOX_M>(
       tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials, tile_counters, shape_m, num_groups, ld_d);
 }
 #endif

@@ -17,20 +17,36 @@ struct Tile {
   uint32_t halves;
   uint32_t rows;  // rows of the group's A and D: the clamped masked_m (masked), else all rows
   uint32_t k_slice;  // normal GEMMs split over K across CTAs: which slice of the K blocks this tile sums
+  uint32_t k_begin, k_end;  // the K blocks [k_begin, k_end) this CTA sums for the tile
+  // Stream-K tail: the tail unit whose K blocks several clusters share (partial sums, the last one reduces), or
+  // kWholeUnit when this CTA sums all of the tile's K blocks itself.
+  uint32_t sk_unit;
 };
+
+constexpr uint32_t kWholeUnit = ~0u;
 
 // kMulticast: 0 = one CTA per tile; 1 = 2-CTA clusters on neighbouring n blocks (they share A);
 // 2 = 2-CTA clusters on neighbouring m blocks (they share B; normal GEMMs only). The host only picks a
 // multicast mode when the paired dimension has an even number of blocks, so a pair is always complete.
 // kKSlices > 1 (normal GEMMs): every output tile is computed as kKSlices work units, one per slice of the K
 // blocks, on different CTAs; the units of one tile are consecutive, so they run in the same wave.
+// kStreamK (normal and masked GEMMs): the R units of the last, partly filled round (all units, when fewer than
+// the clusters) are each split along K into s = min(G / R, K blocks, kMaxSplit) equal pieces, one piece per
+// cluster, so the tail takes about 1/s of a round instead of a whole one. Piece j of every tail unit covers the
+// same K blocks, and the pieces run side by side, so they share A and B tiles in L2 as a full round does (a
+// stream-K split into contiguous K ranges per cluster lost that sharing and measured slower: benchmarks/NOTES.md
+// section 14). Each piece stores FP32 partial sums in its cluster's slot; the unit's last piece to arrive adds
+// all s in K order. Opt-in (GemmConfig.stream_k): it paid only for large s, the read-back is slow and these
+// kernels lose the K loop's uniform-register descriptors (R2UR, NOTES section 14c).
 // kWarpWide: all 32 lanes of a warp call next() together (math warpgroups). Values read from the group layout are
 // then broadcast from lane 0, so the compiler knows the tile loop's branches are warp-uniform and keeps the K loop's
 // descriptors and stage counters in uniform registers (per-lane loads made it move them through R2UR every block).
 template <int kKind, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kRasterN, int kMulticast,
-          uint32_t kKSlices, bool kWarpWide>
+          uint32_t kKSlices, bool kStreamK, uint32_t kNumKBlocks, bool kWarpWide>
 struct TileScheduler {
   static_assert(kKSlices == 1 || kKind == kNormal, "K slices across CTAs: normal GEMMs only");
+  static_assert(!kStreamK || (kKSlices == 1 && kKind != kGroupedContiguous), "stream-K tail: normal or masked");
+  static constexpr uint32_t kMaxSplit = 8;  // pieces per tail unit, at most (the last one reads them all back)
   static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
   static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
   // Scheduling units along N and (for kMulticast == 2) M: a unit is a pair of blocks when clustered.
@@ -49,11 +65,49 @@ struct TileScheduler {
   bool on_second_half = false;
 
   uint32_t rank;  // this CTA's place in its cluster
-  uint32_t stride;
+  uint32_t stride;  // clusters in the grid
+  uint32_t cluster;  // this CTA's cluster
 
+  // Stream-K tail: units [0, dp_units) run whole, one per cluster in turn; then cluster c < sk_units x sk_split
+  // runs piece c / sk_units of tail unit c % sk_units.
+  uint32_t dp_units = ~0u, sk_units = 0, sk_split = 1;
+  bool sk_pending = false;
+
+  // With kStreamK all 32 lanes of the warp construct it (masked: they sum the groups' units together).
   __device__ __forceinline__ TileScheduler(uint32_t shape_m_, uint32_t num_groups_, const int* layout)
       : shape_m(shape_m_), num_groups(num_groups_), grouped_layout(layout), next_tile(blockIdx.x / kCluster),
-        rank(kMulticast ? cluster_cta_rank() : 0), stride(gridDim.x / kCluster) {}
+        rank(kMulticast ? cluster_cta_rank() : 0), stride(gridDim.x / kCluster), cluster(blockIdx.x / kCluster) {
+    if constexpr (kStreamK) plan_tail(total_units());
+  }
+
+  __device__ __forceinline__ uint32_t num_m_units() const {
+    return ceil_div(shape_m, BLOCK_M) / (kMulticast == 2 ? 2 : 1);
+  }
+  // Units of the whole launch (masked: summed over the groups' masked_m by the warp's lanes).
+  __device__ __forceinline__ uint32_t total_units() const {
+    if constexpr (kKind != kGroupedMasked) {
+      return num_m_units() * kNumNUnits;
+    } else {
+      const uint32_t lane = threadIdx.x % 32;
+      uint32_t units = 0;
+      for (uint32_t g = lane; g < num_groups; g += 32)
+        units += ceil_div(clamped_masked_m(grouped_layout, g, shape_m), BLOCK_M) * kNumNUnits;
+#pragma unroll
+      for (uint32_t d = 16; d > 0; d /= 2) units += __shfl_xor_sync(0xffffffffu, units, d);
+      return __shfl_sync(0xffffffffu, units, 0);
+    }
+  }
+  __device__ __forceinline__ void plan_tail(uint32_t units) {
+    const uint32_t tail = units % stride;
+    const uint32_t split = tail == 0 ? 1 : cmin(cmin(stride / tail, kNumKBlocks), kMaxSplit);
+    if (split > 1) sk_units = tail, sk_split = split;
+    dp_units = units - sk_units;
+    sk_pending = cluster < sk_units * sk_split;
+  }
+  // Tail piece `piece` of unit u: its K blocks, and its partial-sum slot (the cluster that runs it).
+  __device__ __forceinline__ uint32_t sk_k_begin(uint32_t piece) const { return piece * kNumKBlocks / sk_split; }
+  __device__ __forceinline__ uint32_t sk_slot(uint32_t u, uint32_t piece) const { return piece * sk_units + u; }
+  __device__ __forceinline__ uint32_t sk_piece() const { return cluster / sk_units; }
 
   // Rasterize in stripes of kRasterN n units: consecutive tiles share A rows, a stripe's B stays in L2.
   __device__ __forceinline__ void rasterize(uint32_t tile, uint32_t num_m_units, Tile& t) const {
@@ -86,9 +140,8 @@ struct TileScheduler {
     return raw >= 0 && static_cast<uint32_t>(raw) < num_groups ? raw : -1;
   }
 
-  __device__ __forceinline__ bool next_masked(Tile& t) {
-    const uint32_t tile = next_tile;
-    next_tile += stride;
+  // Unit `tile` of the masked groups into `t`; units must be asked for in increasing order.
+  __device__ __forceinline__ bool masked_unit(uint32_t tile, Tile& t) {
     while (cur_group < num_groups) {
       if (cur_group_tiles == kNotLoaded) {
         cur_group_rows = uniform(clamped_masked_m(grouped_layout, cur_group, shape_m));
@@ -99,7 +152,6 @@ struct TileScheduler {
         t.group = cur_group;
         t.rows = cur_group_rows;
         t.halves = 0b11;
-        t.k_slice = 0;
         return true;
       }
       cur_group_first_tile += cur_group_tiles;
@@ -109,14 +161,45 @@ struct TileScheduler {
     return false;
   }
 
+  // Unit `unit` of a normal GEMM or the masked groups into `t` (its K range and sk_unit are set by the caller).
+  __device__ __forceinline__ bool unit_tile(uint32_t unit, Tile& t) {
+    t.k_slice = 0;
+    if constexpr (kKind == kGroupedMasked) return masked_unit(unit, t);
+    rasterize(unit, num_m_units(), t);
+    t.halves = 0b11;
+    t.rows = shape_m;
+    t.group = 0;
+    return true;
+  }
+
   // The next tile of this CTA into `t`; false when there is none.
   __device__ __forceinline__ bool next(Tile& t) {
-    if (kKind == kGroupedMasked) return next_masked(t);
-    const uint32_t num_m_units = ceil_div(shape_m, BLOCK_M) / (kMulticast == 2 ? 2 : 1);
-    const uint32_t num_tiles = num_m_units * kNumNUnits * kKSlices;
+    if constexpr (kStreamK) {
+      if (next_tile < dp_units) {
+        const uint32_t unit = next_tile;
+        next_tile += stride;
+        t.k_begin = 0, t.k_end = kNumKBlocks, t.sk_unit = kWholeUnit;
+        return unit_tile(unit, t);
+      }
+      if (!sk_pending) return false;
+      sk_pending = false;
+      const uint32_t u = cluster % sk_units, piece = sk_piece();
+      t.k_begin = sk_k_begin(piece), t.k_end = sk_k_begin(piece + 1), t.sk_unit = u;
+      return unit_tile(dp_units + u, t);
+    }
+    if (kKind == kGroupedMasked) {
+      const uint32_t unit = next_tile;
+      next_tile += stride;
+      t.k_begin = 0, t.k_end = kNumKBlocks, t.sk_unit = kWholeUnit;
+      return unit_tile(unit, t);
+    }
+    const uint32_t num_tiles = num_m_units() * kNumNUnits * kKSlices;
     while (next_tile < num_tiles) {
-      rasterize(next_tile / kKSlices, num_m_units, t);
+      rasterize(next_tile / kKSlices, num_m_units(), t);
       t.k_slice = next_tile % kKSlices;
+      // The K blocks of this slice: balanced, never empty.
+      t.k_begin = t.k_slice * kNumKBlocks / kKSlices, t.k_end = (t.k_slice + 1) * kNumKBlocks / kKSlices;
+      t.sk_unit = kWholeUnit;
       t.halves = 0b11;
       t.rows = shape_m;
       if (kKind == kNormal) {

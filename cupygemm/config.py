@@ -62,6 +62,12 @@ _REDUCE_OVERHEAD_S = 1.2e-6
 # the most slices (2..4, at least 8 K blocks each) that still fit one wave. On an H200: 64x2112x7168 11.3 -> 9.4 us,
 # 128x2112x7168 12.3 -> 10.5 us; where 64x64 tiles fill more SMs slices only tied or lost (section 11).
 _SLICED_BLOCK_N = 48
+# Stream-K tail (``stream_k``): a partly filled last round's tiles split along K (cuda_src/scheduler.cuh's plan)
+# into at most this many pieces each. Opt-in through override_config only: on the masked seed shapes it gained
+# where a few tiles split many ways (4x256x4096x7168 on 128x160: 95 -> 90 us on an H100) and lost 2-9 % elsewhere,
+# because the last piece reads the others' partial sums back at ~30 GB/s and these kernels build the K loop's wgmma
+# descriptors in vector registers (benchmarks/NOTES.md section 14).
+_SK_MAX_SPLIT = 8
 _MAX_K_SLICES = 4
 _MIN_SLICE_K_BLOCKS = 8
 
@@ -87,6 +93,7 @@ class GemmConfig:
     split_k: bool = False  # block_m 64: two math warpgroups take alternate K blocks of the same rows
     serial_m: bool = False  # a warpgroup's m64 slices run one after the other through one temporary accumulator
     k_slices: int = 1  # normal GEMMs: each tile's K blocks split over this many CTAs (FP32 partials, last one reduces)
+    stream_k: bool = False  # the last round's tiles split along K over the idle CTAs (normal, masked; opt-in)
 
     @property
     def threads(self) -> int:
@@ -123,6 +130,7 @@ class GemmConfig:
             "CUPYGEMM_SPLIT_K": int(self.split_k),
             "CUPYGEMM_SERIAL_M": int(self.serial_m),
             "CUPYGEMM_K_SLICES": self.k_slices,
+            "CUPYGEMM_STREAM_K": int(self.stream_k),
             "CUPYGEMM_A_BOX_M": self.a_box_rows,
             "CUPYGEMM_CLUSTER_ATTR": "__cluster_dims__(2, 1, 1)" if self.multicast else "",
         }
@@ -134,6 +142,7 @@ class GemmConfig:
                 f"{['', 'multicast A x2, ', 'multicast B x2, '][self.multicast]}"
                 f"{'split-K over 2 WG, ' if self.split_k else ''}{'serial m64 slices, ' if self.serial_m else ''}"
                 f"{f'K over {self.k_slices} CTAs, ' if self.k_slices > 1 else ''}"
+                f"{'stream-K tail, ' if self.stream_k else ''}"
                 f"grid {self.num_sms}, "
                 f"smem {self.smem_bytes} B")
 
@@ -285,10 +294,32 @@ def _masked_group_rows(expected_m: int, groups: int) -> tuple[tuple[int, ...], .
                        for g in range(groups)) for d in range(_MASKED_DRAWS))
 
 
+def stream_k_tail(units: int, clusters: int, k_blocks: int) -> tuple[int, int]:
+    """(tail units, pieces per tail unit) of the kernel's stream-K plan (cuda_src/scheduler.cuh): the R units of a
+    partly filled last round, each split along K into min(clusters // R, K blocks, _SK_MAX_SPLIT) pieces; (0, 1)
+    when that is no split."""
+    tail = units % clusters
+    split = min(clusters // tail, k_blocks, _SK_MAX_SPLIT) if tail else 1
+    return (tail, split) if split > 1 else (0, 1)
+
+
+def _stream_k_seconds(tiles: int, sms: int, cluster: int, k: int, tile_s: float, bm: int, bn: int) -> float:
+    """Time of `tiles` with the stream-K tail: the full rounds, then one piece of a tail unit per cluster plus its
+    partial tile stored and, for the unit's last piece, all of the unit's pieces read back."""
+    units, clusters = tiles // cluster, max(1, sms // cluster)
+    tail, split = stream_k_tail(units, clusters, ceil_div(k, BLOCK_K))
+    rounds = ceil_div(units - tail, clusters)
+    if tail == 0:
+        return rounds * tile_s
+    reduce = (bm * bn * 4 * (1 + split)) / _REDUCE_BYTES_PER_SM + _REDUCE_OVERHEAD_S
+    return rounds * tile_s + (tile_s - _TILE_OVERHEAD_S) / split + _TILE_OVERHEAD_S + reduce
+
+
 def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int,
-              multicast: int = 0, k_slices: int = 1) -> _Estimate:
-    """Time of a GEMM (waves x time of one tile). Masked: ``m_rows`` = expected_m; the time is the mean over
-    _masked_group_rows, the waves and last-wave figures those of groups of exactly expected_m rows."""
+              multicast: int = 0, k_slices: int = 1, stream_k: bool = False) -> _Estimate:
+    """Time of a GEMM (waves x time of one tile, or with ``stream_k`` the full rounds plus the split tail).
+    Masked: ``m_rows`` = expected_m; the time is the mean over _masked_group_rows, the waves and last-wave figures
+    those of groups of exactly expected_m rows."""
     n_blocks = ceil_div(n, bn)
     sms = num_sms - num_sms % 2 if multicast else num_sms
     k_unit = slice_k(k, k_slices)
@@ -299,6 +330,8 @@ def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: 
         if k_slices > 1:
             # Every unit stores its FP32 partial tile; the tile's last CTA then reads the other slices' partials.
             unit += (bm * bn * 4 * k_slices) / _REDUCE_BYTES_PER_SM + _REDUCE_OVERHEAD_S
+        if stream_k:
+            return _stream_k_seconds(tiles, sms, 2 if multicast else 1, k, unit, bm, bn), waves
         return waves * unit, waves
 
     m_blocks = ceil_div(m_rows, bm)
@@ -339,13 +372,13 @@ _override_version = 0  # bumped on every override change; part of the choice mem
 
 def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
     """Force config fields (block_m, block_n, wgmma_n, num_stages, num_sms, raster_n, double_acc, multicast,
-    split_k, serial_m, k_slices) for a (kind, N, K).
+    split_k, serial_m, k_slices, stream_k) for a (kind, N, K).
 
     For tuning; ``fields`` empty removes the override. Unknown fields raise ValueError.
     """
     kind = kind_id(kind)
     allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "double_acc", "multicast",
-               "split_k", "serial_m", "k_slices"}
+               "split_k", "serial_m", "k_slices", "stream_k"}
     bad = set(fields) - allowed
     if bad:
         raise ValueError(f"override_config: unknown fields {sorted(bad)}; allowed: {sorted(allowed)}")
@@ -434,11 +467,12 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
                 best = (score, bm, bn, mc, serial, est)
     assert best is not None
     _, bm, bn, mc, serial, est = best
+    sk = False  # the stream-K tail is opt-in (override_config): see _SK_MAX_SPLIT
     ks = 1
     sliced = sliced_tile(kind, m_rows, n, k, num_sms)
     if sliced is not None:
         bm, bn, ks = sliced
-        mc, serial = 0, False
+        mc, serial, sk = 0, False, False
         est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks)
     fields: dict[str, int] = {}
     with _override_lock:
@@ -448,24 +482,26 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
         mc = fields.get("multicast", 0)
         serial = fields.get("serial_m", False)
         ks = fields.get("k_slices", 1)
-        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks)
+        sk = fields.get("stream_k", False)
+        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks, sk)
     serial = fields.get("serial_m", serial)
     mc = fields.get("multicast", mc)
-    if fields.get("k_slices", ks) != ks:  # only the slice count forced: the model's tile, re-estimated
-        ks = fields["k_slices"]
-        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks)
+    if fields.get("k_slices", ks) != ks or fields.get("stream_k", sk) != sk:  # the model's tile, re-estimated
+        ks, sk = fields.get("k_slices", ks), fields.get("stream_k", sk)
+        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks, sk)
     if mc not in multicast_options(kind, m_rows, n, bm, bn):
         raise ValueError(f"multicast={mc} is not legal for {KIND_NAMES[kind]} M={m_rows} N={n} with block "
                          f"{bm}x{bn} (legal: {multicast_options(kind, m_rows, n, bm, bn)})")
-    # Masked groups' sizes are only known on the device: keep every SM. Otherwise no more CTAs than tiles.
-    grid = num_sms if kind == KIND_MASKED else min(num_sms, est.tiles)
+    # Masked groups' sizes are only known on the device, and a stream-K tail spreads over all SMs: keep every SM.
+    # Otherwise no more CTAs than tiles.
+    grid = num_sms if kind == KIND_MASKED or sk else min(num_sms, est.tiles)
     if mc:  # whole clusters of two
         grid = max(2, min(grid + grid % 2, num_sms - num_sms % 2))
     cfg = make_config(kind, n, k, bm, bn, num_sms=max(grid, 1), smem_limit=smem_limit,
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
                       raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"), multicast=mc,
-                      split_k=fields.get("split_k", split_k_pays(bm, slice_k(k, ks), est.waves)), serial_m=serial,
-                      k_slices=ks)
+                      split_k=fields.get("split_k", not sk and split_k_pays(bm, slice_k(k, ks), est.waves)), serial_m=serial,
+                      k_slices=ks, stream_k=sk)
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
@@ -480,7 +516,7 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
                 num_stages: int | None = None, raster_n: int = 16, double_acc: bool | None = None,
                 multicast: int = 0, split_k: bool | None = None, serial_m: bool = False,
-                k_slices: int = 1) -> GemmConfig:
+                k_slices: int = 1, stream_k: bool = False) -> GemmConfig:
     """Build (and check) a config for explicit block sizes."""
     kind = kind_id(kind)
     if block_m not in (64, 128, 256):
@@ -513,6 +549,8 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         raise ValueError(f"k_slices: expected an int in [1, {num_k_blocks}] (K blocks of 128), got {k_slices!r}")
     if k_slices > 1 and kind != KIND_NORMAL:
         raise ValueError(f"k_slices > 1 (split-K across CTAs) needs a normal GEMM, got {KIND_NAMES[kind]}")
+    if stream_k and (kind == KIND_CONTIGUOUS or k_slices > 1 or split or double_acc):
+        raise ValueError("stream_k needs a normal or masked GEMM without k_slices, split_k or double_acc")
     if double_acc and not double_acc_fits(block_m, block_n, wn):
         raise ValueError(f"block {block_m}x{block_n} (wgmma_n={wn}): two accumulator sets do not fit in registers")
     return GemmConfig(
@@ -520,4 +558,5 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         num_math_wg=1 if block_m == 64 and not split else 2, swizzle_d=output_swizzle(block_n), raster_n=raster_n,
         num_sms=num_sms, smem_bytes=smem_bytes(block_m, block_n, stages, split),
         double_acc=bool(double_acc), multicast=multicast, split_k=split, serial_m=bool(serial_m), k_slices=k_slices,
+        stream_k=bool(stream_k),
     )

@@ -1,5 +1,5 @@
-"""Scratch memory of split-K across CTAs (``GemmConfig.k_slices > 1``): FP32 partial tiles and per-tile arrival
-counters, one set per (device, stream).
+"""Scratch memory of split-K across CTAs (``GemmConfig.k_slices > 1``) and of the stream-K tail
+(``GemmConfig.stream_k``): FP32 partial tiles and arrival counters, one set per (device, stream).
 
 Kernels on one stream run in order, so they can share a set; kernels on different streams may overlap, so each
 stream gets its own. The counters start at zero and every kernel leaves them at zero (the last CTA of a tile
@@ -35,7 +35,11 @@ _pinned: list[_Scratch] = []  # evicted pinned sets, kept alive
 
 
 def scratch_sizes(cfg: GemmConfig, m: int) -> tuple[int, int]:
-    """(FP32 partials, uint32 counters) a launch of ``cfg`` on M rows needs; (0, 0) without K slices."""
+    """(FP32 partials, uint32 counters) a launch of ``cfg`` on M rows needs; (0, 0) without K slices or stream-K."""
+    if cfg.stream_k:
+        # One partial tile per CTA (its piece of a tail unit); a counter per tail tile and row group
+        # (cuda_src/scheduler.cuh).
+        return cfg.num_sms * cfg.block_m * cfg.block_n, cfg.num_sms * cfg.num_math_wg
     if cfg.k_slices <= 1:
         return 0, 0
     tiles = ceil_div(m, cfg.block_m) * ceil_div(cfg.shape_n, cfg.block_n)

@@ -7,6 +7,7 @@ override_config variants ({} = the model's pick); rows go to OUT.json. Group siz
 Usage (on a Hopper machine): python scripts/try_configs.py SPEC.json OUT.json [--match-rows PEERS.json] [--seed S]
 SPEC.json: [{"kind": "contiguous", "dims": [4, 8192, 4096, 7168], "variants": [{}, {"block_m": 128, ...}]}, ...]
 OUT.json: {"device", "timing", "command", "spec", "rows": [{kind, dims, valid_m, variant, config, us, error}]}
+Each variant's output is checked on sampled rows against the reference first (error "check FAIL").
 """
 from __future__ import annotations
 
@@ -57,14 +58,18 @@ def main() -> None:
     for e, shape in zip(spec, shapes):
         inp = bench.make_inputs(shape, sizes[shape], 0)
         prep = bench.prepare_cupygemm(inp)
+        sel_rows, sel_groups = bench.check_rows(shape, sizes[shape], bench.CHECK_ROWS, 0)
+        ref = bench.reference_rows(inp, sel_rows, sel_groups)
         for v, cfg in zip(e["variants"], configs(shape, e["variants"])):
             if cfg is None:
                 continue
             C.override_config(shape.kind, shape.n, shape.k, **v)
             try:
+                prep.output().fill(0)
                 prep.call()
+                check = bench.compare(bench.output_rows(prep.output(), sel_rows), *ref)["check"]
                 us = float(np.median(timer.time(prep.call, args.iters)))
-                err = None
+                err = None if check == "ok" else "check FAIL"
             except Exception as ex:  # keep going: report the failure
                 us, err = None, f"{type(ex).__name__}: {ex}"
             finally:

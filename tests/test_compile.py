@@ -95,6 +95,19 @@ def test_k_slices_compile(bm, bn, ks, split, tmp_path):
     assert "MEMBAR.ALL.GPU" in sass  # the arrival's release/acquire fence
 
 
+@pytest.mark.parametrize("kind,bm,bn,mc", [(C.KIND_MASKED, 128, 160, 1), (C.KIND_MASKED, 128, 128, 0),
+                                          (C.KIND_NORMAL, 128, 128, 2), (C.KIND_NORMAL, 64, 128, 0)])
+def test_stream_k_compile(kind, bm, bn, mc, tmp_path):
+    """Stream-K tail kernels: the tail pieces run one more, not unrolled, copy of the K loop (4 wgmmas per m64
+    slice); nothing spills."""
+    cfg = C.make_config(kind, 4096, 7168, bm, bn, 132, multicast=mc, stream_k=True)
+    base = C.make_config(kind, 4096, 7168, bm, bn, 132, multicast=mc)
+    sass, _ = _sass(compile_gemm(cfg), tmp_path)
+    base_sass, _ = _sass(compile_gemm(base), tmp_path)
+    assert len(re.findall(r"QGMMA\.", sass)) == len(re.findall(r"QGMMA\.", base_sass)) + 4
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
 def test_compile_error_carries_log_and_config():
     cfg = C.make_config(C.KIND_NORMAL, 4096, 1024, 128, 128, 132)
     src = gemm_source(cfg)

@@ -233,3 +233,45 @@ def test_masked_plan_averages_group_sizes():
     est = C._estimate(C.KIND_MASKED, 1024, 4096, 7168, 1, 256, 128, 132, 1)
     single = C._tile_seconds(256, 128, 7168, 1)
     assert est.waves == 1 and 1.2 * single < est.seconds < 2 * single
+
+
+@pytest.mark.parametrize("units,clusters,k_blocks,want", [
+    (132, 66, 56, (0, 1)),  # full rounds: nothing to split
+    (143, 66, 56, (11, 6)),  # 11 units left over: 6 pieces each fill the 66 clusters
+    (224, 66, 16, (26, 2)),
+    (104, 66, 56, (0, 1)),  # 38 left over: a split would not fit twice
+    (3, 66, 56, (3, 8)),  # fewer units than clusters: at most 8 pieces
+    (3, 66, 2, (3, 2)),  # a piece holds at least one K block
+    (5, 66, 1, (0, 1)),
+])
+def test_stream_k_tail_plan(units, clusters, k_blocks, want):
+    """The host's copy of the kernel's tail plan (cuda_src/scheduler.cuh): the R units of a partly filled last round
+    split into min(clusters // R, K blocks, 8) pieces, one per cluster."""
+    tail, split = C.stream_k_tail(units, clusters, k_blocks)
+    assert (tail, split) == want
+    assert tail * split <= clusters and split <= min(k_blocks, 8)
+
+
+def test_stream_k_is_opt_in_and_validated():
+    from cupygemm.workspace import scratch_sizes
+
+    for kind, m, n, k, g in [(C.KIND_MASKED, 256, 4096, 7168, 4), (C.KIND_NORMAL, 4096, 7168, 16384, 1)]:
+        assert not C.choose_config(kind, m, n, k, g, 132).stream_k  # the model does not pick it (NOTES 14)
+    C.override_config("masked", 4096, 7168, block_m=128, block_n=160, multicast=1, stream_k=True)
+    try:
+        cfg = C.choose_config(C.KIND_MASKED, 256, 4096, 7168, 4, 132)
+        assert cfg.stream_k and cfg.defines()["CUPYGEMM_STREAM_K"] == 1 and "stream-K tail" in cfg.describe()
+        # One partial tile per CTA and a counter per tail tile and math warpgroup, whatever the rows.
+        assert scratch_sizes(cfg, 1) == scratch_sizes(cfg, 4096) == (132 * 128 * 160, 132 * 2)
+    finally:
+        C.override_config("masked", 4096, 7168)
+    C.override_config("normal", 2112, 7168, block_m=64, block_n=128, stream_k=True)  # no split-K over warpgroups then
+    try:
+        cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
+        assert cfg.stream_k and not cfg.split_k and cfg.num_sms == 132  # every SM, for the split tail
+    finally:
+        C.override_config("normal", 2112, 7168)
+    for bad in [dict(kind=C.KIND_CONTIGUOUS), dict(k_slices=2), dict(split_k=True, block_m=64, block_n=64)]:
+        args = dict(kind=C.KIND_NORMAL, n=2048, k=1024, block_m=128, block_n=128, num_sms=132, stream_k=True) | bad
+        with pytest.raises(ValueError, match="stream_k"):
+            C.make_config(**args)

@@ -144,6 +144,23 @@ def test_k_slices_variants(bm, bn, ks, extra, m, k):
         assert int(s.counters.sum()) == 0
 
 
+@pytest.mark.parametrize("bm,bn,extra,m,n,k", [
+    (128, 128, {}, 100, 1280, 1408), (128, 128, {}, 300, 1280, 1408), (128, 128, {}, 1800, 1280, 1408),
+    (128, 128, {}, 1000, 1280, 1408), (128, 128, {"multicast": 2}, 768, 1280, 1408),
+    (128, 128, {"multicast": 1}, 1800, 1280, 7168), (64, 128, {}, 64, 1280, 7168),
+    (256, 128, {"multicast": 1, "serial_m": True}, 1000, 1280, 1408), (128, 160, {}, 300, 1160, 1408),
+])
+def test_stream_k_tail_variants(bm, bn, extra, m, n, k):
+    """Stream-K tail on a 16-CTA grid: fewer tiles than CTAs (10 of 16), R >= G/2 (30 -> 14 split), R < G/2
+    (150 -> 22 split), none (80), B and A multicast, one math warpgroup, 256-row and straddling tiles."""
+    from cupygemm import workspace
+
+    check_with_override(m, n, k, dict(block_m=bm, block_n=bn, stream_k=True, num_sms=16, **extra), bm + m + k,
+                        f"{bm}x{bn} stream-K {extra} M={m} K={k}")
+    for s in workspace._sets.values():
+        assert int(s.counters.sum()) == 0
+
+
 def test_k_slices_streams_and_graph():
     """Split-K scratch is per stream: GEMMs on two streams at once, and one replayed from a CUDA graph."""
     m, n, k = 128, 2048, 4096

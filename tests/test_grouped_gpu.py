@@ -121,6 +121,44 @@ def test_masked_partial_blocks(bm, bn, mc, serial):
         C.override_config("masked", n, k)
 
 
+# Stream-K tail cases on a 16-CTA grid (G = 16 clusters, or 8 pairs with multicast), T units in all: fewer units
+# than clusters (all split along K), a remainder R >= G/2 (R units split), R < G/2 (R + G split), none (whole
+# units only); partial last blocks, straddling scale blocks, 256-row tiles, 2 and 1 K blocks.
+SK_CASES = [
+    (128, 128, 0, False, 5, [300], 1408),  # T = 15 < 16
+    (128, 128, 0, False, 5, [300, 200], 1408),  # T = 25, R = 9
+    (128, 128, 0, False, 5, [300, 200, 256], 1408),  # T = 35, R = 3: 19 split
+    (128, 128, 0, False, 5, [512, 512, 512, 512], 1408),  # T = 80, R = 0
+    (128, 128, 1, False, 6, [300, 300], 1408),  # pairs: T = 18, G = 8, R = 2: 10 split
+    (128, 160, 1, False, 8, [100], 1408),  # T = 4 < 8
+    (128, 160, 1, False, 8, [300, 0], 256),  # T = 12, R = 4; pieces of 2 K blocks
+    (256, 128, 1, True, 6, [300, 520, 1], 1408),  # T = 18, R = 2: 10 split
+    (128, 128, 0, False, 5, [300, 200], 128),  # one K block: every piece is a whole unit
+]
+
+
+@pytest.mark.parametrize("bm,bn,mc,serial,n_blocks,masked,k", SK_CASES)
+def test_masked_stream_k_tail(bm, bn, mc, serial, n_blocks, masked, k):
+    """The last round's units split along K over all clusters (cuda_src/scheduler.cuh): correct, deterministic
+    (a second run is bitwise identical whichever CTA reduces) and every arrival counter back at zero."""
+    from cupygemm import config as C
+    from cupygemm import workspace
+
+    n = n_blocks * bn
+    C.override_config("masked", n, k, block_m=bm, block_n=bn, multicast=mc, serial_m=serial, stream_k=True,
+                      num_sms=16)
+    try:
+        a, sfa, b, sfb, out = run_masked(len(masked), max(masked), n, k, masked, seed=bm + bn + n + k)
+        again = poison_bf16(out.shape)
+        cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sfa), (b, sfb), again,
+                                                       cp.asarray(np.array(masked, np.int32)), max(masked))
+        assert (again.view(cp.uint16) == out.view(cp.uint16)).all(), "repeated run differs"
+    finally:
+        C.override_config("masked", n, k)
+    for s in workspace._sets.values():
+        assert int(s.counters.sum()) == 0
+
+
 @pytest.mark.parametrize("mc,serial", [(0, True), (1, True), (0, False)])
 def test_contiguous_256_row_tiles(mc, serial):
     """256-row tiles in the contiguous layout. Padded group sizes 384, 0, 128, 256, 256, 128 put the 128-row blocks
