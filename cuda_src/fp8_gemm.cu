@@ -451,26 +451,17 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       constexpr uint32_t kPartial = WG_M * BLOCK_N;  // floats per piece and row group
       static_assert(kAccPerSub % 4 == 0, "partial sums move in groups of four registers");
       const uint32_t row_group_idx = kSplitK ? 0 : warpgroup;
-      // Piece i's partial sums (this thread's first float), its count, this CTA's piece and the arrival counter.
-      uint32_t pieces, mine, counter_idx;
+      // Piece i's partial sums (this thread's first float): a K slice of the tile, or the tail piece in the slot of
+      // the cluster that ran it; how many pieces there are, which is this CTA's, and the tile's arrival counter.
+      const uint32_t tile_id = tile.m_block * ceil_div(SHAPE_N, BLOCK_N) + tile.n_block;
       auto piece_sums = [&](uint32_t i) -> float* {
-        if constexpr (kStreamK) {
-          const uint32_t slot = scheduler.sk_slot(tile.sk_unit, i);
-          return partials + ((slot * kCluster + scheduler.rank) * kRowGroups + row_group_idx) * kPartial + tid * 4;
-        } else {
-          const uint32_t tile_id = tile.m_block * ceil_div(SHAPE_N, BLOCK_N) + tile.n_block;
-          return partials + ((tile_id * kKSlices + i) * kRowGroups + row_group_idx) * kPartial + tid * 4;
-        }
+        const uint32_t slot =
+            kStreamK ? scheduler.sk_slot(tile.sk_unit, i) * kCluster + scheduler.rank : tile_id * kKSlices + i;
+        return partials + (slot * kRowGroups + row_group_idx) * kPartial + tid * 4;
       };
-      if constexpr (kStreamK) {
-        pieces = scheduler.sk_split;
-        mine = scheduler.sk_piece();
-        counter_idx = tile.sk_unit * kCluster + scheduler.rank;
-      } else {
-        pieces = kKSlices;
-        mine = tile.k_slice;
-        counter_idx = tile.m_block * ceil_div(SHAPE_N, BLOCK_N) + tile.n_block;
-      }
+      const uint32_t pieces = kStreamK ? scheduler.sk_split : kKSlices;
+      const uint32_t mine = kStreamK ? scheduler.sk_piece() : tile.k_slice;
+      const uint32_t counter_idx = kStreamK ? tile.sk_unit * kCluster + scheduler.rank : tile_id;
       auto at = [](float* base, uint32_t ms, uint32_t ns, uint32_t j) {  // j: a multiple of 4
         return base + ((ms * kNumNSub + ns) * kAccPerSub + j) * 128;
       };

@@ -174,24 +174,19 @@ struct TileScheduler {
 
   // The next tile of this CTA into `t`; false when there is none.
   __device__ __forceinline__ bool next(Tile& t) {
-    if constexpr (kStreamK) {
+    if constexpr (kStreamK || kKind == kGroupedMasked) {
+      // Whole units, one per cluster in turn (masked without a tail: dp_units stays ~0u, the group scan ends them).
       if (next_tile < dp_units) {
         const uint32_t unit = next_tile;
         next_tile += stride;
         t.k_begin = 0, t.k_end = kNumKBlocks, t.sk_unit = kWholeUnit;
         return unit_tile(unit, t);
       }
-      if (!sk_pending) return false;
+      if (!kStreamK || !sk_pending) return false;
       sk_pending = false;
       const uint32_t u = cluster % sk_units, piece = sk_piece();
       t.k_begin = sk_k_begin(piece), t.k_end = sk_k_begin(piece + 1), t.sk_unit = u;
       return unit_tile(dp_units + u, t);
-    }
-    if (kKind == kGroupedMasked) {
-      const uint32_t unit = next_tile;
-      next_tile += stride;
-      t.k_begin = 0, t.k_end = kNumKBlocks, t.sk_unit = kWholeUnit;
-      return unit_tile(unit, t);
     }
     const uint32_t num_tiles = num_m_units() * kNumNUnits * kKSlices;
     while (next_tile < num_tiles) {
