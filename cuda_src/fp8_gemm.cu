@@ -460,7 +460,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         return partials + (slot * kRowGroups + row_group_idx) * kPartial + tid * 4;
       };
       const uint32_t pieces = kStreamK ? scheduler.sk_split : kKSlices;
-      const uint32_t mine = kStreamK ? scheduler.sk_piece() : tile.k_slice;
+      const uint32_t mine = tile.k_slice;
       const uint32_t counter_idx = kStreamK ? tile.sk_unit * kCluster + scheduler.rank : tile_id;
       auto at = [](float* base, uint32_t ms, uint32_t ns, uint32_t j) {  // j: a multiple of 4
         return base + ((ms * kNumNSub + ns) * kAccPerSub + j) * 128;
@@ -502,11 +502,12 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
           for (uint32_t ns = 0; ns < kNumNSub; ++ns)
 #pragma unroll
             for (uint32_t j = 0; j < kAccPerSub; j += 4) {
+              // Loads unconditional (a short last pass re-reads the last piece, added never): predicated ones
+              // were issued one at a time, each waited for before the next (stream-K read-back ~8x slower).
               float p[kPass][4];
 #pragma unroll
               for (uint32_t i = 0; i < kPass; ++i)
-                if (kWholePasses || first + i < pieces)
-                  ld_global_cg_v4(at(base[i], ms, ns, j), p[i][0], p[i][1], p[i][2], p[i][3]);
+                ld_global_cg_v4(at(base[i], ms, ns, j), p[i][0], p[i][1], p[i][2], p[i][3]);
 #pragma unroll
               for (uint32_t i = 0; i < kPass; ++i)
                 if (kWholePasses || first + i < pieces)

@@ -36,8 +36,8 @@ constexpr uint32_t kWholeUnit = ~0u;
 // same K blocks, and the pieces run side by side, so they share A and B tiles in L2 as a full round does (a
 // stream-K split into contiguous K ranges per cluster lost that sharing and measured slower: benchmarks/NOTES.md
 // section 14). Each piece stores FP32 partial sums in its cluster's slot; the unit's last piece to arrive adds
-// all s in K order. Opt-in (GemmConfig.stream_k): it paid only for large s, the read-back is slow and these
-// kernels lose the K loop's uniform-register descriptors (R2UR, NOTES section 14c).
+// all s in K order. The host's model weighs it (GemmConfig.stream_k): the read-back runs on one SM, so it pays
+// where the tail's pieces save more than that (NOTES section 15).
 // kWarpWide: all 32 lanes of a warp call next() together (math warpgroups). Values read from the group layout are
 // then broadcast from lane 0, so the compiler knows the tile loop's branches are warp-uniform and keeps the K loop's
 // descriptors and stage counters in uniform registers (per-lane loads made it move them through R2UR every block).
@@ -68,10 +68,10 @@ struct TileScheduler {
   uint32_t stride;  // clusters in the grid
   uint32_t cluster;  // this CTA's cluster
 
-  // Stream-K tail: units [0, dp_units) run whole, one per cluster in turn; then cluster c < sk_units x sk_split
-  // runs piece c / sk_units of tail unit c % sk_units.
-  uint32_t dp_units = ~0u, sk_units = 0, sk_split = 1;
-  bool sk_pending = false;
+  // Stream-K tail: units [0, dp_units) run whole, one per cluster in turn. dp_units is a multiple of the
+  // clusters, so cluster c's next index is dp_units + c: below end_units it runs piece c / sk_units of tail unit
+  // c % sk_units. Masked without a tail: dp_units and end_units stay ~0u, the group scan ends the schedule.
+  uint32_t dp_units = ~0u, end_units = ~0u, sk_units = 0, sk_split = 1;
 
   // With kStreamK all 32 lanes of the warp construct it (masked: they sum the groups' units together).
   __device__ __forceinline__ TileScheduler(uint32_t shape_m_, uint32_t num_groups_, const int* layout)
@@ -102,12 +102,11 @@ struct TileScheduler {
     const uint32_t split = tail == 0 ? 1 : cmin(cmin(stride / tail, kNumKBlocks), kMaxSplit);
     if (split > 1) sk_units = tail, sk_split = split;
     dp_units = units - sk_units;
-    sk_pending = cluster < sk_units * sk_split;
+    end_units = dp_units + sk_units * sk_split;
   }
   // Tail piece `piece` of unit u: its K blocks, and its partial-sum slot (the cluster that runs it).
   __device__ __forceinline__ uint32_t sk_k_begin(uint32_t piece) const { return piece * kNumKBlocks / sk_split; }
   __device__ __forceinline__ uint32_t sk_slot(uint32_t u, uint32_t piece) const { return piece * sk_units + u; }
-  __device__ __forceinline__ uint32_t sk_piece() const { return cluster / sk_units; }
 
   // Rasterize in stripes of kRasterN n units: consecutive tiles share A rows, a stripe's B stays in L2.
   __device__ __forceinline__ void rasterize(uint32_t tile, uint32_t num_m_units, Tile& t) const {
@@ -161,9 +160,9 @@ struct TileScheduler {
     return false;
   }
 
-  // Unit `unit` of a normal GEMM or the masked groups into `t` (its K range and sk_unit are set by the caller).
+  // Unit `unit` of a normal GEMM or the masked groups into `t` (its K range, k_slice and sk_unit are set by the
+  // caller).
   __device__ __forceinline__ bool unit_tile(uint32_t unit, Tile& t) {
-    t.k_slice = 0;
     if constexpr (kKind == kGroupedMasked) return masked_unit(unit, t);
     rasterize(unit, num_m_units(), t);
     t.halves = 0b11;
@@ -175,18 +174,17 @@ struct TileScheduler {
   // The next tile of this CTA into `t`; false when there is none.
   __device__ __forceinline__ bool next(Tile& t) {
     if constexpr (kStreamK || kKind == kGroupedMasked) {
-      // Whole units, one per cluster in turn (masked without a tail: dp_units stays ~0u, the group scan ends them).
-      if (next_tile < dp_units) {
-        const uint32_t unit = next_tile;
-        next_tile += stride;
-        t.k_begin = 0, t.k_end = kNumKBlocks, t.sk_unit = kWholeUnit;
-        return unit_tile(unit, t);
-      }
-      if (!kStreamK || !sk_pending) return false;
-      sk_pending = false;
-      const uint32_t u = cluster % sk_units, piece = sk_piece();
-      t.k_begin = sk_k_begin(piece), t.k_end = sk_k_begin(piece + 1), t.sk_unit = u;
-      return unit_tile(dp_units + u, t);
+      // Whole units and tail pieces take one path through here, with selects for the difference: a separate
+      // return path for the pieces cost the K loop its uniform-register descriptors (R2UR 9 -> ~290).
+      if (next_tile >= end_units) return false;
+      const uint32_t index = next_tile;
+      next_tile += stride;
+      const bool piece = kStreamK && index >= dp_units;
+      const uint32_t u = piece ? (index - dp_units) % sk_units : 0, j = piece ? (index - dp_units) / sk_units : 0;
+      t.k_begin = piece ? sk_k_begin(j) : 0, t.k_end = piece ? sk_k_begin(j + 1) : kNumKBlocks;
+      t.k_slice = j;
+      t.sk_unit = piece ? u : kWholeUnit;
+      return unit_tile(piece ? dp_units + u : index, t);
     }
     const uint32_t num_tiles = num_m_units() * kNumNUnits * kKSlices;
     while (next_tile < num_tiles) {

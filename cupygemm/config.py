@@ -63,11 +63,14 @@ _REDUCE_OVERHEAD_S = 1.2e-6
 # 128x2112x7168 12.3 -> 10.5 us; where 64x64 tiles fill more SMs slices only tied or lost (section 11).
 _SLICED_BLOCK_N = 48
 # Stream-K tail (``stream_k``): a partly filled last round's tiles split along K (cuda_src/scheduler.cuh's plan)
-# into at most this many pieces each. Opt-in through override_config only: on the masked seed shapes it gained
-# where a few tiles split many ways (4x256x4096x7168 on 128x160: 95 -> 90 us on an H100) and lost 2-9 % elsewhere,
-# because the last piece reads the others' partial sums back at ~30 GB/s and these kernels build the K loop's wgmma
-# descriptors in vector registers (benchmarks/NOTES.md section 14).
+# into at most this many pieces each. The tail costs, beyond its pieces' share of a tile, a fixed part and the
+# unit's last piece reading every piece's partial tile back on one SM; a stream-K kernel runs 0-4 % slower than the
+# plain one where nothing is split. Fitted to 13 split tails of the masked seed shapes on an H200 (measured tail
+# 4-6 us + the bytes at ~80 GB/s; in the model's units, whose tile times run ~1/0.7 of measured ones), NOTES 15.
 _SK_MAX_SPLIT = 8
+_SK_TAIL_OVERHEAD_S = 6.4e-6
+_SK_READ_BYTES_PER_SM = 56e9
+_SK_KERNEL_FACTOR = 1.02
 _MAX_K_SLICES = 4
 _MIN_SLICE_K_BLOCKS = 8
 
@@ -93,7 +96,7 @@ class GemmConfig:
     split_k: bool = False  # block_m 64: two math warpgroups take alternate K blocks of the same rows
     serial_m: bool = False  # a warpgroup's m64 slices run one after the other through one temporary accumulator
     k_slices: int = 1  # normal GEMMs: each tile's K blocks split over this many CTAs (FP32 partials, last one reduces)
-    stream_k: bool = False  # the last round's tiles split along K over the idle CTAs (normal, masked; opt-in)
+    stream_k: bool = False  # the last round's tiles split along K over the idle CTAs (normal, masked)
 
     @property
     def threads(self) -> int:
@@ -304,15 +307,16 @@ def stream_k_tail(units: int, clusters: int, k_blocks: int) -> tuple[int, int]:
 
 
 def _stream_k_seconds(tiles: int, sms: int, cluster: int, k: int, tile_s: float, bm: int, bn: int) -> float:
-    """Time of `tiles` with the stream-K tail: the full rounds, then one piece of a tail unit per cluster plus its
+    """Time of `tiles` with the stream-K tail: the full rounds, then one piece of a tail unit per cluster, its
     partial tile stored and, for the unit's last piece, all of the unit's pieces read back."""
     units, clusters = tiles // cluster, max(1, sms // cluster)
     tail, split = stream_k_tail(units, clusters, ceil_div(k, BLOCK_K))
     rounds = ceil_div(units - tail, clusters)
-    if tail == 0:
-        return rounds * tile_s
-    reduce = (bm * bn * 4 * (1 + split)) / _REDUCE_BYTES_PER_SM + _REDUCE_OVERHEAD_S
-    return rounds * tile_s + (tile_s - _TILE_OVERHEAD_S) / split + _TILE_OVERHEAD_S + reduce
+    seconds = rounds * tile_s
+    if tail:
+        seconds += (tile_s - _TILE_OVERHEAD_S) / split + _TILE_OVERHEAD_S + _SK_TAIL_OVERHEAD_S
+        seconds += bm * bn * 4 * split / _SK_READ_BYTES_PER_SM
+    return seconds * _SK_KERNEL_FACTOR
 
 
 def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int,
@@ -461,13 +465,17 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
                 # than no multicast, benchmarks/NOTES.md section 10), though the model's load term says it should.
                 continue
             est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
-            # Lower time first; then a fuller last wave; then fewer bytes moved per output.
-            score = (round(est.seconds * 1e9), -est.last_wave_util, (bm + bn) / (bm * bn), mc)
-            if best is None or score < best[0]:
-                best = (score, bm, bn, mc, serial, est)
+            # The same tile with a stream-K tail: masked GEMMs (whose groups' sizes the tail absorbs) and normal ones
+            # of two or more waves, the measured cases (one partial wave is split-K's), not with split-K over warpgroups.
+            sk_ok = (kind == KIND_MASKED or est.waves >= 2) and not split_k_pays(bm, k, est.waves)
+            for sk, e in [(False, est)] + ([(True, _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc,
+                                                            stream_k=True))] if sk_ok else []):
+                # Lower time first; then a fuller last wave; then fewer bytes moved per output.
+                score = (round(e.seconds * 1e9), -e.last_wave_util, (bm + bn) / (bm * bn), mc, sk)
+                if best is None or score < best[0]:
+                    best = (score, bm, bn, mc, serial, sk, e)
     assert best is not None
-    _, bm, bn, mc, serial, est = best
-    sk = False  # the stream-K tail is opt-in (override_config): see _SK_MAX_SPLIT
+    _, bm, bn, mc, serial, sk, est = best
     ks = 1
     sliced = sliced_tile(kind, m_rows, n, k, num_sms)
     if sliced is not None:

@@ -252,11 +252,19 @@ def test_stream_k_tail_plan(units, clusters, k_blocks, want):
     assert tail * split <= clusters and split <= min(k_blocks, 8)
 
 
-def test_stream_k_is_opt_in_and_validated():
+def test_stream_k_choice_and_validation():
     from cupygemm.workspace import scratch_sizes
 
-    for kind, m, n, k, g in [(C.KIND_MASKED, 256, 4096, 7168, 4), (C.KIND_NORMAL, 4096, 7168, 16384, 1)]:
-        assert not C.choose_config(kind, m, n, k, g, 132).stream_k  # the model does not pick it (NOTES 14)
+    # The model weighs the tail where groups' sizes vary (masked) or a normal GEMM runs several waves, and takes it
+    # only where its estimate over the spread is lower; one partial wave is left to split-K.
+    masked = C.choose_config(C.KIND_MASKED, 256, 4096, 7168, 4, 132)
+    plain = C._estimate(C.KIND_MASKED, 256, 4096, 7168, 4, masked.block_m, masked.block_n, 132, masked.multicast)
+    tail = C._estimate(C.KIND_MASKED, 256, 4096, 7168, 4, masked.block_m, masked.block_n, 132, masked.multicast,
+                       stream_k=True)
+    assert masked.stream_k and tail.seconds < plain.seconds
+    assert not C.choose_config(C.KIND_MASKED, 1024, 7168, 2048, 1, 132).stream_k  # 16 K blocks: the tail does not pay
+    assert not C.choose_config(C.KIND_NORMAL, 128, 7168, 16384, 1, 132).stream_k  # one wave
+    assert not C.choose_config(C.KIND_CONTIGUOUS, 4 * 8192, 4096, 7168, 4, 132).stream_k
     C.override_config("masked", 4096, 7168, block_m=128, block_n=160, multicast=1, stream_k=True)
     try:
         cfg = C.choose_config(C.KIND_MASKED, 256, 4096, 7168, 4, 132)
