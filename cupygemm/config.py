@@ -467,9 +467,10 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
             est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
             # The same tile with a stream-K tail: masked GEMMs (whose groups' sizes the tail absorbs) and normal ones
             # of two or more waves, the measured cases (one partial wave is split-K's), not with split-K over warpgroups.
-            sk_ok = (kind == KIND_MASKED or est.waves >= 2) and not split_k_pays(bm, k, est.waves)
-            for sk, e in [(False, est)] + ([(True, _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc,
-                                                            stream_k=True))] if sk_ok else []):
+            options = [(False, est)]
+            if (kind == KIND_MASKED or est.waves >= 2) and not split_k_pays(bm, k, est.waves):
+                options.append((True, _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, stream_k=True)))
+            for sk, e in options:
                 # Lower time first; then a fuller last wave; then fewer bytes moved per output.
                 score = (round(e.seconds * 1e9), -e.last_wave_util, (bm + bn) / (bm * bn), mc, sk)
                 if best is None or score < best[0]:
@@ -494,6 +495,8 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
         est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks, sk)
     serial = fields.get("serial_m", serial)
     mc = fields.get("multicast", mc)
+    if fields.get("split_k") or fields.get("double_acc") or fields.get("k_slices", 1) > 1:
+        sk = fields.get("stream_k", False)  # forced splits replace the model's tail (they exclude each other)
     if fields.get("k_slices", ks) != ks or fields.get("stream_k", sk) != sk:  # the model's tile, re-estimated
         ks, sk = fields.get("k_slices", ks), fields.get("stream_k", sk)
         est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, ks, sk)

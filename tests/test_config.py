@@ -265,6 +265,13 @@ def test_stream_k_choice_and_validation():
     assert not C.choose_config(C.KIND_MASKED, 1024, 7168, 2048, 1, 132).stream_k  # 16 K blocks: the tail does not pay
     assert not C.choose_config(C.KIND_NORMAL, 128, 7168, 16384, 1, 132).stream_k  # one wave
     assert not C.choose_config(C.KIND_CONTIGUOUS, 4 * 8192, 4096, 7168, 4, 132).stream_k
+    assert C.choose_config(C.KIND_NORMAL, 6144, 7168, 7168, 1, 132).stream_k  # 10 rounds + 12 units in 5 pieces
+    C.override_config("normal", 7168, 7168, k_slices=2)  # a forced split replaces the model's tail
+    try:
+        cfg = C.choose_config(C.KIND_NORMAL, 6144, 7168, 7168, 1, 132)
+        assert cfg.k_slices == 2 and not cfg.stream_k
+    finally:
+        C.override_config("normal", 7168, 7168)
     C.override_config("masked", 4096, 7168, block_m=128, block_n=160, multicast=1, stream_k=True)
     try:
         cfg = C.choose_config(C.KIND_MASKED, 256, 4096, 7168, 4, 132)
