@@ -14,7 +14,6 @@
 namespace cupygemm {
 
 constexpr uint32_t kBlockK = 128;  // = the scaling granularity along K; one promotion per block
-constexpr uint32_t kProducerRegs = 40;
 
 // Byte offset of element (row, col) of a BF16 output slab with `kSwizzleBytes`-wide swizzled rows
 // (the layout TMA expects for CU_TENSOR_MAP_SWIZZLE_{32,64,128}B; 0 = plain row-major).
@@ -36,6 +35,9 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
                                               uint32_t* __restrict__ tile_counters, uint32_t shape_m,
                                               uint32_t num_groups, uint32_t ld_d) {
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
+  // setmaxnreg budget (64K registers): three math warpgroups (192-row tiles) take 160 each, so the producer keeps
+  // 24; with two, 232 and 40.
+  constexpr uint32_t kProducerRegs = kNumMathWG == 3 ? 24 : 40;
   // kSplitK: two math warpgroups share all BLOCK_M rows and take alternate K blocks (two MMA/promotion chains per
   // CTA for small tiles); warpgroup 1 hands its sums to warpgroup 0 through shared memory at the end of a tile.
   static_assert(!kSplitK || (kNumMathWG == 2 && BLOCK_M == 64 && !kDoubleAcc), "split-K: two warpgroups, 64 rows");
@@ -82,6 +84,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   constexpr uint32_t kABoxesPerCta = kMulticast == 1 ? kABoxes / 2 : kABoxes;
   // (Unloaded boxes leave stale rows in shared memory; they only feed output rows that are never stored.)
   static_assert(BLOCK_M % A_BOX_M == 0 && kABoxesPerCta >= 1, "A boxes tile BLOCK_M");
+  static_assert(kMulticast != 1 || kABoxes % 2 == 0, "A multicast: each CTA of the pair loads half of the boxes");
 
   // Output staging: per math warpgroup, BLOCK_N / kSlabCols slabs of WG_M x kSlabCols BF16.
   constexpr uint32_t kSlabCols = kSwizzleD == 0 ? BLOCK_N : kSwizzleD / 2;
@@ -334,11 +337,11 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     if (kb0 < kb_end) load_b_scales(next, kb0);
     // The K loop, with the scale-block boundary as a compile-time constant where a tile straddles 128-column
     // blocks at one of a few offsets (then the promotion picks each column's B scale without selects).
-    // Two warpgroups on different rows unroll the K loop 4x, so the next block's barrier wait and operand setup can
-    // overlap this block's promotion: 2-6 % on 256-row tiles (M = 4096, contiguous), 4-10 % on 128-row ones. One
-    // warpgroup kernels showed no gain; split-K and sliced two-warpgroup kernels were not tried (benchmarks/NOTES.md
-    // section 12).
-    constexpr uint32_t kKLoopUnroll = kNumMathWG == 2 && !kSplitK && kKSlices == 1 ? 4 : 1;
+    // Two or three warpgroups on different rows unroll the K loop 4x, so the next block's barrier wait and operand
+    // setup can overlap this block's promotion: 2-6 % on 256-row tiles (M = 4096, contiguous), 4-10 % on 128-row
+    // ones (192-row tiles were only measured unrolled). One warpgroup kernels showed no gain; split-K and sliced
+    // two-warpgroup kernels were not tried (benchmarks/NOTES.md section 12).
+    constexpr uint32_t kKLoopUnroll = kNumMathWG >= 2 && !kSplitK && kKSlices == 1 ? 4 : 1;
     auto k_loop = [&](auto offset_case) {
       const uint32_t boundary = kSpecializeBoundary ? kBlockK - decltype(offset_case)::value * kOffsetStep
                                                     : tile_boundary;

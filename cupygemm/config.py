@@ -26,6 +26,8 @@ _STATIC_SMEM = 1024  # the kernel's __align__(1024) extern declaration reserves 
 _MAX_STAGES = 8
 _MATH_REGS_TWO_WG = 232  # setmaxnreg budget: 128 x 40 (producer) + 256 x 232 = 64 x 1024 registers
 _MATH_REGS_ONE_WG = 255
+_MATH_REGS_THREE_WG = 160  # 128 x 24 (producer) + 384 x 160 <= 64 x 1024
+_OTHER_REGS_THREE_WG = 32  # 192x128 (64 + 64 accumulators) compiles at 160 without spills
 _OTHER_REGS = 64  # registers the math loop needs besides accumulators (addresses, scales, loop state)
 
 # The model's constants, fitted by scripts/fit_model.py to a sweep of every legal tile (multicast, split-K and
@@ -35,7 +37,7 @@ _OTHER_REGS = 64  # registers the math loop needs besides accumulators (addresse
 # directly against DeepGEMM and over several group-size draws instead (sections 10 and 13): the v2 sweep predates
 # 256-row contiguous tiles and drew other group sizes than the peers.
 _MMA_PEAK_PER_SM = 1979e12 / 132  # FP8 dense datasheet rate of one SM
-_MMA_EFFICIENCY = {64: 0.5, 128: 0.5, 256: 0.5}  # achieved fraction of it per tile height, while streaming
+_MMA_EFFICIENCY = {64: 0.5, 128: 0.5, 192: 0.5, 256: 0.5}  # achieved fraction of it per tile height, while streaming
 _LOAD_BYTES_PER_SM = 40e9  # achieved A+B streaming rate into one SM
 _TILE_OVERHEAD_S = 1.0e-6  # prologue/epilogue per tile not hidden by the pipeline
 _STRADDLE_PENALTY = 0.2  # tiles crossing 128-column scale blocks promote with extra selects
@@ -72,6 +74,13 @@ _SK_TAIL_OVERHEAD_S = 6.4e-6
 _SK_READ_BYTES_PER_SM = 56e9
 _SK_KERNEL_FACTOR = 1.02
 _MAX_K_SLICES = 4
+# Three math warpgroups on 192-row tiles (one m64 slice each) against the 256-row tiles' two warpgroups of two serial
+# slices: measured per unit of work 3-10 % faster where K <= 1536 (4096x32768x512 136.0 -> 122.6 us,
+# 4096x24576x1536 239.4 -> 232.2) and, with the M = 4096 shapes' extra round of tiles, 2-9 % slower from K = 2048
+# (benchmarks/NOTES.md section 16). Their per-tile cost beyond the K loop (the epilogue stores 64 rows per warpgroup,
+# not 128) is taken as half the 256-row tiles'; they are proposed for normal GEMMs up to this K only.
+_THREE_WG_MAX_K = 1536
+_THREE_WG_OVERHEAD_FACTOR = 0.5
 _MIN_SLICE_K_BLOCKS = 8
 
 
@@ -104,6 +113,8 @@ class GemmConfig:
 
     @property
     def math_regs(self) -> int:
+        if self.num_math_wg == 3:
+            return _MATH_REGS_THREE_WG
         return _MATH_REGS_TWO_WG if self.num_math_wg > 1 else _MATH_REGS_ONE_WG
 
     @property
@@ -186,7 +197,9 @@ def _math_reg_budget(block_m: int, block_n: int) -> int:
 
     Two math warpgroups get 232 from setmaxnreg and need 40 besides accumulators, 64 when tiles straddle
     128-column scale blocks (masked 128x184, 256x120-serial and 256x88 spill with less). One warpgroup runs
-    at 255 without setmaxnreg and needs 64 (64x208 spills)."""
+    at 255 without setmaxnreg and needs 64 (64x208 spills). Three (192-row tiles) get 160 and need 32."""
+    if block_m == 192:
+        return _MATH_REGS_THREE_WG - _OTHER_REGS_THREE_WG
     if block_m == 64:
         return _MATH_REGS_ONE_WG - _OTHER_REGS
     return _MATH_REGS_TWO_WG - (_OTHER_REGS if _straddles(block_n) else 40)
@@ -194,7 +207,7 @@ def _math_reg_budget(block_m: int, block_n: int) -> int:
 
 def _acc_regs(block_m: int, block_n: int, wgmma_n: int, serial_m: bool = False, acc_sets: int = 1) -> int:
     """Accumulator registers per math thread: temporary wgmma accumulators plus the promoted FP32 sums."""
-    m_sub = block_m // (64 * (1 if block_m == 64 else 2))
+    m_sub = block_m // (64 * math_warpgroups(block_m))
     return (1 if serial_m else m_sub) * acc_sets * (wgmma_n // 2) + m_sub * (block_n // 2)
 
 
@@ -208,6 +221,14 @@ def wgmma_n_for(block_m: int, block_n: int, serial_m: bool = False) -> int | Non
         if _acc_regs(block_m, block_n, wn, serial_m) <= budget:
             return wn
     return None
+
+
+def math_warpgroups(block_m: int, split_k: bool = False) -> int:
+    """Math warpgroups of a tile: one per 64 rows up to three (192), two for 256 rows (two m64 slices each), two
+    for a 64-row tile split along K over warpgroups."""
+    if block_m == 64:
+        return 2 if split_k else 1
+    return 3 if block_m == 192 else 2
 
 
 def serial_m_possible(block_m: int) -> bool:
@@ -264,7 +285,8 @@ def _tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0, split:
     # 1.7 % on 64x7168x16384, where the load term alone ranked 56 first (benchmarks/NOTES.md section 12).
     chain = 1.0 + _STRADDLE_PENALTY if _selects_scales_at_run_time(block_n) else 1.0
     lockstep = _MULTICAST_PENALTY if multicast else 1.0
-    return max(mma, load * chain) * lockstep * (_SPLIT_K_FACTOR if split else 1.0) + _TILE_OVERHEAD_S
+    overhead = _TILE_OVERHEAD_S * (_THREE_WG_OVERHEAD_FACTOR if block_m == 192 else 1.0)
+    return max(mma, load * chain) * lockstep * (_SPLIT_K_FACTOR if split else 1.0) + overhead
 
 
 def multicast_options(kind: int, m_rows: int, n: int, block_m: int, block_n: int) -> list[int]:
@@ -414,6 +436,8 @@ def candidate_block_ms(kind: int, m_rows: int) -> tuple[int, ...]:
         return (128, 256)
     if m_rows <= 64:
         return (64,)
+    if kind == KIND_NORMAL and m_rows > 128:
+        return (64, 128, 192, 256)
     return (64, 128, 256)
 
 
@@ -459,7 +483,11 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
     best = None
     # Two accumulator sets measured slower everywhere (benchmarks/NOTES.md): never proposed.
     for bm, bn, serial in candidate_tiles(kind, m_rows):
+        if bm == 192 and k > _THREE_WG_MAX_K:
+            continue
         for mc in multicast_options(kind, m_rows, n, bm, bn) if num_sms >= 2 else [0]:
+            if mc == 2 and bm == 192:
+                continue
             if mc == 1 and bm == 64:
                 # Sharing A between 64-row tiles never paid in the sweeps (10 small-M shapes: equal or 2-6 % slower
                 # than no multicast, benchmarks/NOTES.md section 10), though the model's load term says it should.
@@ -468,7 +496,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
             # The same tile with a stream-K tail: masked GEMMs (whose groups' sizes the tail absorbs) and normal ones
             # of two or more waves, the measured cases (one partial wave is split-K's), not with split-K over warpgroups.
             options = [(False, est)]
-            if (kind == KIND_MASKED or est.waves >= 2) and not split_k_pays(bm, k, est.waves):
+            if (kind == KIND_MASKED or est.waves >= 2) and not split_k_pays(bm, k, est.waves) and bm != 192:
                 options.append((True, _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, stream_k=True)))
             for sk, e in options:
                 # Lower time first; then a fuller last wave; then fewer bytes moved per output.
@@ -530,8 +558,11 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
                 k_slices: int = 1, stream_k: bool = False) -> GemmConfig:
     """Build (and check) a config for explicit block sizes."""
     kind = kind_id(kind)
-    if block_m not in (64, 128, 256):
-        raise ValueError(f"block_m: expected 64, 128 or 256, got {block_m}")
+    if block_m not in (64, 128, 192, 256):
+        raise ValueError(f"block_m: expected 64, 128, 192 or 256, got {block_m}")
+    if block_m == 192 and (kind != KIND_NORMAL or k_slices > 1 or stream_k or split_k or double_acc or multicast == 2):
+        raise ValueError("block_m 192 (three math warpgroups) needs a normal GEMM without k_slices, stream_k, "
+                         "split_k, double_acc or B multicast")
     if kind == KIND_CONTIGUOUS and block_m not in (64, M_ALIGNMENT, 2 * M_ALIGNMENT):
         raise ValueError(f"block_m: contiguous layout needs 64, 128 or 256, got {block_m}")
     if block_n % 8 or not 8 <= block_n <= 256:
@@ -566,7 +597,7 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         raise ValueError(f"block {block_m}x{block_n} (wgmma_n={wn}): two accumulator sets do not fit in registers")
     return GemmConfig(
         kind=kind, shape_n=n, shape_k=k, block_m=block_m, block_n=block_n, wgmma_n=wn, num_stages=stages,
-        num_math_wg=1 if block_m == 64 and not split else 2, swizzle_d=output_swizzle(block_n), raster_n=raster_n,
+        num_math_wg=math_warpgroups(block_m, split), swizzle_d=output_swizzle(block_n), raster_n=raster_n,
         num_sms=num_sms, smem_bytes=smem_bytes(block_m, block_n, stages, split),
         double_acc=bool(double_acc), multicast=multicast, split_k=split, serial_m=bool(serial_m), k_slices=k_slices,
         stream_k=bool(stream_k),

@@ -15,8 +15,10 @@ rng = cp.random.default_rng(0)
 for bm, bn, mc, (m, n, k) in [(64, 16, 0, (65, 136, 576)), (128, 160, 0, (129, 328, 1040)),
                               (256, 80, 0, (300, 168, 256)), (128, 128, 2, (512, 256, 640)),
                               (64, 64, 1, (70, 512, 384)), (64, 184, 0, (1, 8, 128)),
-                              (128, 144, 0, (200, 600, 1408)), (256, 128, 1, (300, 512, 640))]:
-    # 128x144: K loop compiled per scale-block boundary offset; 256x128: serial m64 slices.
+                              (128, 144, 0, (200, 600, 1408)), (256, 128, 1, (300, 512, 640)),
+                              (192, 128, 1, (340, 512, 640)), (192, 120, 0, (70, 360, 384))]:
+    # 128x144: K loop compiled per scale-block boundary offset; 256x128: serial m64 slices; 192: three math
+    # warpgroups (340 rows: the second block's third warpgroup has 20, 70 rows: two warpgroups idle).
     extra = {"serial_m": True} if bm == 256 and bn > 96 else {}
     C.override_config("normal", n, k, block_m=bm, block_n=bn, multicast=mc, **extra)
     a, sfa, b, sfb, _, _ = make_normal(m, n, k, bm + bn)

@@ -130,9 +130,10 @@ def test_render_inlines_every_header():
 
 
 @pytest.mark.parametrize("bm,fields,unroll", [(64, {}, 1), (64, {"split_k": True}, 1), (128, {}, 4),
-                                             (256, {"serial_m": True}, 4), (128, {"k_slices": 2}, 1)])
+                                             (256, {"serial_m": True}, 4), (128, {"k_slices": 2}, 1),
+                                             (192, {}, 4), (192, {"multicast": 1}, 4)])
 def test_k_loop_unroll(bm, fields, unroll, tmp_path):
-    """Two warpgroups on different rows unroll the K loop 4x (benchmarks/NOTES.md 12c); one-warpgroup, split-K and
+    """Two or three warpgroups on different rows unroll the K loop 4x (benchmarks/NOTES.md 12c); one-warpgroup, split-K and
     sliced kernels keep one block per iteration. Counted in wgmmas: 4 per m64 slice and K block of 128, plus a
     one-block loop over the first slice for tiles whose second slice lies past the last row."""
     cfg = C.make_config(C.KIND_NORMAL, 2048, 7168, bm, 128, 132, **fields)
@@ -140,4 +141,12 @@ def test_k_loop_unroll(bm, fields, unroll, tmp_path):
     slices_per_wg = 2 if bm == 256 else 1
     partial_loop = 4 if slices_per_wg > 1 else 0
     assert len(re.findall(r"QGMMA\.64x128x32", sass)) == 4 * slices_per_wg * unroll + partial_loop
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+def test_three_warpgroup_kernel_registers(tmp_path):
+    """192-row tiles: 512 threads, the producer hands registers down to 24 and the three math warpgroups take 160."""
+    cfg = C.make_config(C.KIND_NORMAL, 32768, 512, 192, 128, 132, multicast=1)
+    sass, _ = _sass(compile_gemm(cfg), tmp_path)
+    assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in sass and re.search(r"USETMAXREG.TRY_ALLOC.CTAPOOL \w+, 0xa0", sass)
     assert not re.search(r"\b(LDL|STL)\b", sass)

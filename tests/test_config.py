@@ -20,7 +20,7 @@ def _all_seed_configs():
 
 @pytest.mark.parametrize("cfg", list(_all_seed_configs()), ids=lambda c: c.describe().split(":")[0])
 def test_seed_configs_are_legal(cfg):
-    assert cfg.block_m in (64, 128, 256)
+    assert cfg.block_m in (64, 128, 256) or (cfg.block_m == 192 and cfg.kind == C.KIND_NORMAL)
     assert cfg.block_n % 8 == 0 and 16 <= cfg.block_n <= 256
     assert cfg.block_n % cfg.wgmma_n == 0
     assert 1 <= cfg.num_stages <= 8
@@ -30,7 +30,7 @@ def test_seed_configs_are_legal(cfg):
     if cfg.num_stages < 8:
         assert C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + 1, cfg.split_k) + 1024 > 232448
     assert 1 <= cfg.num_sms <= 132
-    assert cfg.num_math_wg == (1 if cfg.block_m == 64 and not cfg.split_k else 2)
+    assert cfg.num_math_wg == (1 if cfg.block_m == 64 and not cfg.split_k else 3 if cfg.block_m == 192 else 2)
     assert not cfg.split_k or (cfg.block_m == 64 and -(-cfg.shape_k // 128) >= 32 and cfg.kind != C.KIND_CONTIGUOUS)
     if cfg.kind == C.KIND_CONTIGUOUS:  # 256-row blocks holding two groups run as two half tiles
         assert 128 % cfg.block_m == 0 or (cfg.block_m == 256 and cfg.num_math_wg == 2)
@@ -102,7 +102,7 @@ def test_output_swizzle_divides_block_n():
 
 
 def test_wgmma_n_fits_register_budget():
-    for bm in (64, 128, 256):
+    for bm in (64, 128, 192, 256):
         for bn in range(16, 257, 8):
             wn = C.wgmma_n_for(bm, bn)
             if wn is not None:
@@ -290,3 +290,24 @@ def test_stream_k_choice_and_validation():
         args = dict(kind=C.KIND_NORMAL, n=2048, k=1024, block_m=128, block_n=128, num_sms=132, stream_k=True) | bad
         with pytest.raises(ValueError, match="stream_k"):
             C.make_config(**args)
+
+
+def test_three_warpgroup_tiles():
+    """192-row tiles run three math warpgroups (one m64 slice each, 160 registers, the producer at 24); only normal
+    GEMMs, and the model proposes them only up to K = 1536, where they measured faster than 256-row tiles."""
+    cfg = C.make_config(C.KIND_NORMAL, 32768, 512, 192, 128, 132, multicast=1)
+    assert cfg.num_math_wg == 3 and cfg.threads == 512 and cfg.wgmma_n == 128 and not cfg.serial_m
+    assert cfg.math_regs * 384 + 24 * 128 <= 65536
+    assert C.wgmma_n_for(192, 128) == 128 and C.wgmma_n_for(192, 136) is None
+    for bad in [dict(kind=C.KIND_MASKED), dict(kind=C.KIND_CONTIGUOUS), dict(k_slices=2), dict(stream_k=True),
+                dict(multicast=2), dict(double_acc=True)]:
+        args = dict(kind=C.KIND_NORMAL, n=2048, k=1024, block_m=192, block_n=128, num_sms=132) | bad
+        with pytest.raises(ValueError, match="block_m 192"):
+            C.make_config(**args)
+    assert C.choose_config(C.KIND_NORMAL, 4096, 32768, 512, 1, 132).block_m == 192
+    assert C.choose_config(C.KIND_NORMAL, 4096, 24576, 1536, 1, 132).block_m == 192
+    for k in (2048, 7168):  # the extra round of 192-row tiles at M = 4096 costs more than they gain
+        assert C.choose_config(C.KIND_NORMAL, 4096, 32768, k, 1, 132).block_m != 192
+    assert C.choose_config(C.KIND_NORMAL, 128, 32768, 512, 1, 132).block_m != 192
+    for kind in (C.KIND_MASKED, C.KIND_CONTIGUOUS):
+        assert 192 not in C.candidate_block_ms(kind, 4096)

@@ -107,13 +107,23 @@ def test_serial_m_variants(bn, mc, k):
 
 
 @pytest.mark.parametrize("bm,m,extra", [(256, 769, {}), (256, 833, {"multicast": 1}), (256, 897, {}),
-                                        (256, 769, {"k_slices": 3}), (128, 1025, {}), (128, 1025, {"multicast": 1})])
+                                        (256, 769, {"k_slices": 3}), (128, 1025, {}), (128, 1025, {"multicast": 1}),
+                                        (192, 1000, {}), (192, 1100, {"multicast": 1}), (192, 1024, {})])
 def test_last_block_with_empty_slices(bm, m, extra):
     """The last m block ends inside a warpgroup's first slice (or before its rows): the empty m64 slices are
     skipped (and with A multicast, the A half past the last row is not loaded)."""
     k, n = 1408, 1280
     fields = dict(block_m=bm, block_n=128, serial_m=bm == 256, **extra)
     check_with_override(m, n, k, fields, bm + m, f"{bm}x128 M={m} {extra}")
+
+
+@pytest.mark.parametrize("bn,mc,k", [(128, 0, 1408), (128, 1, 512), (96, 0, 1408), (120, 1, 576), (16, 0, 128),
+                                     (56, 1, 1408)])
+def test_three_warpgroup_variants(bn, mc, k):
+    """192-row tiles, one m64 slice per math warpgroup (straddling widths, A multicast, a single K block)."""
+    m, n = 1000, 1200 if bn == 120 else 1232 if bn == 56 else 1280
+    check_with_override(m, n, k, dict(block_m=192, block_n=bn, multicast=mc), bn + mc + k,
+                        f"192x{bn} multicast {mc} K={k}")
 
 
 @pytest.mark.parametrize("bn,mc,k", [(16, 0, 1408), (64, 0, 128), (112, 0, 1408), (128, 2, 1408), (64, 1, 256),
