@@ -78,7 +78,7 @@ _MAX_K_SLICES = 4
 # slices: measured per unit of work 3-10 % faster where K <= 1536 (4096x32768x512 136.0 -> 122.6 us,
 # 4096x24576x1536 239.4 -> 232.2) and, with the M = 4096 shapes' extra round of tiles, 2-9 % slower from K = 2048
 # (benchmarks/NOTES.md section 16). Their per-tile cost beyond the K loop (the epilogue stores 64 rows per warpgroup,
-# not 128) is taken as half the 256-row tiles'; they are proposed for normal GEMMs up to this K only.
+# not 128) is taken as half the 256-row tiles'; they are weighed for normal GEMMs up to this K, against 256-row picks.
 _THREE_WG_MAX_K = 1536
 _THREE_WG_OVERHEAD_FACTOR = 0.5
 _MIN_SLICE_K_BLOCKS = 8
@@ -481,10 +481,9 @@ def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_s
 def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int, smem_limit: int,
                  override_version: int) -> GemmConfig:
     best = None
-    # Two accumulator sets measured slower everywhere (benchmarks/NOTES.md): never proposed.
-    for bm, bn, serial in candidate_tiles(kind, m_rows):
-        if bm == 192 and k > _THREE_WG_MAX_K:
-            continue
+
+    def consider(bm: int, bn: int, serial: bool) -> None:
+        nonlocal best
         for mc in multicast_options(kind, m_rows, n, bm, bn) if num_sms >= 2 else [0]:
             if mc == 2 and bm == 192:
                 continue
@@ -503,6 +502,18 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
                 score = (round(e.seconds * 1e9), -e.last_wave_util, (bm + bn) / (bm * bn), mc, sk)
                 if best is None or score < best[0]:
                     best = (score, bm, bn, mc, serial, sk, e)
+
+    # Two accumulator sets measured slower everywhere (benchmarks/NOTES.md): never proposed.
+    tiles = candidate_tiles(kind, m_rows)
+    for bm, bn, serial in tiles:
+        if bm != 192:
+            consider(bm, bn, serial)
+    # 192-row tiles only challenge a 256-row pick, the comparison measured (section 16c); their halved per-tile
+    # overhead is relative to the 256-row tiles' epilogue, not to the 128-row ones'.
+    if best is not None and best[1] == 256 and k <= _THREE_WG_MAX_K:
+        for bm, bn, serial in tiles:
+            if bm == 192:
+                consider(bm, bn, serial)
     assert best is not None
     _, bm, bn, mc, serial, sk, est = best
     ks = 1

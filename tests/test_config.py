@@ -309,5 +309,9 @@ def test_three_warpgroup_tiles():
     for k in (2048, 7168):  # the extra round of 192-row tiles at M = 4096 costs more than they gain
         assert C.choose_config(C.KIND_NORMAL, 4096, 32768, k, 1, 132).block_m != 192
     assert C.choose_config(C.KIND_NORMAL, 128, 32768, 512, 1, 132).block_m != 192
+    # They only challenge a 256-row pick (the comparison measured), not 64/128-row ones at small M.
+    for m, n in [(256, 1024), (512, 2112), (1024, 1024)]:
+        assert C.choose_config(C.KIND_NORMAL, m, n, 512, 1, 132).block_m != 192
+    assert C.choose_config(C.KIND_NORMAL, 2048, 24576, 512, 1, 132).block_m == 192
     for kind in (C.KIND_MASKED, C.KIND_CONTIGUOUS):
         assert 192 not in C.candidate_block_ms(kind, 4096)
