@@ -60,16 +60,15 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   constexpr bool kAlignedN = BLOCK_N % kBlockK == 0;
   constexpr uint32_t kMaxSFB =
       (kBlockK % BLOCK_N == 0) ? 1 : kAlignedN ? BLOCK_N / kBlockK : ceil_div(BLOCK_N, kBlockK) + 1;
-  static_assert(!kDoubleAcc || kNumNSub == 1, "double accumulators need the whole tile in one wgmma");
   // Straddling tiles start at n0 % 128 in steps of gcd(BLOCK_N, 128); with few such offsets the K loop is compiled
   // once per offset (code size grows by that factor).
   constexpr uint32_t kOffsetStep = cgcd(BLOCK_N, kBlockK);
   constexpr uint32_t kNumOffsets = kBlockK / kOffsetStep;
-  constexpr bool kSpecializeBoundary = kMaxSFB > 1 && !kAlignedN && kNumOffsets <= 8 && !kDoubleAcc;
+  constexpr bool kSpecializeBoundary = kMaxSFB > 1 && !kAlignedN && kNumOffsets <= 8;
   // kSerialM: a warpgroup owning several m64 slices runs them one after the other through one temporary
   // accumulator (MMA, wait, promote per slice), so 256-row tiles fit in registers; the other math warpgroup's
   // MMAs keep the tensor cores busy meanwhile.
-  static_assert(!kSerialM || (kNumMSub > 1 && !kDoubleAcc), "serial m64 slices: several slices, one acc set");
+  static_assert(!kSerialM || kNumMSub > 1, "serial m64 slices: several slices");
   constexpr uint32_t kAccSlices = kSerialM ? 1 : kNumMSub;  // m64 slices held in the temporary accumulator
   // Multicast: each CTA of a 2-CTA cluster loads half of the shared tile into both CTAs' shared memory.
   constexpr uint32_t kCluster = kMulticast ? 2 : 1;
@@ -199,7 +198,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     float b[kMaxSFB];
   };
   float acc0[kAccSlices][kAccPerSub];
-  float acc1[kDoubleAcc ? kNumMSub : 1][kDoubleAcc ? kAccPerSub : 1];
+  float acc1[kDoubleAcc ? kAccSlices : 1][kDoubleAcc ? kAccPerSub : 1];
   float final_acc[kNumMSub][kNumNSub][kAccPerSub];
   const uint64_t desc_a0 = make_smem_desc_k128_sw128(smem_a + wg_row0 * kBlockK);
   const uint64_t desc_b0 = make_smem_desc_k128_sw128(smem_b);
@@ -401,30 +400,73 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       else
         k_loop(UConst<0>{});
     } else {
-      // Two accumulator sets: block kb+1's wgmmas run on the tensor cores while block kb is promoted.
-      wait_stage(next, stage, phase);
-      issue(acc0, stage, 0, 0, kNumMSub);
-      auto step = [&](uint32_t kb, float (&acc_cur)[kNumMSub][kAccPerSub], float (&acc_next)[kNumMSub][kAccPerSub]) {
-        cur = next;
-        const uint32_t cur_stage = stage;
-        advance();
-        if (kb + 1 < kb_end) {
-          load_b_scales(next, kb + 1);
-          wait_stage(next, stage, phase);
-          issue(acc_next, stage, 0, 0, kNumMSub);
-          wgmma_wait<1>();
-        } else {
-          wgmma_wait<0>();
-        }
-        settle(acc_cur);
-        release(cur_stage);
-        promote(acc_cur, cur, 0, 0, kNumMSub, tile_boundary);
+      static_assert(!kStreamK && !kSplitK, "two accumulator sets: no stream-K pieces, no split over warpgroups");
+      // Two accumulator sets: the MMA batches of a K block (one per N slice and m64 slice group: its "units") and
+      // of the next run back to back, each batch's promotion overlapping the next batch's wgmmas. The K loop goes
+      // in chunks compiled straight through, nothing in flight across the loop's back edge: a wgmma pending there
+      // made ptxas serialize every wgmma of the kernel (C7514, NOTES sections 2 and 17).
+      constexpr uint32_t kUnitsPerNSub = kNumMSub / kAccSlices, kUnits = kNumNSub * kUnitsPerNSub;
+      static_assert(kNumStages >= 2, "the next block's stage is waited for before this one is released");
+      Scales sc[2];
+      uint32_t st[2];
+      auto acc_of = [&](auto parity) -> float (&)[kAccSlices][kAccPerSub] {
+        if constexpr (decltype(parity)::value == 0) return acc0; else return acc1;
       };
+      // Block kb (chunk-local j): its scales, its stage's data; the stage is released after its last unit.
+      auto start_block = [&](uint32_t j, uint32_t kb) {
+        sc[j % 2] = next;
+        if (kb + 1 < kb_end) load_b_scales(next, kb + 1);
+        wait_stage(sc[j % 2], stage, phase);
+        st[j % 2] = stage;
+        advance();
+      };
+      auto issue_unit = [&](auto g_c) {
+        constexpr uint32_t g = decltype(g_c)::value, u = g % kUnits;
+        constexpr uint32_t ns = u / kUnitsPerNSub, ms = (u % kUnitsPerNSub) * kAccSlices;
+        issue(acc_of(UConst<g % 2>{}), st[(g / kUnits) % 2], ns, ms, ms + kAccSlices);
+      };
+      auto chunk = [&](uint32_t kb, auto len_c, uint32_t boundary) {
+        constexpr uint32_t kLen = decltype(len_c)::value * kUnits;  // units in the chunk
+        start_block(0, kb);
+        issue_unit(UConst<0>{});
+        static_for<0, kLen>([&](auto g_c) {
+          constexpr uint32_t g = decltype(g_c)::value, j = g / kUnits, u = g % kUnits;
+          constexpr uint32_t ns = u / kUnitsPerNSub, ms = (u % kUnitsPerNSub) * kAccSlices;
+          if constexpr (g + 1 < kLen) {
+            if constexpr ((g + 1) % kUnits == 0) start_block(j + 1, kb + j + 1);
+            issue_unit(UConst<g + 1>{});
+            wgmma_wait<1>();
+          } else {
+            wgmma_wait<0>();
+          }
+          auto& acc = acc_of(UConst<g % 2>{});
+          settle(acc);
+          if constexpr (u == kUnits - 1) release(st[j % 2]);
+          promote(acc, sc[j % 2], ns, ms, ms + kAccSlices, boundary);
+        });
+      };
+      constexpr uint32_t kChunk = 8;  // K blocks per chunk: one batch's promotion in 8 * kUnits is not overlapped
+      auto k_loop_double = [&](auto offset_case) {
+        const uint32_t boundary = kSpecializeBoundary ? kBlockK - decltype(offset_case)::value * kOffsetStep
+                                                      : tile_boundary;
+        if constexpr (kKSlices == 1) {  // whole tiles: compile-time bounds
+          constexpr uint32_t kFull = kNumKBlocks / kChunk, kRest = kNumKBlocks % kChunk;
 #pragma unroll 1
-      for (uint32_t kb = kb_first; kb < kb_end; kb += 2) {
-        step(kb, acc0, acc1);
-        if (kb + 1 < kb_end) step(kb + 1, acc1, acc0);
-      }
+          for (uint32_t c = 0; c < kFull; ++c) chunk(c * kChunk, UConst<kChunk>{}, boundary);
+          if constexpr (kRest > 0) chunk(kFull * kChunk, UConst<kRest>{}, boundary);
+        } else {  // a K slice: the remainder in chunks of two and one (a dispatch over eight lengths became a call)
+          uint32_t kb = kb_first;
+#pragma unroll 1
+          for (; kb + kChunk <= kb_end; kb += kChunk) chunk(kb, UConst<kChunk>{}, boundary);
+#pragma unroll 1
+          for (; kb + 2 <= kb_end; kb += 2) chunk(kb, UConst<2>{}, boundary);
+          if (kb < kb_end) chunk(kb, UConst<1>{}, boundary);
+        }
+      };
+      if constexpr (kSpecializeBoundary)
+        dispatch_uconst<0, kNumOffsets>((n0 % kBlockK) / kOffsetStep, k_loop_double);
+      else
+        k_loop_double(UConst<0>{});
     }
 
     if constexpr (kSplitK) {

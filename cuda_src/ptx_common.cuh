@@ -42,6 +42,14 @@ __device__ __forceinline__ void dispatch_uconst(uint32_t v, F&& f) {
   }
 }
 
+// Calls f(UConst<i>{}) for i = I, ..., N - 1: a loop whose index is a compile-time constant in the body.
+template <uint32_t I, uint32_t N, typename F> __device__ __forceinline__ void static_for(F&& f) {
+  if constexpr (I < N) {
+    f(UConst<I>{});
+    static_for<I + 1, N>(f);
+  }
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }

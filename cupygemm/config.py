@@ -100,7 +100,7 @@ class GemmConfig:
     raster_n: int
     num_sms: int  # persistent grid size
     smem_bytes: int  # dynamic shared memory per CTA
-    double_acc: bool = False  # two accumulator sets: next block's MMA overlaps this block's promotion
+    double_acc: bool = False  # two accumulator sets: the next MMA batch overlaps this batch's promotion
     multicast: int = 0  # 0 none; 1: 2-CTA clusters share A (pairs along N); 2: share B (pairs along M)
     split_k: bool = False  # block_m 64: two math warpgroups take alternate K blocks of the same rows
     serial_m: bool = False  # a warpgroup's m64 slices run one after the other through one temporary accumulator
@@ -211,14 +211,15 @@ def _acc_regs(block_m: int, block_n: int, wgmma_n: int, serial_m: bool = False, 
     return (1 if serial_m else m_sub) * acc_sets * (wgmma_n // 2) + m_sub * (block_n // 2)
 
 
-def wgmma_n_for(block_m: int, block_n: int, serial_m: bool = False) -> int | None:
+def wgmma_n_for(block_m: int, block_n: int, serial_m: bool = False, double_acc: bool = False) -> int | None:
     """The wgmma N used for a tile: the whole block_n when the accumulators fit, else an even split."""
-    budget = _math_reg_budget(block_m, block_n)
     for parts in (1, 2, 3, 4):
         if block_n % parts or (block_n // parts) % 8:
             continue
         wn = block_n // parts
-        if _acc_regs(block_m, block_n, wn, serial_m) <= budget:
+        fits = (double_acc_fits(block_m, block_n, wn, serial_m) if double_acc
+                else _acc_regs(block_m, block_n, wn, serial_m) <= _math_reg_budget(block_m, block_n))
+        if fits:
             return wn
     return None
 
@@ -236,11 +237,12 @@ def serial_m_possible(block_m: int) -> bool:
     return block_m == 256
 
 
-def double_acc_fits(block_m: int, block_n: int, wgmma_n: int) -> bool:
+def double_acc_fits(block_m: int, block_n: int, wgmma_n: int, serial_m: bool = False) -> bool:
     """Whether two temporary accumulator sets plus the final one fit in the math registers."""
-    if wgmma_n != block_n:
-        return False
-    return _acc_regs(block_m, block_n, wgmma_n, acc_sets=2) <= _math_reg_budget(block_m, block_n)
+    # 40 registers besides accumulators: 64x128 (one warpgroup, 192 accumulator registers) and 256x96 (serial
+    # slices, 192, straddling scale blocks) compile without spills. (192-row tiles take no second set.)
+    budget = _MATH_REGS_ONE_WG - 40 if block_m == 64 else _MATH_REGS_TWO_WG - 40
+    return _acc_regs(block_m, block_n, wgmma_n, serial_m, acc_sets=2) <= budget
 
 
 def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, split_k: bool = False) -> int:
@@ -578,9 +580,9 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         raise ValueError(f"block_m: contiguous layout needs 64, 128 or 256, got {block_m}")
     if block_n % 8 or not 8 <= block_n <= 256:
         raise ValueError(f"block_n: expected a multiple of 8 in [8, 256], got {block_n}")
-    if serial_m and (not serial_m_possible(block_m) or double_acc or split_k):
-        raise ValueError(f"serial_m needs block_m == 256 and no double_acc/split_k, got block_m={block_m}")
-    wn = wgmma_n if wgmma_n is not None else wgmma_n_for(block_m, block_n, serial_m)
+    if serial_m and (not serial_m_possible(block_m) or split_k):
+        raise ValueError(f"serial_m needs block_m == 256 and no split_k, got block_m={block_m}")
+    wn = wgmma_n if wgmma_n is not None else wgmma_n_for(block_m, block_n, serial_m, bool(double_acc))
     if wn is None or block_n % wn or wn % 8:
         raise ValueError(f"block {block_m}x{block_n}: accumulators do not fit in registers (wgmma_n={wn})")
     num_k_blocks = ceil_div(k, BLOCK_K)
@@ -604,7 +606,7 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         raise ValueError(f"k_slices > 1 (split-K across CTAs) needs a normal GEMM, got {KIND_NAMES[kind]}")
     if stream_k and (kind == KIND_CONTIGUOUS or k_slices > 1 or split or double_acc):
         raise ValueError("stream_k needs a normal or masked GEMM without k_slices, split_k or double_acc")
-    if double_acc and not double_acc_fits(block_m, block_n, wn):
+    if double_acc and not double_acc_fits(block_m, block_n, wn, serial_m):
         raise ValueError(f"block {block_m}x{block_n} (wgmma_n={wn}): two accumulator sets do not fit in registers")
     return GemmConfig(
         kind=kind, shape_n=n, shape_k=k, block_m=block_m, block_n=block_n, wgmma_n=wn, num_stages=stages,

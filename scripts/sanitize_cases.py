@@ -69,6 +69,14 @@ C.override_config("normal", 640, 1408, block_m=128, block_n=128, stream_k=True, 
 a, sfa, b, sfb, _, _ = make_normal(100, 640, 1408, 7)
 out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
 C.override_config("normal", 640, 1408)
+# Two accumulator sets: serial 256-row tiles with split wgmma N and A multicast (a chunk of 8 K blocks and one of 3),
+# and a 64-row tile over 3 K slices (run-time chunk lengths).
+for bm, bn, fields, (m, n, k) in [(256, 128, {"serial_m": True, "wgmma_n": 64, "multicast": 1}, (300, 512, 1408)),
+                                  (64, 64, {"k_slices": 3}, (70, 320, 1408))]:
+    C.override_config("normal", n, k, block_m=bm, block_n=bn, double_acc=True, **fields)
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, bm + bn + 1)
+    out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
+    C.override_config("normal", n, k)
 cupygemm.per_block_cast_to_fp8(randn_bf16((130, 200), rng))
 cp.cuda.Device().synchronize()
 print("sanitize cases done")

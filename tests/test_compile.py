@@ -150,3 +150,24 @@ def test_three_warpgroup_kernel_registers(tmp_path):
     sass, _ = _sass(compile_gemm(cfg), tmp_path)
     assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in sass and re.search(r"USETMAXREG.TRY_ALLOC.CTAPOOL \w+, 0xa0", sass)
     assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+@pytest.mark.parametrize("kind,bm,bn,fields", [
+    (C.KIND_NORMAL, 64, 64, {}), (C.KIND_NORMAL, 128, 128, {"multicast": 1}),
+    (C.KIND_NORMAL, 256, 96, {"serial_m": True, "multicast": 1}),
+    (C.KIND_MASKED, 256, 128, {"serial_m": True, "wgmma_n": 64, "multicast": 1}),
+    (C.KIND_NORMAL, 64, 64, {"k_slices": 3}),
+])
+def test_two_accumulator_sets_overlap(kind, bm, bn, fields, tmp_path):
+    """double_acc: each batch of wgmmas (4 per K block and accumulator unit) stays in flight while the previous batch
+    is promoted (wait_group 1), and nothing makes ptxas serialize them: a wgmma pending across the K loop's back
+    edge, or across a call to a lambda it did not inline, made every QGMMA wait for itself (NOTES 2 and 17)."""
+    k = 1408 if fields.get("k_slices") else 7168
+    cfg = C.make_config(kind, 2112 if bn == 96 else 4096, k, bm, bn, 132, double_acc=True, **fields)
+    sass, res = _sass(compile_gemm(cfg), tmp_path)
+    qgmma, batch_ends = len(re.findall(r"QGMMA\.", sass)), len(re.findall(r"QGMMA[^;]*gsb0", sass))
+    assert qgmma == 4 * batch_ends
+    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+    m = re.search(r"STACK:(\d+)", res)
+    assert m and int(m.group(1)) == 0

@@ -315,3 +315,22 @@ def test_three_warpgroup_tiles():
     assert C.choose_config(C.KIND_NORMAL, 2048, 24576, 512, 1, 132).block_m == 192
     for kind in (C.KIND_MASKED, C.KIND_CONTIGUOUS):
         assert 192 not in C.candidate_block_ms(kind, 4096)
+
+
+def test_two_accumulator_sets_fit():
+    """Two temporary accumulator sets: per m64 slice group with serial slices (256-row tiles, wgmma N split where
+    the whole width does not fit), whole-width otherwise; 40 registers besides accumulators."""
+    assert C.double_acc_fits(256, 128, 64, serial_m=True) and not C.double_acc_fits(256, 128, 128, serial_m=True)
+    assert C.double_acc_fits(256, 96, 96, serial_m=True) and not C.double_acc_fits(256, 112, 112, serial_m=True)
+    assert C.double_acc_fits(64, 128, 128) and not C.double_acc_fits(64, 144, 144)
+    assert C.double_acc_fits(128, 128, 128) and not C.double_acc_fits(128, 144, 144)
+    assert C.wgmma_n_for(256, 128, serial_m=True, double_acc=True) == 64
+    assert C.wgmma_n_for(256, 128, serial_m=True) == 128
+    cfg = C.make_config(C.KIND_NORMAL, 4096, 7168, 256, 128, 132, double_acc=True, serial_m=True, multicast=1)
+    assert cfg.wgmma_n == 64 and cfg.double_acc and cfg.serial_m
+    with pytest.raises(ValueError, match="two accumulator sets do not fit"):
+        C.make_config(C.KIND_NORMAL, 4096, 7168, 256, 128, 132, double_acc=True, serial_m=True, wgmma_n=128)
+    with pytest.raises(ValueError, match="stream_k"):
+        C.make_config(C.KIND_NORMAL, 4096, 7168, 128, 128, 132, double_acc=True, stream_k=True)
+    # Off by default: measured no faster than one set on the seed shapes (NOTES 17).
+    assert not C.choose_config(C.KIND_NORMAL, 4096, 4096, 7168, 1, 132).double_acc

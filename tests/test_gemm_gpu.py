@@ -82,7 +82,7 @@ def check_with_override(m, n, k, fields, seed, what):
 @pytest.mark.parametrize("dacc", [False, True], ids=["one_acc", "two_acc"])
 @pytest.mark.parametrize("bm,bn,wn", VARIANTS)
 def test_kernel_variants(bm, bn, wn, dacc):
-    if dacc and (wn is not None or not C.double_acc_fits(bm, bn, bn)):
+    if dacc and not C.double_acc_fits(bm, bn, wn or bn):
         pytest.skip("two accumulator sets do not fit this tile")
     m, n, k = 1000, 1160, 1408  # ragged in M and N, K not a multiple of 128 blocks of the tile
     fields = dict(block_m=bm, block_n=bn, double_acc=dacc, **({"wgmma_n": wn} if wn else {}))
@@ -124,6 +124,20 @@ def test_three_warpgroup_variants(bn, mc, k):
     m, n = 1000, 1200 if bn == 120 else 1232 if bn == 56 else 1280
     check_with_override(m, n, k, dict(block_m=192, block_n=bn, multicast=mc), bn + mc + k,
                         f"192x{bn} multicast {mc} K={k}")
+
+
+@pytest.mark.parametrize("bm,bn,fields,k", [
+    (256, 128, {"wgmma_n": 64, "serial_m": True, "multicast": 1}, 1408), (256, 96, {"serial_m": True}, 1408),
+    (256, 120, {"wgmma_n": 40, "serial_m": True, "multicast": 1}, 576), (256, 128, {"wgmma_n": 64, "serial_m": True}, 128),
+    (128, 128, {"multicast": 2}, 2176), (128, 112, {}, 1408), (64, 128, {}, 1408), (64, 64, {"k_slices": 3}, 1408),
+    (128, 128, {"k_slices": 2, "multicast": 1}, 2432),
+])
+def test_two_accumulator_variants(bm, bn, fields, k):
+    """Two accumulator sets (double_acc): serial m64 slices and split wgmma N as units, straddling widths, a single K
+    block, 17 K blocks (two chunks of 8 and one), K slices with run-time bounds (chunks of 8, 2 and 1)."""
+    m, n = 1024, 1200 if bn == 120 else 1280
+    check_with_override(m, n, k, dict(block_m=bm, block_n=bn, double_acc=True, **fields), bm + bn + k,
+                        f"two acc sets {bm}x{bn} {fields} K={k}")
 
 
 @pytest.mark.parametrize("bn,mc,k", [(16, 0, 1408), (64, 0, 128), (112, 0, 1408), (128, 2, 1408), (64, 1, 256),

@@ -106,15 +106,18 @@ def test_masked_serial_m(mc):
 PARTIAL_BLOCK_SIZES = [1, 64, 65, 128, 129, 192, 193, 255, 256, 0, 257, 320, 449, 512]
 
 
-@pytest.mark.parametrize("bm,bn,mc,serial", [(256, 128, 0, True), (256, 128, 1, True), (256, 112, 1, True),
-                                             (128, 160, 1, False), (128, 128, 0, False)])
-def test_masked_partial_blocks(bm, bn, mc, serial):
+@pytest.mark.parametrize("bm,bn,mc,serial,dacc", [(256, 128, 0, True, False), (256, 128, 1, True, False),
+                                                  (256, 112, 1, True, False), (128, 160, 1, False, False),
+                                                  (128, 128, 0, False, False), (256, 128, 1, True, True),
+                                                  (128, 128, 1, False, True)])
+def test_masked_partial_blocks(bm, bn, mc, serial, dacc):
     """A group's last block with some m64 slices past masked_m: those slices' A boxes, MMAs and promotions are
-    skipped (cuda_src/fp8_gemm.cu)."""
+    skipped (cuda_src/fp8_gemm.cu); with two accumulator sets they are computed and not stored."""
     from cupygemm import config as C
 
     n, k = 8 * bn, 1408  # an even number of n blocks (multicast pairs)
-    C.override_config("masked", n, k, block_m=bm, block_n=bn, multicast=mc, serial_m=serial)
+    extra = dict(double_acc=True, wgmma_n=64 if bm == 256 else bn) if dacc else {}
+    C.override_config("masked", n, k, block_m=bm, block_n=bn, multicast=mc, serial_m=serial, **extra)
     try:
         run_masked(len(PARTIAL_BLOCK_SIZES), 512, n, k, PARTIAL_BLOCK_SIZES, seed=bm + bn + mc, expected_m=256)
     finally:
@@ -159,15 +162,16 @@ def test_masked_stream_k_tail(bm, bn, mc, serial, n_blocks, masked, k):
         assert int(s.counters.sum()) == 0
 
 
-@pytest.mark.parametrize("mc,serial", [(0, True), (1, True), (0, False)])
-def test_contiguous_256_row_tiles(mc, serial):
+@pytest.mark.parametrize("mc,serial,dacc", [(0, True, False), (1, True, False), (0, False, False), (1, True, True)])
+def test_contiguous_256_row_tiles(mc, serial, dacc):
     """256-row tiles in the contiguous layout. Padded group sizes 384, 0, 128, 256, 256, 128 put the 128-row blocks
     in the order g0 g0 | g0 g2 | g3 g3 | g4 g4 | g5 -: one block holds two groups (two half tiles), the last one
     ends after its first half."""
     from cupygemm import config as C
 
     n, k = 1024, 1408
-    C.override_config("contiguous", n, k, block_m=256, block_n=128, multicast=mc, serial_m=serial)
+    extra = dict(double_acc=True, wgmma_n=64) if dacc else {}
+    C.override_config("contiguous", n, k, block_m=256, block_n=128, multicast=mc, serial_m=serial, **extra)
     try:
         run_contiguous(6, 0, n, k, seed=41 + mc, sizes=[300, 0, 100, 256, 129, 1])
     finally:
