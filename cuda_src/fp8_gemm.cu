@@ -25,9 +25,9 @@ __device__ __forceinline__ uint32_t d_slab_offset(uint32_t row, uint32_t col) {
 }
 
 template <uint32_t SHAPE_N, uint32_t SHAPE_K, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t WGMMA_N,
-          uint32_t kNumStages, uint32_t kNumMathWG, uint32_t kMathRegs, uint32_t kSwizzleD, uint32_t kRasterN,
-          int kKind, bool kDoubleAcc, int kMulticast, bool kSplitK, bool kSerialM, uint32_t kKSlices,
-          bool kStreamK, uint32_t A_BOX_M>
+          uint32_t kNumStages, uint32_t kNumMathWG, uint32_t kMathRegs, uint32_t kProducerRegs, uint32_t kSwizzleD,
+          uint32_t kRasterN, int kKind, bool kDoubleAcc, int kMulticast, bool kSplitK, bool kSerialM,
+          uint32_t kKSlices, bool kStreamK, uint32_t A_BOX_M>
 __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_b,
                                               const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
                                               const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
@@ -35,9 +35,9 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
                                               uint32_t* __restrict__ tile_counters, uint32_t shape_m,
                                               uint32_t num_groups, uint32_t ld_d) {
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
-  // setmaxnreg budget (64K registers): three math warpgroups (192-row tiles) take 160 each, so the producer keeps
-  // 24; with two, 232 and 40.
-  constexpr uint32_t kProducerRegs = kNumMathWG == 3 ? 24 : 40;
+  // setmaxnreg (cupygemm/config.py picks the split): the producer drops to kProducerRegs, the math warpgroups rise.
+  static_assert(kNumMathWG == 1 || kProducerRegs * 128 + kMathRegs * kNumMathThreads <= 64 * 1024,
+                "setmaxnreg budget exceeds the register file");
   // kSplitK: two math warpgroups share all BLOCK_M rows and take alternate K blocks (two MMA/promotion chains per
   // CTA for small tiles); warpgroup 1 hands its sums to warpgroup 0 through shared memory at the end of a tile.
   static_assert(!kSplitK || (kNumMathWG == 2 && BLOCK_M == 64 && !kDoubleAcc), "split-K: two warpgroups, 64 rows");
@@ -644,8 +644,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                       const int* grouped_layout, uint16_t* d_ptr, float* partials, uint32_t* tile_counters,
                       uint32_t shape_m, uint32_t num_groups, uint32_t ld_d) {
   cupygemm::fp8_gemm_impl<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N, CUPYGEMM_WGMMA_N,
-                          CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG, CUPYGEMM_MATH_REGS, CUPYGEMM_SWIZZLE_D,
-                          CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_DOUBLE_ACC,
+                          CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG, CUPYGEMM_MATH_REGS, CUPYGEMM_PRODUCER_REGS,
+                          CUPYGEMM_SWIZZLE_D, CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_DOUBLE_ACC,
                           CUPYGEMM_MULTICAST, CUPYGEMM_SPLIT_K, CUPYGEMM_SERIAL_M, CUPYGEMM_K_SLICES,
                           CUPYGEMM_STREAM_K, CUPYGEMM_A_BOX_M>(
       tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials, tile_counters, shape_m, num_groups, ld_d);

@@ -24,9 +24,11 @@ KIND_NAMES = {KIND_NORMAL: "normal", KIND_CONTIGUOUS: "contiguous", KIND_MASKED:
 BLOCK_K = 128
 _STATIC_SMEM = 1024  # the kernel's __align__(1024) extern declaration reserves this much static smem
 _MAX_STAGES = 8
-_MATH_REGS_TWO_WG = 232  # setmaxnreg budget: 128 x 40 (producer) + 256 x 232 = 64 x 1024 registers
-_MATH_REGS_ONE_WG = 255
-_MATH_REGS_THREE_WG = 160  # 128 x 24 (producer) + 384 x 160 <= 64 x 1024
+# setmaxnreg budgets (64 x 1024 registers, one CTA per SM): the producer warpgroup hands registers to the math ones.
+_PRODUCER_REGS_TWO_WG, _MATH_REGS_TWO_WG = 40, 232  # 128 x 40 + 256 x 232 = 64 x 1024
+_PRODUCER_REGS_THREE_WG, _MATH_REGS_THREE_WG = 24, 160  # 128 x 24 + 384 x 160 <= 64 x 1024
+_MATH_REGS_ONE_WG = 255  # no setmaxnreg: 256 threads x 255
+THREE_WG_BLOCK_M = 192  # the tile height run by three math warpgroups, one m64 slice each
 _OTHER_REGS_THREE_WG = 32  # 192x128 (64 + 64 accumulators) compiles at 160 without spills
 _OTHER_REGS = 64  # registers the math loop needs besides accumulators (addresses, scales, loop state)
 
@@ -118,6 +120,11 @@ class GemmConfig:
         return _MATH_REGS_TWO_WG if self.num_math_wg > 1 else _MATH_REGS_ONE_WG
 
     @property
+    def producer_regs(self) -> int:
+        """The producer warpgroup's registers after setmaxnreg (unused with one math warpgroup)."""
+        return _PRODUCER_REGS_THREE_WG if self.num_math_wg == 3 else _PRODUCER_REGS_TWO_WG
+
+    @property
     def a_box_rows(self) -> int:
         """Rows of A per TMA load. Masked tiles load 64-row boxes and skip those past the group's rows (they lie
         inside the tensor, so they would be read for nothing); otherwise the CTA's share of the tile in one box."""
@@ -136,6 +143,7 @@ class GemmConfig:
             "CUPYGEMM_NUM_STAGES": self.num_stages,
             "CUPYGEMM_NUM_MATH_WG": self.num_math_wg,
             "CUPYGEMM_MATH_REGS": self.math_regs,
+            "CUPYGEMM_PRODUCER_REGS": self.producer_regs,
             "CUPYGEMM_SWIZZLE_D": self.swizzle_d,
             "CUPYGEMM_RASTER_N": self.raster_n,
             "CUPYGEMM_KIND": self.kind,
@@ -198,7 +206,7 @@ def _math_reg_budget(block_m: int, block_n: int) -> int:
     Two math warpgroups get 232 from setmaxnreg and need 40 besides accumulators, 64 when tiles straddle
     128-column scale blocks (masked 128x184, 256x120-serial and 256x88 spill with less). One warpgroup runs
     at 255 without setmaxnreg and needs 64 (64x208 spills). Three (192-row tiles) get 160 and need 32."""
-    if block_m == 192:
+    if block_m == THREE_WG_BLOCK_M:
         return _MATH_REGS_THREE_WG - _OTHER_REGS_THREE_WG
     if block_m == 64:
         return _MATH_REGS_ONE_WG - _OTHER_REGS
@@ -229,7 +237,7 @@ def math_warpgroups(block_m: int, split_k: bool = False) -> int:
     for a 64-row tile split along K over warpgroups."""
     if block_m == 64:
         return 2 if split_k else 1
-    return 3 if block_m == 192 else 2
+    return 3 if block_m == THREE_WG_BLOCK_M else 2
 
 
 def serial_m_possible(block_m: int) -> bool:
@@ -287,7 +295,7 @@ def _tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0, split:
     # 1.7 % on 64x7168x16384, where the load term alone ranked 56 first (benchmarks/NOTES.md section 12).
     chain = 1.0 + _STRADDLE_PENALTY if _selects_scales_at_run_time(block_n) else 1.0
     lockstep = _MULTICAST_PENALTY if multicast else 1.0
-    overhead = _TILE_OVERHEAD_S * (_THREE_WG_OVERHEAD_FACTOR if block_m == 192 else 1.0)
+    overhead = _TILE_OVERHEAD_S * (_THREE_WG_OVERHEAD_FACTOR if block_m == THREE_WG_BLOCK_M else 1.0)
     return max(mma, load * chain) * lockstep * (_SPLIT_K_FACTOR if split else 1.0) + overhead
 
 
@@ -487,7 +495,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
     def consider(bm: int, bn: int, serial: bool) -> None:
         nonlocal best
         for mc in multicast_options(kind, m_rows, n, bm, bn) if num_sms >= 2 else [0]:
-            if mc == 2 and bm == 192:
+            if mc == 2 and bm == THREE_WG_BLOCK_M:
                 continue
             if mc == 1 and bm == 64:
                 # Sharing A between 64-row tiles never paid in the sweeps (10 small-M shapes: equal or 2-6 % slower
@@ -497,7 +505,8 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
             # The same tile with a stream-K tail: masked GEMMs (whose groups' sizes the tail absorbs) and normal ones
             # of two or more waves, the measured cases (one partial wave is split-K's), not with split-K over warpgroups.
             options = [(False, est)]
-            if (kind == KIND_MASKED or est.waves >= 2) and not split_k_pays(bm, k, est.waves) and bm != 192:
+            if ((kind == KIND_MASKED or est.waves >= 2) and not split_k_pays(bm, k, est.waves)
+                    and bm != THREE_WG_BLOCK_M):
                 options.append((True, _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, stream_k=True)))
             for sk, e in options:
                 # Lower time first; then a fuller last wave; then fewer bytes moved per output.
@@ -505,16 +514,16 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
                 if best is None or score < best[0]:
                     best = (score, bm, bn, mc, serial, sk, e)
 
-    # Two accumulator sets measured slower everywhere (benchmarks/NOTES.md): never proposed.
+    # Two accumulator sets measured no faster (benchmarks/NOTES.md sections 2 and 17): never proposed.
     tiles = candidate_tiles(kind, m_rows)
     for bm, bn, serial in tiles:
-        if bm != 192:
+        if bm != THREE_WG_BLOCK_M:
             consider(bm, bn, serial)
     # 192-row tiles only challenge a 256-row pick, the comparison measured (section 16c); their halved per-tile
     # overhead is relative to the 256-row tiles' epilogue, not to the 128-row ones'.
     if best is not None and best[1] == 256 and k <= _THREE_WG_MAX_K:
         for bm, bn, serial in tiles:
-            if bm == 192:
+            if bm == THREE_WG_BLOCK_M:
                 consider(bm, bn, serial)
     assert best is not None
     _, bm, bn, mc, serial, sk, est = best
@@ -573,7 +582,8 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     kind = kind_id(kind)
     if block_m not in (64, 128, 192, 256):
         raise ValueError(f"block_m: expected 64, 128, 192 or 256, got {block_m}")
-    if block_m == 192 and (kind != KIND_NORMAL or k_slices > 1 or stream_k or split_k or double_acc or multicast == 2):
+    if block_m == THREE_WG_BLOCK_M and (kind != KIND_NORMAL or k_slices > 1 or stream_k or split_k or double_acc
+                                       or multicast == 2):
         raise ValueError("block_m 192 (three math warpgroups) needs a normal GEMM without k_slices, stream_k, "
                          "split_k, double_acc or B multicast")
     if kind == KIND_CONTIGUOUS and block_m not in (64, M_ALIGNMENT, 2 * M_ALIGNMENT):

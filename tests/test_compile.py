@@ -148,7 +148,9 @@ def test_three_warpgroup_kernel_registers(tmp_path):
     """192-row tiles: 512 threads, the producer hands registers down to 24 and the three math warpgroups take 160."""
     cfg = C.make_config(C.KIND_NORMAL, 32768, 512, 192, 128, 132, multicast=1)
     sass, _ = _sass(compile_gemm(cfg), tmp_path)
-    assert "USETMAXREG.DEALLOC.CTAPOOL 0x18" in sass and re.search(r"USETMAXREG.TRY_ALLOC.CTAPOOL \w+, 0xa0", sass)
+    assert (cfg.producer_regs, cfg.math_regs) == (24, 160)
+    assert f"USETMAXREG.DEALLOC.CTAPOOL {cfg.producer_regs:#x}" in sass
+    assert re.search(rf"USETMAXREG.TRY_ALLOC.CTAPOOL \w+, {cfg.math_regs:#x}", sass)
     assert not re.search(r"\b(LDL|STL)\b", sass)
 
 

@@ -297,7 +297,7 @@ def test_three_warpgroup_tiles():
     GEMMs, and the model proposes them only up to K = 1536, where they measured faster than 256-row tiles."""
     cfg = C.make_config(C.KIND_NORMAL, 32768, 512, 192, 128, 132, multicast=1)
     assert cfg.num_math_wg == 3 and cfg.threads == 512 and cfg.wgmma_n == 128 and not cfg.serial_m
-    assert cfg.math_regs * 384 + 24 * 128 <= 65536
+    assert cfg.math_regs * 384 + cfg.producer_regs * 128 <= 65536
     assert C.wgmma_n_for(192, 128) == 128 and C.wgmma_n_for(192, 136) is None
     for bad in [dict(kind=C.KIND_MASKED), dict(kind=C.KIND_CONTIGUOUS), dict(k_slices=2), dict(stream_k=True),
                 dict(multicast=2), dict(double_acc=True)]:
@@ -334,3 +334,13 @@ def test_two_accumulator_sets_fit():
         C.make_config(C.KIND_NORMAL, 4096, 7168, 128, 128, 132, double_acc=True, stream_k=True)
     # Off by default: measured no faster than one set on the seed shapes (NOTES 17).
     assert not C.choose_config(C.KIND_NORMAL, 4096, 4096, 7168, 1, 132).double_acc
+
+
+def test_setmaxnreg_budgets_fit_the_register_file():
+    """The producer's and the math warpgroups' registers (passed to the kernel, which static_asserts the same) fill at
+    most the 64K registers of an SM, for one CTA of each thread count."""
+    for bm, fields in [(128, {}), (256, {"serial_m": True}), (192, {}), (64, {"split_k": True})]:
+        cfg = C.make_config(C.KIND_NORMAL, 4096, 1024, bm, 64 if bm == 64 else 128, 132, **fields)
+        assert cfg.num_math_wg > 1
+        assert cfg.producer_regs * 128 + cfg.math_regs * 128 * cfg.num_math_wg <= 64 * 1024
+        assert cfg.defines()["CUPYGEMM_PRODUCER_REGS"] == cfg.producer_regs
