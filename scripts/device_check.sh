@@ -6,13 +6,19 @@ OUT=${OUT:-/tmp/cupygemm-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export CUPYGEMM_CACHE_DIR=${CUPYGEMM_CACHE_DIR:-/tmp/cupygemm-cache}
-steps=("$@"); [ ${#steps[@]} -eq 0 ] && steps=(tests bench)
+# Leading words are steps; everything from the first option on goes to pytest (e.g. tests -k two_acc).
+steps=(); pytest_args=()
+for a in "$@"; do
+  if [ ${#pytest_args[@]} -eq 0 ] && [[ "$a" != -* ]]; then steps+=("$a"); else pytest_args+=("$a"); fi
+done
+[ ${#steps[@]} -eq 0 ] && steps=(tests bench)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -n 2
 python3 -m cupygemm info | tee -a "$OUT/device.txt"
 for s in "${steps[@]}"; do
   case "$s" in
-    tests) python3 -m pytest -q -m gpu -rs tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -n 40 ;;
+    tests) python3 -m pytest -q -m gpu -rs tests ${pytest_args[@]+"${pytest_args[@]}"} 2>&1 | tee "$OUT/gpu_tests.log" \
+             | tail -n 40 ;;
     bench)
       # Grouped shapes run the valid-row totals the peer table measured on this kind of GPU (--match-rows).
       gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
