@@ -933,7 +933,7 @@ def prepare_cupygemm(inp: Inputs) -> Prepared:
     return Prepared(call, lambda: _rows2d(bits))
 
 
-def _torch_fp8(torch: Any, u8: Any) -> Any:
+def torch_fp8(torch: Any, u8: Any) -> Any:
     """Zero-copy torch float8_e4m3fn view of a CuPy uint8 array."""
     return torch.from_dlpack(u8).view(torch.float8_e4m3fn)
 
@@ -958,8 +958,8 @@ class CublasBlockPeer:
 
     def prepare(self, inp: Inputs) -> Prepared:
         torch = self.torch
-        a = _torch_fp8(torch, inp.a)
-        bt = _torch_fp8(torch, inp.b).t()  # (K, N), column-major
+        a = torch_fp8(torch, inp.a)
+        bt = torch_fp8(torch, inp.b).t()  # (K, N), column-major
         scale_a = torch.from_dlpack(inp.sfa).t().contiguous().t()  # (M, K/128), strides (1, M)
         scale_b = torch.from_dlpack(inp.sfb).t()  # (K/128, N/128): the weight scales transposed
         holder: dict[str, Any] = {}
@@ -989,8 +989,8 @@ class DeepGemmPeer:
 
         torch = self.torch
         fn = getattr(self.module, self._FUNCS[inp.shape.kind])
-        lhs = (_torch_fp8(torch, inp.a), torch.from_dlpack(inp.sfa_mn))
-        rhs = (_torch_fp8(torch, inp.b), torch.from_dlpack(inp.sfb))
+        lhs = (torch_fp8(torch, inp.a), torch.from_dlpack(inp.sfa_mn))
+        rhs = (torch_fp8(torch, inp.b), torch.from_dlpack(inp.sfb))
         bits = _poisoned(_out_shape(inp))
         out = torch.from_dlpack(bits.view(cupy.int16)).view(torch.bfloat16)
         if inp.shape.kind == "normal":
@@ -1335,8 +1335,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, shapes: Sequence[Shape], sizes: dict[Shape, Sizes], peers: dict[str, Any],
-         notes: Sequence[str],
-         meta: dict[str, Any], info: Any, num_sms: int) -> int:
+         notes: Sequence[str], meta: dict[str, Any], info: Any, num_sms: int) -> int:
     import cupy
 
     _print_header(meta, peers, notes)

@@ -31,6 +31,7 @@ _MATH_REGS_ONE_WG = 255  # no setmaxnreg: 256 threads x 255
 THREE_WG_BLOCK_M = 192  # the tile height run by three math warpgroups, one m64 slice each
 _OTHER_REGS_THREE_WG = 32  # 192x128 (64 + 64 accumulators) compiles at 160 without spills
 _OTHER_REGS = 64  # registers the math loop needs besides accumulators (addresses, scales, loop state)
+_OTHER_REGS_LEAN = 40  # ... where tiles do not straddle scale blocks, and beside two accumulator sets
 
 # The model's constants, fitted by scripts/fit_model.py to a sweep of every legal tile (multicast, split-K and
 # serial 256-row variants included) on the 29 seed shapes on an H200 (benchmarks/results/tune-sweep-*-h200-v2.json,
@@ -210,7 +211,7 @@ def _math_reg_budget(block_m: int, block_n: int) -> int:
         return _MATH_REGS_THREE_WG - _OTHER_REGS_THREE_WG
     if block_m == 64:
         return _MATH_REGS_ONE_WG - _OTHER_REGS
-    return _MATH_REGS_TWO_WG - (_OTHER_REGS if _straddles(block_n) else 40)
+    return _MATH_REGS_TWO_WG - (_OTHER_REGS if _straddles(block_n) else _OTHER_REGS_LEAN)
 
 
 def _acc_regs(block_m: int, block_n: int, wgmma_n: int, serial_m: bool = False, acc_sets: int = 1) -> int:
@@ -247,9 +248,9 @@ def serial_m_possible(block_m: int) -> bool:
 
 def double_acc_fits(block_m: int, block_n: int, wgmma_n: int, serial_m: bool = False) -> bool:
     """Whether two temporary accumulator sets plus the final one fit in the math registers."""
-    # 40 registers besides accumulators: 64x128 (one warpgroup, 192 accumulator registers) and 256x96 (serial
-    # slices, 192, straddling scale blocks) compile without spills. (192-row tiles take no second set.)
-    budget = _MATH_REGS_ONE_WG - 40 if block_m == 64 else _MATH_REGS_TWO_WG - 40
+    # 64x128 (one warpgroup, 192 accumulator registers) and 256x96 (serial slices, 192, straddling scale blocks)
+    # compile without spills. (192-row tiles take no second set.)
+    budget = (_MATH_REGS_ONE_WG if block_m == 64 else _MATH_REGS_TWO_WG) - _OTHER_REGS_LEAN
     return _acc_regs(block_m, block_n, wgmma_n, serial_m, acc_sets=2) <= budget
 
 

@@ -94,8 +94,8 @@ def main() -> None:
         calls = [(name, fields, prep.call) for name, fields in VARIANTS]  # (name, config override, call)
         if torch is not None:
             calls.append(("cublas_block", None, bench.CublasBlockPeer(torch).prepare(inp).call))
-            a = bench._torch_fp8(torch, inp.a)
-            bt = bench._torch_fp8(torch, inp.b).t()
+            a = bench.torch_fp8(torch, inp.a)
+            bt = bench.torch_fp8(torch, inp.b).t()
             one = torch.ones((), device="cuda")
             calls.append(("cublas_tensor (per-tensor scales, no promotion)", None,
                           lambda: torch._scaled_mm(a, bt, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)))
