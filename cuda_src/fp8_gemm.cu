@@ -70,6 +70,10 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   // MMAs keep the tensor cores busy meanwhile.
   static_assert(!kSerialM || kNumMSub > 1, "serial m64 slices: several slices");
   constexpr uint32_t kAccSlices = kSerialM ? 1 : kNumMSub;  // m64 slices held in the temporary accumulator
+  // Contiguous 256-row tiles whose block holds two groups run as two 128-row half tiles. Both warpgroups work on
+  // a half, one m64 slice each (warpgroup w: the half's rows [64w, 64w + 64)), so the half takes about half a
+  // tile's time; one warpgroup running both slices alone took about a whole tile's (NOTES section 18).
+  constexpr bool kSplitHalves = kKind == kGroupedContiguous && BLOCK_M == 256 && !kDoubleAcc;
   // Multicast: each CTA of a 2-CTA cluster loads half of the shared tile into both CTAs' shared memory.
   constexpr uint32_t kCluster = kMulticast ? 2 : 1;
   static_assert(kMulticast != 2 || (BLOCK_N % 16 == 0 && kKind == kNormal), "B multicast: halves of whole swizzle atoms");
@@ -228,20 +232,24 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
 #pragma unroll
       for (uint32_t i = 0; i < kMaxSFB; ++i) sc.b[i] = __ldg(sfb_ptr[i] + kb);
     };
-    // Waits for the stage's TMA data, then reads this thread's A scales from it.
-    auto wait_stage = [&](Scales& sc, uint32_t s, uint32_t ph) {
+    // Waits for the stage's TMA data, then reads this thread's A scales from it: `slices` m64 slices from tile row
+    // `row0` (this warpgroup's rows, unless a contiguous half tile moved them).
+    auto wait_stage = [&](Scales& sc, uint32_t s, uint32_t ph, uint32_t row0, uint32_t slices) {
       mbarrier_wait(&full_bar[s], ph);
-      const float* sfa = smem_sfa + s * (SMEM_SFA / 4) + wg_row0;
+      const float* sfa = smem_sfa + s * (SMEM_SFA / 4) + row0;
 #pragma unroll
       for (uint32_t ms = 0; ms < kNumMSub; ++ms) {
+        if (kSplitHalves && ms >= slices) break;  // a moved slice's successor may lie past the stage's rows
         sc.a[ms][0] = sfa[ms * 64 + row_in_sub];
         sc.a[ms][1] = sfa[ms * 64 + row_in_sub + 8];
       }
     };
     // Issues the wgmmas of m64 slices [ms_lo, ms_hi) (slice ms accumulates into acc[ms - ms_lo]). Descriptors are
     // stage 0's plus compile-time offsets: the 14-bit address field never carries (shared memory < 256 KB).
-    auto issue = [&](float (&acc)[kAccSlices][kAccPerSub], uint32_t s, uint32_t ns, uint32_t ms_lo, uint32_t ms_hi) {
-      const uint64_t da = desc_a0 + s * (SMEM_A / 16);
+    // `a_shift`: descriptor units (16 bytes) added to A's address, for a contiguous half tile's moved rows.
+    auto issue = [&](float (&acc)[kAccSlices][kAccPerSub], uint32_t s, uint32_t ns, uint32_t ms_lo, uint32_t ms_hi,
+                     uint64_t a_shift = 0) {
+      const uint64_t da = desc_a0 + a_shift + s * (SMEM_A / 16);
       const uint64_t db = desc_b0 + (s * SMEM_B + ns * WGMMA_N * kBlockK) / 16;
       wgmma_fence();
 #pragma unroll
@@ -298,12 +306,17 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       if (++stage == kNumStages) stage = 0, phase ^= 1;
     };
 
+    static_assert(kKind != kGroupedContiguous || BLOCK_M != 256 || (kRowGroups == 2 && WG_M == 128),
+                  "contiguous 256-row tiles: one 128-row half per warpgroup");
+    const bool half_tile = kSplitHalves && tile.halves != 0b11;
+    // This warpgroup's first row in the tile (wg_row0 but in a half tile) and how many m64 slices it may own.
+    const uint32_t my_row0 = half_tile ? (tile.halves == 0b10 ? 128u : 0u) + warpgroup * 64 : wg_row0;
+    const uint32_t max_slices = half_tile ? 1 : kNumMSub;
     // m64 slices of this warpgroup that hold valid rows: all of them, except in a tile reaching past the last row
     // (the last m block, a masked group's last block). Their MMAs and promotions are skipped.
-    const uint32_t tile_row0 = tile.m_block * BLOCK_M + wg_row0;
-    uint32_t active_slices = tile.rows > tile_row0 ? cmin(kNumMSub, ceil_div(tile.rows - tile_row0, 64u)) : 0;
-    if constexpr (kKind == kGroupedContiguous && BLOCK_M == 256) {
-      static_assert(kRowGroups == 2 && WG_M == 128, "contiguous 256-row tiles: one 128-row half per warpgroup");
+    const uint32_t tile_row0 = tile.m_block * BLOCK_M + my_row0;
+    uint32_t active_slices = tile.rows > tile_row0 ? cmin(max_slices, ceil_div(tile.rows - tile_row0, 64u)) : 0;
+    if constexpr (kKind == kGroupedContiguous && BLOCK_M == 256 && kDoubleAcc) {
       if (!((tile.halves >> warpgroup) & 1)) active_slices = 0;  // the half's rows belong to another group
     }
     if (active_slices == 0) {
@@ -317,7 +330,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       continue;
     }
 
-    // Rows this thread owns: (ms, h) -> tile row wg_row0 + ms*64 + row_in_sub + 8h. Contiguous: their m_indices
+    // Rows this thread owns: (ms, h) -> tile row my_row0 + ms*64 + row_in_sub + 8h. Contiguous: their m_indices
     // entries are read now, so the latency hides behind the K loop (the epilogue writes only the group's rows).
     int row_group[kNumMSub][2];
     if constexpr (kKind == kGroupedContiguous) {
@@ -354,7 +367,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         }
         cur = next;
         if (kb + kStep < hi) load_b_scales(next, kb + kStep);  // prefetch: latency hides behind this block
-        wait_stage(cur, stage, phase);
+        wait_stage(cur, stage, phase, wg_row0, kNumMSub);
 #pragma unroll
         for (uint32_t ns = 0; ns < kNumNSub; ++ns)
 #pragma unroll
@@ -371,19 +384,21 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     // A warpgroup with some of its m64 slices past the valid rows: only the first `slices` are issued and promoted.
     // Also the pieces of stream-K tail units (run-time K bounds). One copy of the loop, not unrolled or specialized
     // per boundary: at most one m block per group and the last round's pieces take it.
+    // Contiguous half tiles take it too, with the warpgroup's rows moved by my_row0 - wg_row0.
     auto k_loop_partial = [&](uint32_t slices) {
+      const uint64_t a_shift = (static_cast<uint64_t>(my_row0) - wg_row0) * (kBlockK / 16);  // may wrap: a negative move
 #pragma unroll 1
       for (uint32_t kb = kb_first; kb < kb_end; ++kb) {
         cur = next;
         if (kb + 1 < kb_end) load_b_scales(next, kb + 1);
-        wait_stage(cur, stage, phase);
+        wait_stage(cur, stage, phase, my_row0, slices);
 #pragma unroll
         for (uint32_t ns = 0; ns < kNumNSub; ++ns)
 #pragma unroll
           for (uint32_t ms = 0; ms < kNumMSub; ms += kAccSlices) {
             if (ms >= slices) break;
             const uint32_t hi = cmin(ms + kAccSlices, slices);
-            issue(acc0, stage, ns, ms, hi);
+            issue(acc0, stage, ns, ms, hi, a_shift);
             wgmma_wait<0>();
             settle(acc0);
             if (ns == kNumNSub - 1 && hi == slices) release(stage);
@@ -416,7 +431,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       auto start_block = [&](uint32_t j, uint32_t kb) {
         sc[j % 2] = next;
         if (kb + 1 < kb_end) load_b_scales(next, kb + 1);
-        wait_stage(sc[j % 2], stage, phase);
+        wait_stage(sc[j % 2], stage, phase, wg_row0, kNumMSub);
         st[j % 2] = stage;
         advance();
       };
@@ -570,6 +585,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       for (uint32_t ms = 0; ms < kNumMSub; ++ms)
 #pragma unroll
         for (uint32_t h = 0; h < 2; ++h) rows_ok &= row_group[ms][h] == static_cast<int>(tile.group);
+      rows_ok &= !half_tile;  // a TMA store covers the warpgroup's 128 rows; a half tile's warpgroup owns 64
       rows_ok = __shfl_sync(0xffffffffu, named_barrier_vote<false>(barrier_id, 128, rows_ok), 0);  // uniform, provably
     } else if (kKind == kGroupedMasked) {
       rows_ok = tile_row0 + WG_M <= tile.rows;  // uniform across the warpgroup
@@ -614,7 +630,8 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
         for (uint32_t h = 0; h < 2; ++h) {
           const uint32_t r = tile_row0 + ms * 64 + row_in_sub + 8 * h;
           bool ok = r < valid_m;
-          if constexpr (kKind == kGroupedContiguous) ok = ok && row_group[ms][h] == static_cast<int>(tile.group);
+          if constexpr (kKind == kGroupedContiguous)  // (a half tile's second slice is the other warpgroup's)
+            ok = ok && row_group[ms][h] == static_cast<int>(tile.group) && ms < active_slices;
           if (!ok) continue;
           uint16_t* d_row = d_ptr + (group_rows + r) * ld_d;
 #pragma unroll

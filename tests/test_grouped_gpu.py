@@ -30,9 +30,10 @@ def contiguous_layout(g, expected, rng_np, empty_groups=(), sizes=None):
     return np.array(idx, np.int32), sizes
 
 
-def run_contiguous(g, expected, n, k, seed, empty_groups=(), sizes=None):
+def run_contiguous(g, expected, n, k, seed, empty_groups=(), sizes=None, idx_host=None):
     rng, rng_np = cp.random.default_rng(seed), np.random.default_rng(seed)
-    idx_host, _ = contiguous_layout(g, expected, rng_np, empty_groups, sizes)
+    if idx_host is None:
+        idx_host, _ = contiguous_layout(g, expected, rng_np, empty_groups, sizes)
     m = len(idx_host)
     a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((m, k), rng))
     b, sfb = grouped_weights(g, n, k, rng)
@@ -174,6 +175,23 @@ def test_contiguous_256_row_tiles(mc, serial, dacc):
     C.override_config("contiguous", n, k, block_m=256, block_n=128, multicast=mc, serial_m=serial, **extra)
     try:
         run_contiguous(6, 0, n, k, seed=41 + mc, sizes=[300, 0, 100, 256, 129, 1])
+    finally:
+        C.override_config("contiguous", n, k)
+
+
+@pytest.mark.parametrize("mc,serial", [(0, True), (1, True), (0, False)])
+def test_contiguous_half_tiles(mc, serial):
+    """Half tiles, where both math warpgroups take one m64 slice of a 256-row block's half: 128-row blocks
+    g0 g0 | g0 g1 | g2 g1' with g1' the last 70 rows (M = 710, not a multiple of 128), so the second half tile of
+    the last block has rows past the end; a row of g0's is padding (-1) inside the lower half of block 1."""
+    from cupygemm import config as C
+
+    n, k = 768, 1024
+    idx = np.array([0] * 384 + [1] * 128 + [2] * 128 + [1] * 70, np.int32)
+    idx[300] = -1
+    C.override_config("contiguous", n, k, block_m=256, block_n=128, multicast=mc, serial_m=serial)
+    try:
+        run_contiguous(3, 0, n, k, seed=5 + mc, idx_host=idx)
     finally:
         C.override_config("contiguous", n, k)
 
