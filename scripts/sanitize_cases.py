@@ -36,9 +36,10 @@ b, sfb = grouped_weights(g, n, k, rng)
 a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((384, k), rng))
 idx = np.array([0] * 100 + [-1] * 28 + [9] * 128 + [2] * 128, np.int32)  # padding and an out-of-range block
 cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), None, cp.asarray(idx))
-# Contiguous on 256-row tiles: blocks 0 | - (half tile), 9 | 2 (half tile), 1 | 2 (two half tiles), 2 | end.
-a5, sfa5 = cupygemm.per_token_cast_to_fp8(randn_bf16((896, k), rng))
-idx5 = np.array([0] * 100 + [-1] * 156 + [9] * 128 + [2] * 128 + [1] * 128 + [2] * 256, np.int32)
+# Contiguous on 256-row tiles: blocks 0 | - (half tile), 9 | 2 (half tile), 1 | 2 (two half tiles), 2 | 1 with
+# the last 70 rows (two half tiles, the second reaching past M).
+a5, sfa5 = cupygemm.per_token_cast_to_fp8(randn_bf16((966, k), rng))
+idx5 = np.array([0] * 100 + [-1] * 156 + [9] * 128 + [2] * 128 + [1] * 128 + [2] * 256 + [1] * 70, np.int32)
 C.override_config("contiguous", n, k, block_m=256, block_n=128, multicast=1, serial_m=True)
 cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a5, sfa5), (b, sfb), None, cp.asarray(idx5))
 C.override_config("contiguous", n, k)
