@@ -375,7 +375,9 @@ def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: 
     if kind == KIND_MASKED:
         m_blocks *= groups
     elif kind == KIND_CONTIGUOUS and bm > M_ALIGNMENT:
-        # About half of the group ends fall mid-block; each such block runs as two half tiles.
+        # About half of the group ends fall mid-block; each such block runs as two half tiles. Since both math
+        # warpgroups share a half tile the two cost about one tile, but dropping this term moved half of the
+        # contiguous picks to 256-row tiles, which measured 1-38 % slower on all six tried (NOTES section 18).
         m_blocks += ceil_div(groups, 2)
     tiles = m_blocks * n_blocks * k_slices
     seconds, waves = time_of(tiles)
@@ -505,8 +507,9 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
             est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
             # The same tile with a stream-K tail: masked GEMMs (whose groups' sizes the tail absorbs) and normal ones
             # of two or more waves, the measured cases (one partial wave is split-K's), not with split-K over warpgroups.
+            # The kernel has no stream-K tail for the contiguous layout.
             options = [(False, est)]
-            if ((kind == KIND_MASKED or est.waves >= 2) and not split_k_pays(bm, k, est.waves)
+            if ((kind == KIND_MASKED or (kind == KIND_NORMAL and est.waves >= 2)) and not split_k_pays(bm, k, est.waves)
                     and bm != THREE_WG_BLOCK_M):
                 options.append((True, _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, stream_k=True)))
             for sk, e in options:

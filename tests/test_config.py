@@ -49,6 +49,23 @@ def test_contiguous_model_charges_half_tiles_for_groups_ending_mid_block():
     assert C._estimate(C.KIND_CONTIGUOUS, 8192, 4096, 7168, 8, 128, 128, 132).tiles == 64 * 32
 
 
+def test_every_problem_gets_a_legal_config():
+    """choose_config over a grid of problems of every kind: no model option that make_config refuses (contiguous
+    GEMMs of two or more waves once weighed a stream-K tail, which that kernel lacks, and raised ValueError)."""
+    for kind in (C.KIND_NORMAL, C.KIND_CONTIGUOUS, C.KIND_MASKED):
+        for groups in ((1,) if kind == C.KIND_NORMAL else (1, 2, 8, 32)):
+            for m in (1, 64, 100, 512, 2048, 4096):
+                for n in (256, 2112, 4096, 7168):
+                    for k in (512, 2048, 7168):
+                        rows = m * groups if kind == C.KIND_CONTIGUOUS else m
+                        cfg = C.choose_config(kind, rows, n, k, groups, 132)
+                        assert cfg.kind == kind and cfg.shape_n == n and cfg.shape_k == k
+                        assert not (cfg.stream_k and kind == C.KIND_CONTIGUOUS)
+    # One of the shapes that raised: 8 groups of 512 rows, N = K = 7168.
+    cfg = C.choose_config(C.KIND_CONTIGUOUS, 8 * 512, 7168, 7168, 8, 132)
+    assert not cfg.stream_k
+
+
 def test_choice_is_deterministic():
     a = [c for c in _all_seed_configs()]
     b = [c for c in _all_seed_configs()]

@@ -56,7 +56,7 @@ def run_contiguous(g, expected, n, k, seed, empty_groups=(), sizes=None, idx_hos
 
 
 @pytest.mark.parametrize("g,expected,n,k", [(1, 300, 512, 1024), (4, 700, 1024, 2048), (8, 256, 2112, 576),
-                                            (32, 128, 512, 512), (4, 8192, 4096, 7168)])
+                                            (32, 128, 512, 512), (4, 8192, 4096, 7168), (8, 512, 7168, 7168)])
 def test_contiguous(g, expected, n, k):
     run_contiguous(g, expected, n, k, seed=g + n)
 
