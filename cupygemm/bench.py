@@ -755,23 +755,28 @@ def write_plot(path: str | os.PathLike, rows: Sequence[dict[str, Any]], title: s
 
 # ---- environment ------------------------------------------------------------------------------------------------------
 
-def git_revision() -> str | None:
-    """``git rev-parse --short HEAD`` of the checkout this package lives in, else None."""
-    pkg = Path(__file__).resolve().parent
+def git_revision(pkg: Path | None = None) -> str | None:
+    """``git rev-parse --short HEAD`` of the checkout this package (or ``pkg``) lives in, with ``-dirty`` appended
+    when tracked files differ from that commit (the run measured something else); None outside a checkout."""
+    pkg = Path(__file__).resolve().parent if pkg is None else Path(pkg).resolve()
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(pkg), *args], capture_output=True, text=True, timeout=10)
+
     try:
-        top = subprocess.run(["git", "-C", str(pkg), "rev-parse", "--show-toplevel"],
-                             capture_output=True, text=True, timeout=10)
+        top = git("rev-parse", "--show-toplevel")
         if top.returncode != 0 or not top.stdout.strip():
             return None
         if Path(top.stdout.strip()).resolve() != pkg.parent:
             return None  # installed inside some other repository
-        rev = subprocess.run(["git", "-C", str(pkg), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
+        rev = git("rev-parse", "--short", "HEAD")
+        if rev.returncode != 0 or not rev.stdout.strip():
+            return None
+        status = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
-    if rev.returncode != 0:
-        return None
-    return rev.stdout.strip() or None
+    dirty = status.returncode != 0 or bool(status.stdout.strip())
+    return rev.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def command_line(args: argparse.Namespace) -> str:

@@ -565,6 +565,27 @@ def test_command_line_and_git_revision():
     assert rev is None or (isinstance(rev, str) and rev)
 
 
+def test_git_revision_flags_a_dirty_tree(tmp_path):
+    pkg = tmp_path / "repo" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "mod.py").write_text("x = 1\n")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(pkg.parent), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True, timeout=60)
+
+    assert bench.git_revision(pkg) is None  # not a checkout yet
+    git("init", "-q")
+    git("add", "pkg/mod.py")
+    git("commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "-C", str(pkg), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (pkg / "notes.txt").write_text("untracked files do not count\n")
+    assert bench.git_revision(pkg) == head
+    (pkg / "mod.py").write_text("x = 2\n")
+    assert bench.git_revision(pkg) == head + "-dirty"
+
+
 def test_importing_bench_imports_no_torch():
     code = "import sys, cupygemm.bench, cupygemm.cli; cupygemm.cli.build_parser(); print('torch' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
