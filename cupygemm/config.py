@@ -399,6 +399,16 @@ def sliced_tile(kind: int, m_rows: int, n: int, k: int, num_sms: int) -> tuple[i
     return (bm, _SLICED_BLOCK_N, ks) if ks >= 2 else None
 
 
+def fewest_ctas_for_rounds(tiles: int, grid: int, cluster: int) -> int:
+    """The smallest grid (whole clusters) that runs ``tiles`` in as many rounds as ``grid`` CTAs do. Normal GEMMs
+    launch that many: where the last round is partly filled, fewer CTAs with full rounds measured 0.5-1.8 % faster
+    on an H200 (4096x7168x16384, 4096x4096x7168 on 128 CTAs, 4096x2112x7168 on 118; DeepGEMM sizes its grid the
+    same way), while contiguous 8x4096x4096x7168 on 130 measured 2 % slower (benchmarks/NOTES.md section 18)."""
+    units, clusters = ceil_div(tiles, cluster), max(1, grid // cluster)
+    rounds = ceil_div(units, clusters)
+    return min(grid, ceil_div(units, rounds) * cluster)
+
+
 def slice_k(k: int, k_slices: int) -> int:
     """The K one split-K unit sums (its largest slice of the 128-wide K blocks)."""
     return ceil_div(ceil_div(k, BLOCK_K), k_slices) * BLOCK_K
@@ -562,6 +572,8 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
     grid = num_sms if kind == KIND_MASKED or sk else min(num_sms, est.tiles)
     if mc:  # whole clusters of two
         grid = max(2, min(grid + grid % 2, num_sms - num_sms % 2))
+    if kind == KIND_NORMAL and not sk:
+        grid = fewest_ctas_for_rounds(est.tiles, grid, 2 if mc else 1)
     cfg = make_config(kind, n, k, bm, bn, num_sms=max(grid, 1), smem_limit=smem_limit,
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
                       raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"), multicast=mc,
