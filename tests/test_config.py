@@ -66,6 +66,22 @@ def test_every_problem_gets_a_legal_config():
     assert not cfg.stream_k
 
 
+def test_fewest_ctas_keep_the_rounds():
+    for tiles in range(1, 1200, 7):
+        for grid, cluster in ((132, 1), (132, 2), (128, 2), (17, 1)):
+            got = C.fewest_ctas_for_rounds(tiles, grid, cluster)
+            units, clusters = -(-tiles // cluster), grid // cluster
+            rounds = -(-units // clusters)
+            assert got % cluster == 0 and got <= grid
+            assert -(-units // (got // cluster)) == rounds  # as many rounds as on the whole grid
+            if got > cluster:  # one cluster fewer would need another round
+                assert -(-units // (got // cluster - 1)) > rounds
+    assert C.fewest_ctas_for_rounds(16 * 56, 132, 2) == 128  # 4096x7168x16384 on 256x128 tiles
+    assert C.fewest_ctas_for_rounds(16 * 22, 132, 2) == 118  # 4096x2112x7168 on 256x96 tiles
+    assert C.choose_config(C.KIND_NORMAL, 4096, 7168, 16384, 1, 132).num_sms == 128
+    assert C.choose_config(C.KIND_CONTIGUOUS, 8 * 4096, 4096, 7168, 8, 132).num_sms == 132  # measured slower there
+
+
 def test_choice_is_deterministic():
     a = [c for c in _all_seed_configs()]
     b = [c for c in _all_seed_configs()]
