@@ -71,8 +71,8 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   static_assert(!kSerialM || kNumMSub > 1, "serial m64 slices: several slices");
   constexpr uint32_t kAccSlices = kSerialM ? 1 : kNumMSub;  // m64 slices held in the temporary accumulator
   // Contiguous 256-row tiles whose block holds two groups run as two 128-row half tiles. Both warpgroups work on
-  // a half, one m64 slice each (warpgroup w: the half's rows [64w, 64w + 64)), so the half takes about half a
-  // tile's time; one warpgroup running both slices alone took about a whole tile's (NOTES section 18).
+  // a half, one m64 slice each (warpgroup w: the half's rows [64w, 64w + 64)); one warpgroup running both slices
+  // while the other idled made a half cost about 0.6-0.7 of a tile (NOTES section 18a).
   constexpr bool kSplitHalves = kKind == kGroupedContiguous && BLOCK_M == 256 && !kDoubleAcc;
   // Multicast: each CTA of a 2-CTA cluster loads half of the shared tile into both CTAs' shared memory.
   constexpr uint32_t kCluster = kMulticast ? 2 : 1;
