@@ -74,6 +74,8 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   // a half, one m64 slice each (warpgroup w: the half's rows [64w, 64w + 64)); one warpgroup running both slices
   // while the other idled made a half cost about 0.6-0.7 of a tile (NOTES section 18a).
   constexpr bool kSplitHalves = kKind == kGroupedContiguous && BLOCK_M == 256 && !kDoubleAcc;
+  static_assert(kKind != kGroupedContiguous || BLOCK_M != 256 || (kRowGroups == 2 && WG_M == 128),
+                "contiguous 256-row tiles: one 128-row half per warpgroup");
   // Multicast: each CTA of a 2-CTA cluster loads half of the shared tile into both CTAs' shared memory.
   constexpr uint32_t kCluster = kMulticast ? 2 : 1;
   static_assert(kMulticast != 2 || (BLOCK_N % 16 == 0 && kKind == kNormal), "B multicast: halves of whole swizzle atoms");
@@ -306,8 +308,6 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       if (++stage == kNumStages) stage = 0, phase ^= 1;
     };
 
-    static_assert(kKind != kGroupedContiguous || BLOCK_M != 256 || (kRowGroups == 2 && WG_M == 128),
-                  "contiguous 256-row tiles: one 128-row half per warpgroup");
     const bool half_tile = kSplitHalves && tile.halves != 0b11;
     // This warpgroup's first row in the tile (wg_row0 but in a half tile) and how many m64 slices it may own.
     const uint32_t my_row0 = half_tile ? (tile.halves == 0b10 ? 128u : 0u) + warpgroup * 64 : wg_row0;

@@ -72,6 +72,7 @@ _SLICED_BLOCK_N = 48
 # unit's last piece reading every piece's partial tile back on one SM; a stream-K kernel runs 0-4 % slower than the
 # plain one where nothing is split. Fitted to 13 split tails of the masked seed shapes on an H200 (measured tail
 # 4-6 us + the bytes at ~80 GB/s; in the model's units, whose tile times run ~1/0.7 of measured ones), NOTES 15.
+STREAM_K_KINDS = (KIND_NORMAL, KIND_MASKED)  # the kernel has no stream-K tail for the contiguous layout
 _SK_MAX_SPLIT = 8
 _SK_TAIL_OVERHEAD_S = 6.4e-6
 _SK_READ_BYTES_PER_SM = 56e9
@@ -517,9 +518,8 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
             est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc)
             # The same tile with a stream-K tail: masked GEMMs (whose groups' sizes the tail absorbs) and normal ones
             # of two or more waves, the measured cases (one partial wave is split-K's), not with split-K over warpgroups.
-            # The kernel has no stream-K tail for the contiguous layout.
             options = [(False, est)]
-            if ((kind == KIND_MASKED or (kind == KIND_NORMAL and est.waves >= 2)) and not split_k_pays(bm, k, est.waves)
+            if (kind in STREAM_K_KINDS and (kind == KIND_MASKED or est.waves >= 2) and not split_k_pays(bm, k, est.waves)
                     and bm != THREE_WG_BLOCK_M):
                 options.append((True, _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, stream_k=True)))
             for sk, e in options:
@@ -630,7 +630,7 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         raise ValueError(f"k_slices: expected an int in [1, {num_k_blocks}] (K blocks of 128), got {k_slices!r}")
     if k_slices > 1 and kind != KIND_NORMAL:
         raise ValueError(f"k_slices > 1 (split-K across CTAs) needs a normal GEMM, got {KIND_NAMES[kind]}")
-    if stream_k and (kind == KIND_CONTIGUOUS or k_slices > 1 or split or double_acc):
+    if stream_k and (kind not in STREAM_K_KINDS or k_slices > 1 or split or double_acc):
         raise ValueError("stream_k needs a normal or masked GEMM without k_slices, split_k or double_acc")
     if double_acc and not double_acc_fits(block_m, block_n, wn, serial_m):
         raise ValueError(f"block {block_m}x{block_n} (wgmma_n={wn}): two accumulator sets do not fit in registers")
