@@ -6,6 +6,7 @@ override_config variants ({} = the model's pick); rows go to OUT.json. Group siz
 
 Usage (on a Hopper machine): python scripts/try_configs.py SPEC.json OUT.json [--match-rows PEERS.json] [--seed S]
 SPEC.json: [{"kind": "contiguous", "dims": [4, 8192, 4096, 7168], "variants": [{}, {"block_m": 128, ...}]}, ...]
+An entry may fix its grouped rows with "group_rows": [...] (one per group) instead of the bench's draw.
 OUT.json: {"device", "timing", "command", "spec", "rows": [{kind, dims, valid_m, variant, config, us, error}]}
 Each variant's output is checked on sampled rows against the reference first (error "check FAIL").
 """
@@ -23,6 +24,18 @@ from cupygemm import config as C
 from cupygemm.cli import compile_all
 
 
+def sizes_of(entry: dict, shape: bench.Shape, drawn: bench.Sizes) -> bench.Sizes:
+    """The entry's rows: its "group_rows" when given (grouped kinds), else the bench's draw."""
+    if "group_rows" not in entry:
+        return drawn
+    rows = tuple(int(r) for r in entry["group_rows"])
+    if shape.kind == "normal" or len(rows) != shape.groups:
+        raise SystemExit(f"{shape.label}: group_rows needs a grouped kind and one size per group, got {rows}")
+    if shape.kind == "contiguous":
+        return bench.Sizes(rows, sum(C.ceil_div(r, C.M_ALIGNMENT) * C.M_ALIGNMENT for r in rows))
+    return bench.Sizes(rows, drawn.a_rows)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("spec")
@@ -33,14 +46,15 @@ def main() -> None:
     args = p.parse_args()
     spec = json.load(open(args.spec))
     shapes = [bench.Shape(e["kind"], tuple(e["dims"])) for e in spec]
-    sizes = bench.shape_sizes(shapes, args.seed, args.match_rows)
+    drawn = bench.shape_sizes(shapes, args.seed, args.match_rows)
+    sizes = [sizes_of(e, s, drawn[s]) for e, s in zip(spec, shapes)]
 
-    def configs(shape, variants):
+    def configs(shape, size, variants):
         out = []
         for v in variants:
             C.override_config(shape.kind, shape.n, shape.k, **v)
             try:
-                out.append(bench.shape_config(shape, sizes[shape], 132))
+                out.append(bench.shape_config(shape, size, 132))
             except ValueError as ex:
                 print(f"skip {shape.label} {v}: {ex}")
                 out.append(None)
@@ -48,19 +62,19 @@ def main() -> None:
                 C.override_config(shape.kind, shape.n, shape.k)
         return out
 
-    all_cfgs = [c for e, s in zip(spec, shapes) for c in configs(s, e["variants"]) if c is not None]
+    all_cfgs = [c for e, s, z in zip(spec, shapes, sizes) for c in configs(s, z, e["variants"]) if c is not None]
     secs = compile_all(all_cfgs, 16, progress=False)
     print(f"compiled {len(set(all_cfgs))} kernels in {secs:.0f}s", flush=True)
     kernel_timer, why = bench.open_cupti_timer()
     timer = bench.Timer(bench.FLUSH_BYTES, kernel_timer)
     print("timing:", "cupti" if kernel_timer else f"events ({why})", flush=True)
     rows = []
-    for e, shape in zip(spec, shapes):
-        inp = bench.make_inputs(shape, sizes[shape], 0)
+    for e, shape, size in zip(spec, shapes, sizes):
+        inp = bench.make_inputs(shape, size, 0)
         prep = bench.prepare_cupygemm(inp)
-        sel_rows, sel_groups = bench.check_rows(shape, sizes[shape], bench.CHECK_ROWS, 0)
+        sel_rows, sel_groups = bench.check_rows(shape, size, bench.CHECK_ROWS, 0)
         ref = bench.reference_rows(inp, sel_rows, sel_groups)
-        for v, cfg in zip(e["variants"], configs(shape, e["variants"])):
+        for v, cfg in zip(e["variants"], configs(shape, size, e["variants"])):
             if cfg is None:
                 continue
             C.override_config(shape.kind, shape.n, shape.k, **v)
@@ -74,8 +88,8 @@ def main() -> None:
                 us, err = None, f"{type(ex).__name__}: {ex}"
             finally:
                 C.override_config(shape.kind, shape.n, shape.k)
-            rows.append({"kind": shape.kind, "dims": list(shape.dims), "valid_m": sizes[shape].valid_m,
-                         "group_rows": list(sizes[shape].group_rows),
+            rows.append({"kind": shape.kind, "dims": list(shape.dims), "valid_m": size.valid_m,
+                         "group_rows": list(size.group_rows),
                          "variant": v, "config": cfg.describe(), "us": us, "error": err})
             print(f"{shape.kind} {shape.label} {json.dumps(v)}: {us if us is None else round(us, 2)} us  "
                   f"[{cfg.describe().split(': ', 1)[1]}]{'  ' + err if err else ''}", flush=True)
