@@ -505,11 +505,13 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     }
 
     if (kKSlices > 1 || sk_piece) {
-      // This CTA's sums go to global memory in register order, four per thread and access (coalesced); the tile's
-      // last CTA to arrive adds every piece (K slice, or stream-K piece) in K order, so the result does not depend
-      // on which CTA that is, and stores the tile.
+      // This CTA's sums go to global memory register by register, each a coalesced 128-float row over the
+      // warpgroup's threads (four-register vector stores would pin the accumulators to aligned register quads, which
+      // slowed every whole tile of the kernel by 2-3 %, NOTES section 19). The tile's last CTA to arrive adds every
+      // piece (K slice, or stream-K piece) in K order, so the result does not depend on which CTA that is, and stores
+      // the tile.
       constexpr uint32_t kPartial = WG_M * BLOCK_N;  // floats per piece and row group
-      static_assert(kAccPerSub % 4 == 0, "partial sums move in groups of four registers");
+      static_assert(kAccPerSub % 4 == 0, "partial sums are read back in groups of four registers");
       const uint32_t row_group_idx = kSplitK ? 0 : warpgroup;
       // Piece i's partial sums (this thread's first float): a K slice of the tile, or the tail piece in the slot of
       // the cluster that ran it; how many pieces there are, which is this CTA's, and the tile's arrival counter.
@@ -517,12 +519,12 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       auto piece_sums = [&](uint32_t i) -> float* {
         const uint32_t slot =
             kStreamK ? scheduler.sk_slot(tile.sk_unit, i) * kCluster + scheduler.rank : tile_id * kKSlices + i;
-        return partials + (slot * kRowGroups + row_group_idx) * kPartial + tid * 4;
+        return partials + (slot * kRowGroups + row_group_idx) * kPartial + tid;
       };
       const uint32_t pieces = kStreamK ? scheduler.sk_split : kKSlices;
       const uint32_t mine = tile.k_slice;
       const uint32_t counter_idx = kStreamK ? tile.sk_unit * kCluster + scheduler.rank : tile_id;
-      auto at = [](float* base, uint32_t ms, uint32_t ns, uint32_t j) {  // j: a multiple of 4
+      auto at = [](float* base, uint32_t ms, uint32_t ns, uint32_t j) {
         return base + ((ms * kNumNSub + ns) * kAccPerSub + j) * 128;
       };
       float* my_sums = piece_sums(mine);
@@ -531,10 +533,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
 #pragma unroll
         for (uint32_t ns = 0; ns < kNumNSub; ++ns)
 #pragma unroll
-          for (uint32_t j = 0; j < kAccPerSub; j += 4) {
-            const float* v = &final_acc[ms][ns][j];
-            st_global_cg_v4(at(my_sums, ms, ns, j), v[0], v[1], v[2], v[3]);
-          }
+          for (uint32_t j = 0; j < kAccPerSub; ++j) st_global_cg(at(my_sums, ms, ns, j), final_acc[ms][ns][j]);
       named_barrier_sync(barrier_id, 128);  // every thread's stores precede the release below
       uint32_t* counter = tile_counters + counter_idx * kRowGroups + row_group_idx;
       const bool last = named_barrier_vote<true>(
@@ -567,7 +566,8 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
               float p[kPass][4];
 #pragma unroll
               for (uint32_t i = 0; i < kPass; ++i)
-                ld_global_cg_v4(at(base[i], ms, ns, j), p[i][0], p[i][1], p[i][2], p[i][3]);
+#pragma unroll
+                for (uint32_t e = 0; e < 4; ++e) p[i][e] = ld_global_cg(at(base[i], ms, ns, j + e));
 #pragma unroll
               for (uint32_t i = 0; i < kPass; ++i)
                 if (kWholePasses || first + i < pieces)
@@ -591,7 +591,11 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       rows_ok = tile_row0 + WG_M <= tile.rows;  // uniform across the warpgroup
     }
 
-    if (rows_ok) {
+    // Masked tiles past masked_m stage too, then copy their valid rows out in 16-byte pieces (the rows past them lie
+    // inside D and must stay untouched, so no TMA store): per-thread 4-byte stores straight from the accumulators cost
+    // about 0.7 us more on 1x1006x4096x7168 (NOTES section 19).
+    constexpr bool kStagedRows = kKind == kGroupedMasked;
+    if (rows_ok || kStagedRows) {
       // Stage through swizzled shared memory, then one TMA store per slab (overlaps the next tile).
       if (tid == 0) tma_store_wait_read<0>();
       named_barrier_sync(barrier_id, 128);
@@ -610,19 +614,34 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
                                     d_slab_offset<kSwizzleD, kSlabCols * 2>(row, col % kSlabCols);
               st_shared_u32(addr, pack_bf16x2(final_acc[ms][ns][g * 4 + 2 * h], final_acc[ms][ns][g * 4 + 2 * h + 1]));
             }
-      fence_proxy_async_shared();
-      named_barrier_sync(barrier_id, 128);
-      if (tid == 0) {
-        const int d_group = kKind == kGroupedMasked ? static_cast<int>(tile.group) : 0;
+      if (rows_ok) {
+        fence_proxy_async_shared();
+        named_barrier_sync(barrier_id, 128);
+        if (tid == 0) {
+          const int d_group = kKind == kGroupedMasked ? static_cast<int>(tile.group) : 0;
 #pragma unroll
-        for (uint32_t slab = 0; slab < kNumSlabs; ++slab)
-          tma_store_3d(&tmap_d, my_smem_d + slab * kSlabBytes, static_cast<int>(n0 + slab * kSlabCols),
-                       static_cast<int>(tile_row0), d_group);
-        tma_store_commit();
+          for (uint32_t slab = 0; slab < kNumSlabs; ++slab)
+            tma_store_3d(&tmap_d, my_smem_d + slab * kSlabBytes, static_cast<int>(n0 + slab * kSlabCols),
+                         static_cast<int>(tile_row0), d_group);
+          tma_store_commit();
+        }
+      } else {
+        // Consecutive threads take consecutive 8-column pieces of a row: whole rows go out coalesced. (The next
+        // tile's staging waits at the barrier above until every thread has read its pieces.)
+        named_barrier_sync(barrier_id, 128);
+        constexpr uint32_t kPiecesPerRow = BLOCK_N / 8;
+        const uint32_t valid_rows = cmin(WG_M, tile.rows - tile_row0);
+        uint16_t* d_tile = d_ptr + (uint64_t(tile.group) * shape_m + tile_row0) * ld_d + n0;
+#pragma unroll 4
+        for (uint32_t i = tid; i < valid_rows * kPiecesPerRow; i += 128) {
+          const uint32_t row = i / kPiecesPerRow, col = (i % kPiecesPerRow) * 8;
+          const uint32_t addr = smem_u32(my_smem_d + (col / kSlabCols) * kSlabBytes) +
+                                d_slab_offset<kSwizzleD, kSlabCols * 2>(row, col % kSlabCols);
+          if (n0 + col < SHAPE_N) st_global_v4(d_tile + uint64_t(row) * ld_d + col, ld_shared_v4(addr));
+        }
       }
     } else {
-      // Some rows must stay untouched (contiguous padding rows, masked rows past masked_m): direct stores.
-      const uint64_t group_rows = kKind == kGroupedMasked ? uint64_t(tile.group) * shape_m : 0;
+      // Contiguous rows of other groups or padding must stay untouched: direct stores from the accumulators.
       const uint32_t valid_m = tile.rows;
 #pragma unroll
       for (uint32_t ms = 0; ms < kNumMSub; ++ms)
@@ -633,7 +652,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
           if constexpr (kKind == kGroupedContiguous)  // (a half tile's second slice is the other warpgroup's)
             ok = ok && row_group[ms][h] == static_cast<int>(tile.group) && ms < active_slices;
           if (!ok) continue;
-          uint16_t* d_row = d_ptr + (group_rows + r) * ld_d;
+          uint16_t* d_row = d_ptr + uint64_t(r) * ld_d;
 #pragma unroll
           for (uint32_t ns = 0; ns < kNumNSub; ++ns)
 #pragma unroll

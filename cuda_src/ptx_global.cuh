@@ -1,16 +1,24 @@
-// Global memory shared between the CTAs that compute K slices of one output tile: their FP32 partial sums and the
-// per-tile arrival counter that tells the last of them to reduce.
+// Global memory accesses the compiler is not left to choose: 16-byte output stores, and what the CTAs that compute
+// K slices (or stream-K pieces) of one output tile share: their FP32 partial sums and the per-tile arrival counter
+// that tells the last of them to reduce.
 #pragma once
 #include "ptx_common.cuh"
 
 namespace cupygemm {
 
-// Partial sums go to and come from L2 only (.cg): the reading CTA runs on another SM, whose L1 is not coherent.
-__device__ __forceinline__ void st_global_cg_v4(float* ptr, float a, float b, float c, float d) {
-  asm volatile("st.global.cg.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+// One 16-byte store (a plain uint4 assignment was sometimes split into four 4-byte stores).
+__device__ __forceinline__ void st_global_v4(void* ptr, uint4 v) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
-__device__ __forceinline__ void ld_global_cg_v4(const float* ptr, float& a, float& b, float& c, float& d) {
-  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(a), "=f"(b), "=f"(c), "=f"(d) : "l"(ptr) : "memory");
+
+// Partial sums go to and come from L2 only (.cg): the reading CTA runs on another SM, whose L1 is not coherent.
+__device__ __forceinline__ void st_global_cg(float* ptr, float v) {
+  asm volatile("st.global.cg.f32 [%0], %1;\n" ::"l"(ptr), "f"(v) : "memory");
+}
+__device__ __forceinline__ float ld_global_cg(const float* ptr) {
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];\n" : "=f"(v) : "l"(ptr) : "memory");
+  return v;
 }
 
 // Counts one more arrival at a tile. Release: this CTA's partial-sum stores (ordered before by a barrier) are

@@ -101,7 +101,9 @@ def test_k_slices_compile(bm, bn, ks, split, tmp_path):
 def test_stream_k_compile(kind, bm, bn, mc, tmp_path):
     """Stream-K tail kernels: the tail pieces run one more, not unrolled, copy of the K loop (4 wgmmas per m64
     slice); nothing spills; the K loop keeps its wgmma descriptors in uniform registers (a few more R2UR moves than
-    without the tail, not one or more per wgmma: NOTES section 15)."""
+    without the tail, not one or more per wgmma: NOTES section 15); the pieces' partial sums leave register by
+    register (4-byte .cg stores): 16-byte vector stores pinned the accumulators to register quads, which slowed the
+    kernel's whole tiles by 2-3 % (NOTES section 19)."""
     cfg = C.make_config(kind, 4096, 7168, bm, bn, 132, multicast=mc, stream_k=True, serial_m=bm == 256)
     base = C.make_config(kind, 4096, 7168, bm, bn, 132, multicast=mc, serial_m=bm == 256)
     sass, _ = _sass(compile_gemm(cfg), tmp_path)
@@ -110,6 +112,20 @@ def test_stream_k_compile(kind, bm, bn, mc, tmp_path):
     assert qgmma == base_qgmma + 4
     assert not re.search(r"\b(LDL|STL)\b", sass)
     assert sass.count("R2UR") <= base_sass.count("R2UR") + 12
+    assert not re.search(r"STG\.E\.128\.STRONG", sass)
+    assert len(re.findall(r"STG\.E\.STRONG\.GPU", sass)) > bm * bn // (128 * cfg.num_math_wg)  # one per partial sum
+
+
+@pytest.mark.parametrize("bm,bn,mc,sk", [(256, 128, 1, True), (128, 160, 1, False), (64, 168, 0, False)])
+def test_masked_partial_rows_leave_staged(bm, bn, mc, sk, tmp_path):
+    """Masked tiles reaching past masked_m store their valid rows from the staged (swizzled) output tile in 16-byte
+    pieces (LDS.128 -> STG.E.128), not 4-byte stores straight from the accumulators (NOTES section 19); full tiles
+    keep their TMA stores."""
+    cfg = C.make_config(C.KIND_MASKED, 4096, 7168, bm, bn, 132, multicast=mc, stream_k=sk, serial_m=bm == 256,
+                        split_k=bm == 64)
+    sass, _ = _sass(compile_gemm(cfg), tmp_path)
+    assert "LDS.128" in sass and re.search(r"STG\.E\.128 ", sass) and "UTMASTG" in sass
+    assert not re.search(r"STG\.E ", sass)
 
 
 def test_compile_error_carries_log_and_config():
