@@ -71,8 +71,9 @@ _SLICED_BLOCK_N = 48
 # into at most this many pieces each. The tail costs, beyond its pieces' share of a tile, a fixed part and the
 # unit's last piece reading every piece's partial tile back on one SM; a stream-K kernel ran 0-4 % slower than the
 # plain one where nothing is split (_SK_KERNEL_FACTOR; since its partial sums stopped pinning the accumulators to
-# register quads it measures ~0.5 %, NOTES 19d, but the factor is not refitted: 14 of 196 picks would change). Fitted to 13 split tails of the masked seed shapes on an H200 (measured tail
-# 4-6 us + the bytes at ~80 GB/s; in the model's units, whose tile times run ~1/0.7 of measured ones), NOTES 15.
+# register quads it measures ~0.5 %, NOTES 19d, but the factor is not refitted: 14 of 196 picks would change).
+# Fitted to 13 split tails of the masked seed shapes on an H200 (measured tail 4-6 us + the bytes at ~80 GB/s; in the
+# model's units, whose tile times run ~1/0.7 of measured ones), NOTES 15.
 STREAM_K_KINDS = (KIND_NORMAL, KIND_MASKED)  # the kernel has no stream-K tail for the contiguous layout
 _SK_MAX_SPLIT = 8
 _SK_TAIL_OVERHEAD_S = 6.4e-6

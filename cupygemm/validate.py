@@ -231,6 +231,10 @@ def masked(lhs: Any, rhs: Any, out: Any, masked_m: Any, expected_m: int) -> Prob
     _check_rows_tma(a, "lhs[0] (A)")
     mm = _int32_vector(masked_m, "masked_m", g)
     d = _out(out, (g, m, n))
+    if g > 1 and d.strides[0] != m * d.strides[1]:
+        # The kernel finds a group's rows of D at group x M rows (its partial tiles are stored row by row).
+        raise ValueError(f"out: expected the groups back to back (strides[0] == M x strides[1] = {m * d.strides[1]} "
+                         f"bytes), got strides {tuple(d.strides)}; pass out=None or an array allocated as (G, M, N)")
     dev = _device_of([a, sfa, b, sfb, d, mm], ["A", "A scales", "B", "B scales", "out", "masked_m"])
     if check_inputs_enabled():
         check_masked_m(mm.get(), m)

@@ -31,6 +31,10 @@ def sizes_of(entry: dict, shape: bench.Shape, drawn: bench.Sizes) -> bench.Sizes
     rows = tuple(int(r) for r in entry["group_rows"])
     if shape.kind == "normal" or len(rows) != shape.groups:
         raise SystemExit(f"{shape.label}: group_rows needs a grouped kind and one size per group, got {rows}")
+    if shape.kind == "masked" and not all(0 <= r <= drawn.a_rows for r in rows):
+        raise SystemExit(f"{shape.label}: masked group_rows must lie in [0, {drawn.a_rows}] (max_m), got {rows}")
+    if shape.kind == "contiguous" and not all(r >= 1 for r in rows):
+        raise SystemExit(f"{shape.label}: contiguous group_rows must be positive, got {rows}")
     if shape.kind == "contiguous":
         return bench.Sizes(rows, sum(C.ceil_div(r, C.M_ALIGNMENT) * C.M_ALIGNMENT for r in rows))
     return bench.Sizes(rows, drawn.a_rows)

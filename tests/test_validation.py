@@ -151,6 +151,10 @@ def test_masked_checks():
         validate.masked((a3, s3), (b, sfb), out, mm, 1.5)
     with pytest.raises(ValueError, match=r"out: expected shape \(3, 128, 256\)"):
         validate.masked((a3, s3), (b, sfb), Fake((m, n), BF16), mm, 64)
+    # Padded rows (ld > N) are fine; groups spaced further apart than M rows are not (a view of a larger buffer).
+    validate.masked((a3, s3), (b, sfb), Fake((g, m, n), BF16, strides=(m * 384 * 2, 384 * 2, 2)), mm, 64)
+    with pytest.raises(ValueError, match=r"out: expected the groups back to back"):
+        validate.masked((a3, s3), (b, sfb), Fake((g, m, n), BF16, strides=(2 * m * n * 2, n * 2, 2)), mm, 64)
 
 
 def test_host_index_checks():
