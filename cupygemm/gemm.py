@@ -121,7 +121,8 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[Any, Any], rhs: tuple[Any, 
     Args:
         lhs: ``(A, SFA)``: A [G, max_m, K] FP8, SFA [G, max_m, ceil(K/128)] float32.
         rhs: ``(B, SFB)``: B [G, N, K] FP8, SFB [G, ceil(N/128), ceil(K/128)] float32.
-        out: bfloat16 [G, max_m, N]; rows at or past masked_m[g] are left untouched.
+        out: bfloat16 [G, max_m, N], groups back to back (rows may be padded; None allocates); rows at or past
+            masked_m[g] are left untouched.
         masked_m: int32 [G] on the device, read by the kernel (no host synchronization; capturable in a
             CUDA graph). Values are clamped to [0, max_m]; ``CUPYGEMM_CHECK_INPUTS=1`` reports them instead.
         expected_m: typical rows per group; only used to choose the kernel config, which is planned for groups
