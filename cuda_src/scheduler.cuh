@@ -66,7 +66,6 @@ struct TileScheduler {
 
   uint32_t rank;  // this CTA's place in its cluster
   uint32_t stride;  // clusters in the grid
-  uint32_t cluster;  // this CTA's cluster
 
   // Stream-K tail: units [0, dp_units) run whole, one per cluster in turn. dp_units is a multiple of the
   // clusters, so cluster c's next index is dp_units + c: below end_units it runs piece c / sk_units of tail unit
@@ -76,7 +75,7 @@ struct TileScheduler {
   // With kStreamK all 32 lanes of the warp construct it (masked: they sum the groups' units together).
   __device__ __forceinline__ TileScheduler(uint32_t shape_m_, uint32_t num_groups_, const int* layout)
       : shape_m(shape_m_), num_groups(num_groups_), grouped_layout(layout), next_tile(blockIdx.x / kCluster),
-        rank(kMulticast ? cluster_cta_rank() : 0), stride(gridDim.x / kCluster), cluster(blockIdx.x / kCluster) {
+        rank(kMulticast ? cluster_cta_rank() : 0), stride(gridDim.x / kCluster) {
     if constexpr (kStreamK) plan_tail(total_units());
   }
 

@@ -579,8 +579,8 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
     cfg = make_config(kind, n, k, bm, bn, num_sms=max(grid, 1), smem_limit=smem_limit,
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
                       raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"), multicast=mc,
-                      split_k=fields.get("split_k", not sk and split_k_pays(bm, slice_k(k, ks), est.waves)), serial_m=serial,
-                      k_slices=ks, stream_k=sk)
+                      split_k=fields.get("split_k", not sk and split_k_pays(bm, slice_k(k, ks), est.waves)),
+                      serial_m=serial, k_slices=ks, stream_k=sk)
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):

@@ -36,7 +36,7 @@ def sizes_of(entry: dict, shape: bench.Shape, drawn: bench.Sizes) -> bench.Sizes
     if shape.kind == "contiguous" and not all(r >= 1 for r in rows):
         raise SystemExit(f"{shape.label}: contiguous group_rows must be positive, got {rows}")
     if shape.kind == "contiguous":
-        return bench.Sizes(rows, sum(C.ceil_div(r, C.M_ALIGNMENT) * C.M_ALIGNMENT for r in rows))
+        return bench.Sizes(rows, sum(bench.round_up(r, C.M_ALIGNMENT) for r in rows))
     return bench.Sizes(rows, drawn.a_rows)
 
 
