@@ -69,16 +69,18 @@ _REDUCE_OVERHEAD_S = 1.2e-6
 _SLICED_BLOCK_N = 48
 # Stream-K tail (``stream_k``): a partly filled last round's tiles split along K (cuda_src/scheduler.cuh's plan)
 # into at most this many pieces each. The tail costs, beyond its pieces' share of a tile, a fixed part and the
-# unit's last piece reading every piece's partial tile back on one SM; a stream-K kernel ran 0-4 % slower than the
-# plain one where nothing is split (_SK_KERNEL_FACTOR; since its partial sums stopped pinning the accumulators to
-# register quads it measures ~0.5 %, NOTES 19d, but the factor is not refitted: 14 of 196 picks would change).
-# Fitted to 13 split tails of the masked seed shapes on an H200 (measured tail 4-6 us + the bytes at ~80 GB/s; in the
-# model's units, whose tile times run ~1/0.7 of measured ones), NOTES 15.
+# unit's last piece reading every piece's partial tile back on one SM. Fitted to 13 split tails of the masked seed
+# shapes on an H200 (measured tail 4-6 us + the bytes at ~80 GB/s; in the model's units, whose tile times run ~1/0.7
+# of measured ones), NOTES 15.
 STREAM_K_KINDS = (KIND_NORMAL, KIND_MASKED)  # the kernel has no stream-K tail for the contiguous layout
 _SK_MAX_SPLIT = 8
 _SK_TAIL_OVERHEAD_S = 6.4e-6
 _SK_READ_BYTES_PER_SM = 56e9
-_SK_KERNEL_FACTOR = 1.02
+# A stream-K kernel's whole tiles ran 0-4 % slower than the plain kernel's until its partial sums stopped pinning the
+# accumulators to register quads (NOTES 19d), ~0.5 % since. Refitted per kind where the factor decides (NOTES 20):
+# masked picks that change at 1.0 measured faster on 7 of 10 problems (by up to 6.6 %; the other three within 1 %),
+# the two normal picks that change measured 2.4-3.5 % slower, so normal GEMMs keep 1.02.
+_SK_KERNEL_FACTOR = {KIND_NORMAL: 1.02, KIND_MASKED: 1.0}
 _MAX_K_SLICES = 4
 # Three math warpgroups on 192-row tiles (one m64 slice each) against the 256-row tiles' two warpgroups of two serial
 # slices: measured per unit of work 3-10 % faster where K <= 1536 (4096x32768x512 136.0 -> 122.6 us,
@@ -342,7 +344,8 @@ def stream_k_tail(units: int, clusters: int, k_blocks: int) -> tuple[int, int]:
     return (tail, split) if split > 1 else (0, 1)
 
 
-def _stream_k_seconds(tiles: int, sms: int, cluster: int, k: int, tile_s: float, bm: int, bn: int) -> float:
+def _stream_k_seconds(kind: int, tiles: int, sms: int, cluster: int, k: int, tile_s: float, bm: int,
+                      bn: int) -> float:
     """Time of `tiles` with the stream-K tail: the full rounds, then one piece of a tail unit per cluster, its
     partial tile stored and, for the unit's last piece, all of the unit's pieces read back."""
     units, clusters = tiles // cluster, max(1, sms // cluster)
@@ -352,7 +355,7 @@ def _stream_k_seconds(tiles: int, sms: int, cluster: int, k: int, tile_s: float,
     if tail:
         seconds += (tile_s - _TILE_OVERHEAD_S) / split + _TILE_OVERHEAD_S + _SK_TAIL_OVERHEAD_S
         seconds += bm * bn * 4 * split / _SK_READ_BYTES_PER_SM
-    return seconds * _SK_KERNEL_FACTOR
+    return seconds * _SK_KERNEL_FACTOR[kind]
 
 
 def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int,
@@ -371,7 +374,7 @@ def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: 
             # Every unit stores its FP32 partial tile; the tile's last CTA then reads the other slices' partials.
             unit += (bm * bn * 4 * k_slices) / _REDUCE_BYTES_PER_SM + _REDUCE_OVERHEAD_S
         if stream_k:
-            return _stream_k_seconds(tiles, sms, 2 if multicast else 1, k, unit, bm, bn), waves
+            return _stream_k_seconds(kind, tiles, sms, 2 if multicast else 1, k, unit, bm, bn), waves
         return waves * unit, waves
 
     m_blocks = ceil_div(m_rows, bm)
@@ -543,6 +546,13 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
                 consider(bm, bn, serial)
     assert best is not None
     _, bm, bn, mc, serial, sk, est = best
+    if mc == 1 and kind == KIND_NORMAL and m_rows <= bm == 128:
+        # All of A is one 128-row block, which every CTA reads from L2 while B streams from memory: sharing it saves
+        # L2 reads only, and the pick's tile without it measured 2-4 % faster (128x32768x512 on an H200 and an H100,
+        # 128x24576x1536 on an H100; NOTES 20). Excluded from the search instead, the model moved to other tiles,
+        # not measured; 256-row single blocks (M <= 256, more of the tile's operand bytes are A) were not measured.
+        mc = 0
+        est = _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, stream_k=sk)
     ks = 1
     sliced = sliced_tile(kind, m_rows, n, k, num_sms)
     if sliced is not None:
