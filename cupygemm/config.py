@@ -437,6 +437,9 @@ def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
     bad = set(fields) - allowed
     if bad:
         raise ValueError(f"override_config: unknown fields {sorted(bad)}; allowed: {sorted(allowed)}")
+    if fields.get("stream_k") and kind not in STREAM_K_KINDS:
+        # Refused here: choose_config prices a forced tail before make_config would refuse it.
+        raise ValueError(f"override_config: stream_k needs a normal or masked GEMM, got {KIND_NAMES[kind]}")
     global _override_version
     with _override_lock:
         if fields:
@@ -546,7 +549,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
                 consider(bm, bn, serial)
     assert best is not None
     _, bm, bn, mc, serial, sk, est = best
-    if mc == 1 and kind == KIND_NORMAL and m_rows <= bm == 128:
+    if mc == 1 and kind == KIND_NORMAL and bm == 128 and m_rows <= bm:
         # All of A is one 128-row block, which every CTA reads from L2 while B streams from memory: sharing it saves
         # L2 reads only, and the pick's tile without it measured 2-4 % faster (128x32768x512 on an H200 and an H100,
         # 128x24576x1536 on an H100; NOTES 20). Excluded from the search instead, the model moved to other tiles,

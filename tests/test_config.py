@@ -342,6 +342,8 @@ def test_stream_k_choice_and_validation():
         assert cfg.stream_k and not cfg.split_k and cfg.num_sms == 132  # every SM, for the split tail
     finally:
         C.override_config("normal", 2112, 7168)
+    with pytest.raises(ValueError, match="stream_k needs a normal or masked GEMM, got contiguous"):
+        C.override_config("contiguous", 4096, 7168, stream_k=True)  # refused before any estimate
     for bad in [dict(kind=C.KIND_CONTIGUOUS), dict(k_slices=2), dict(split_k=True, block_m=64, block_n=64)]:
         args = dict(kind=C.KIND_NORMAL, n=2048, k=1024, block_m=128, block_n=128, num_sms=132, stream_k=True) | bad
         with pytest.raises(ValueError, match="stream_k"):
