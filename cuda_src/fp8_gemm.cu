@@ -33,7 +33,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
                                               const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
                                               uint16_t* __restrict__ d_ptr, float* __restrict__ partials,
                                               uint32_t* __restrict__ tile_counters, uint32_t shape_m,
-                                              uint32_t num_groups, uint32_t ld_d) {
+                                              uint32_t num_groups, uint32_t ld_d, uint32_t b_evict_first) {
   constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
   // setmaxnreg (cupygemm/config.py picks the split): the producer drops to kProducerRegs, the math warpgroups rise.
   static_assert(kNumMathWG == 1 || kProducerRegs * 128 + kMathRegs * kNumMathThreads <= 64 * 1024,
@@ -151,6 +151,12 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       const int b_group = kKind == kNormal ? 0 : static_cast<int>(tile.group);
       const uint32_t a_boxes = cmin(kABoxes, ceil_div(tile.rows - tile.m_block * BLOCK_M, A_BOX_M));
       const uint32_t tx_bytes = a_boxes * A_BOX_M * kBlockK + kStageTxBytesNoA;
+      // B tiles read by this CTA (or the pair sharing them) alone, when the rows fit one m block (pair), may go
+      // into L2 as first to evict (the host allows it when B cannot stay in L2 between calls anyway). Streamed with
+      // the normal priority, they push out other data, dirty lines too, whose write-backs then compete for memory
+      // bandwidth with this GEMM's loads (benchmarks/NOTES.md section 21).
+      const uint64_t b_policy =
+          l2_policy(b_evict_first != 0 && ceil_div(tile.rows, BLOCK_M) <= (kMulticast == 2 ? 2u : 1u));
 #pragma unroll 1
       for (uint32_t kb = tile.k_begin; kb < tile.k_end; ++kb) {
         mbarrier_wait(&empty_bar[stage], phase ^ 1);
@@ -168,10 +174,11 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
             tma_load_3d(dst, &tmap_a, &full_bar[stage], k, row, a_group);
         }
         if constexpr (kMulticast == 2)
-          tma_load_3d_multicast(smem_b + stage * SMEM_B + scheduler.rank * (SMEM_B / 2), &tmap_b, &full_bar[stage],
-                                0b11, k, b_row + static_cast<int>(scheduler.rank * BLOCK_N / 2), b_group);
+          tma_load_3d_multicast_hint(smem_b + stage * SMEM_B + scheduler.rank * (SMEM_B / 2), &tmap_b,
+                                     &full_bar[stage], 0b11, k, b_row + static_cast<int>(scheduler.rank * BLOCK_N / 2),
+                                     b_group, b_policy);
         else
-          tma_load_3d(smem_b + stage * SMEM_B, &tmap_b, &full_bar[stage], k, b_row, b_group);
+          tma_load_3d_hint(smem_b + stage * SMEM_B, &tmap_b, &full_bar[stage], k, b_row, b_group, b_policy);
         tma_load_3d(reinterpret_cast<uint8_t*>(smem_sfa) + stage * SMEM_SFA, &tmap_sfa, &full_bar[stage], a_row,
                     static_cast<int>(kb), a_group);
         if (++stage == kNumStages) stage = 0, phase ^= 1;
@@ -678,12 +685,13 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                       const __grid_constant__ cupygemm::TmaDescriptor tmap_sfa,
                       const __grid_constant__ cupygemm::TmaDescriptor tmap_d, const float* sfb,
                       const int* grouped_layout, uint16_t* d_ptr, float* partials, uint32_t* tile_counters,
-                      uint32_t shape_m, uint32_t num_groups, uint32_t ld_d) {
+                      uint32_t shape_m, uint32_t num_groups, uint32_t ld_d, uint32_t b_evict_first) {
   cupygemm::fp8_gemm_impl<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N, CUPYGEMM_WGMMA_N,
                           CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG, CUPYGEMM_MATH_REGS, CUPYGEMM_PRODUCER_REGS,
                           CUPYGEMM_SWIZZLE_D, CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_DOUBLE_ACC,
                           CUPYGEMM_MULTICAST, CUPYGEMM_SPLIT_K, CUPYGEMM_SERIAL_M, CUPYGEMM_K_SLICES,
                           CUPYGEMM_STREAM_K, CUPYGEMM_A_BOX_M>(
-      tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials, tile_counters, shape_m, num_groups, ld_d);
+      tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials, tile_counters, shape_m, num_groups, ld_d,
+      b_evict_first);
 }
 #endif

@@ -18,6 +18,36 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TmaDescriptor* desc
       : "memory");
 }
 
+// L2 eviction priorities for TMA loads (createpolicy): data read once goes first, so it does not push out what
+// is still wanted, nor dirty lines that would have to be written back meanwhile.
+__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+  uint64_t p;
+  if (evict_first)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+
+// As tma_load_3d, with an L2 cache policy from l2_policy().
+__device__ __forceinline__ void tma_load_3d_hint(void* dst, const TmaDescriptor* desc, uint64_t* bar, int c0, int c1,
+                                                 int c2, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d_multicast_hint(void* dst, const TmaDescriptor* desc, uint64_t* bar,
+                                                           uint16_t cta_mask, int c0, int c1, int c2, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint "
+      "[%0], [%1, {%4, %5, %6}], [%2], %3, %7;\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(desc)), "r"(smem_u32(bar)), "h"(cta_mask), "r"(c0), "r"(c1), "r"(c2), "l"(policy)
+      : "memory");
+}
+
 // Same box, written to the same shared-memory offset of every CTA in `cta_mask` (cluster multicast).
 __device__ __forceinline__ void tma_load_3d_multicast(void* dst, const TmaDescriptor* desc, uint64_t* bar,
                                                       uint16_t cta_mask, int c0, int c1, int c2) {

@@ -46,6 +46,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     n, size = cache.disk_usage()
     print(f"cache         {cache.cache_dir()} ({n} kernels, {size / 1e6:.1f} MB)")
     print(f"interleave    CUPYGEMM_FFMA_INTERLEAVE={os.environ.get('CUPYGEMM_FFMA_INTERLEAVE', 'auto')}")
+    print(f"B in L2       CUPYGEMM_B_EVICT_FIRST={os.environ.get('CUPYGEMM_B_EVICT_FIRST', 'auto')}")
     return 0
 
 

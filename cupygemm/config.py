@@ -604,6 +604,27 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
     return cfg
 
 
+B_EVICT_FIRST_ENV = "CUPYGEMM_B_EVICT_FIRST"
+
+
+def b_evict_first(num_groups: int, n: int, k: int, l2_bytes: int) -> bool:
+    """Whether the kernel may load B tiles that one CTA (or multicast pair) reads alone (M fits one row block) as
+    first to evict from L2.
+
+    Streamed with the normal priority, such tiles push out other data, dirty lines too, whose write-backs then compete
+    with the GEMM's loads (benchmarks/NOTES.md section 21); as first to evict they mostly replace each other, which
+    also means they are gone by the next call. ``CUPYGEMM_B_EVICT_FIRST``: ``auto`` (default) allows it when B (all
+    groups) is larger than L2 and so cannot stay cached between calls anyway; ``1`` always (B read once per step,
+    as weights in inference); ``0`` never.
+    """
+    mode = os.environ.get(B_EVICT_FIRST_ENV, "auto").strip().lower()
+    if mode in ("auto", ""):
+        return num_groups * n * k > l2_bytes
+    if mode in ("1", "0"):
+        return mode == "1"
+    raise ValueError(f"{B_EVICT_FIRST_ENV}: expected auto, 0 or 1, got {mode!r}")
+
+
 def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
                 num_stages: int | None = None, raster_n: int = 16, double_acc: bool | None = None,

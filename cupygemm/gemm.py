@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from . import tma, validate
-from .config import KIND_MASKED, choose_config, model_rows
+from .config import KIND_MASKED, b_evict_first, choose_config, model_rows
 from .device import get_num_sms, require_hopper
 from .layout import ceil_div
 from .kernels import get_gemm_kernel
@@ -19,6 +19,7 @@ def _launch(p: validate.Problem, expected_m: int | None = None) -> None:
 
     with cupy.cuda.Device(p.device_id):
         info = require_hopper()
+        evict_b = b_evict_first(p.num_groups, p.n, p.k, info.l2_bytes)
         cfg = choose_config(p.kind, model_rows(p.kind, p.m, expected_m), p.n, p.k, p.num_groups, get_num_sms(),
                             smem_limit=info.max_smem_per_block)
         kernel = get_gemm_kernel(cfg, p.device_id)
@@ -45,7 +46,7 @@ def _launch(p: validate.Problem, expected_m: int | None = None) -> None:
         stream = cupy.cuda.get_current_stream()
         partials, counters = split_k_scratch(cfg, m, p.device_id, stream)
         values = (tmap_a, tmap_b, tmap_sfa, tmap_d, p.sfb.data.ptr, layout, d.data.ptr, partials, counters, m,
-                  p.num_groups, ldd // 2)
+                  p.num_groups, ldd // 2, int(evict_b))
         if kernel.launcher is not None:
             kernel.launcher(grid, cfg.threads, cfg.smem_bytes, stream.ptr, values)
         else:  # the driver cannot report parameter offsets (CUDA < 12.4): CuPy packs them

@@ -11,8 +11,8 @@ from .launch import DESC, PTR, U32, packed_launcher
 
 GEMM_FILE, GEMM_ENTRY = "fp8_gemm.cu", "cupygemm_fp8_gemm"
 # cupygemm_fp8_gemm's parameters: tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d, partials, tile_counters,
-# shape_m, num_groups, ld_d.
-GEMM_PARAMS = (DESC,) * 4 + (PTR,) * 5 + (U32,) * 3
+# shape_m, num_groups, ld_d, b_evict_first.
+GEMM_PARAMS = (DESC,) * 4 + (PTR,) * 5 + (U32,) * 4
 
 _lock = threading.Lock()
 _by_config: dict[tuple[int, GemmConfig], LoadedKernel] = {}

@@ -223,6 +223,23 @@ def test_make_config_rejects_bad_k_slices(kind, k, ks, msg):
         C.make_config(kind, 2048, k, 128, 128, 132, k_slices=ks)
 
 
+def test_b_evict_first_rule(monkeypatch):
+    """B tiles may be first to evict from L2 when B (all groups) is larger than L2 (auto), always (1) or never (0);
+    other values are refused with the variable's name."""
+    l2 = 50 << 20
+    monkeypatch.delenv(C.B_EVICT_FIRST_ENV, raising=False)
+    assert C.b_evict_first(1, 7168, 16384, l2)  # 112 MiB of weights
+    assert not C.b_evict_first(1, 32768, 512, l2)  # 16 MiB: may stay in L2 for the next call
+    assert C.b_evict_first(8, 4096, 7168, l2) and not C.b_evict_first(1, 4096, 7168, l2)
+    monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "1")
+    assert C.b_evict_first(1, 32768, 512, l2)
+    monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "0")
+    assert not C.b_evict_first(1, 7168, 16384, l2)
+    monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "yes")
+    with pytest.raises(ValueError, match="CUPYGEMM_B_EVICT_FIRST: expected auto, 0 or 1"):
+        C.b_evict_first(1, 7168, 16384, l2)
+
+
 def test_k_slices_override_grid_and_scratch():
     """Each tile's K slices are separate work units: the grid covers them; the scratch holds one FP32 partial
     tile per unit and one counter per tile and row group."""
@@ -258,13 +275,13 @@ def test_packed_launch_parameters_follow_the_driver_layout():
     from cupygemm.launch import DESC, PTR, U32, PackedLauncher
 
     layout = [(0, 128), (128, 128), (256, 128), (384, 128)] + [(512 + 8 * i, 8) for i in range(5)] + \
-             [(552, 4), (556, 4), (560, 4)]
+             [(552, 4), (556, 4), (560, 4), (564, 4)]
     launcher = PackedLauncher(0, GEMM_PARAMS, layout)
-    values = [bytes([i]) * 128 for i in range(4)] + [1 << 40, 0, 7, 8, 9, 64, 2, 4096]
+    values = [bytes([i]) * 128 for i in range(4)] + [1 << 40, 0, 7, 8, 9, 64, 2, 4096, 1]
     packed = launcher.pack(values)
-    assert launcher.param_bytes == len(packed) == 564
+    assert launcher.param_bytes == len(packed) == 568
     assert packed[384:512] == bytes([3]) * 128
-    assert struct.unpack_from("<QQQQQIII", packed, 512) == (1 << 40, 0, 7, 8, 9, 64, 2, 4096)
+    assert struct.unpack_from("<QQQQQIIII", packed, 512) == (1 << 40, 0, 7, 8, 9, 64, 2, 4096, 1)
     padded = PackedLauncher(0, (U32, DESC, PTR), [(0, 4), (128, 128), (256, 8)]).pack([5, b"\x01" * 128, 6])
     assert len(padded) == 264 and padded[:4] == b"\x05\0\0\0" and padded[4:128] == bytes(124)
     with pytest.raises(CupygemmDeviceError, match="do not match"):

@@ -217,6 +217,29 @@ def test_k_slices_streams_and_graph():
         C.override_config("normal", n, k)
 
 
+@pytest.mark.parametrize("m,n,k,fields", [
+    (64, 2048, 1536, {}), (128, 1792, 2048, dict(block_m=64, block_n=112, multicast=2)),
+    (100, 1280, 1408, dict(block_m=128, block_n=128, stream_k=True, num_sms=16)), (1000, 1024, 1024, {}),
+])
+def test_b_evict_first_gives_the_same_result(monkeypatch, m, n, k, fields):
+    """B tiles loaded as first to evict from L2 (CUPYGEMM_B_EVICT_FIRST=1; the kernel uses it where one CTA or
+    pair reads a B tile, M <= one row block) give bit-identical output to the normal priority, and pass the check."""
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, 11)
+    if fields:
+        C.override_config("normal", n, k, **fields)
+    try:
+        outs = {}
+        for mode in ("0", "1"):
+            monkeypatch.setenv("CUPYGEMM_B_EVICT_FIRST", mode)
+            outs[mode] = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
+    finally:
+        C.override_config("normal", n, k)
+    assert (outs["0"].view(cp.uint16) == outs["1"].view(cp.uint16)).all()
+    want, mag = ref_normal(a, sfa, b, sfb)
+    stats = check_against_reference(outs["1"], want, mag)
+    assert stats["finite"] and stats["beyond_one_ulp"] == 0, stats
+
+
 def test_few_stages_and_small_grid():
     m, n, k = 512, 1024, 4096
     check_with_override(m, n, k, dict(block_m=128, block_n=128, num_stages=1, num_sms=3), 0, "1 stage, 3 CTAs")

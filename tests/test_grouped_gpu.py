@@ -215,6 +215,16 @@ def run_masked(g, max_m, n, k, masked, seed, expected_m=None):
     return a, sfa, b, sfb, out
 
 
+def test_masked_b_evict_first(monkeypatch):
+    """Groups of one row block and of several, with B tiles first to evict (CUPYGEMM_B_EVICT_FIRST=1) where a
+    group's rows fit one block: checked, and bit-identical to the normal priority."""
+    outs = []
+    for mode in ("1", "0"):
+        monkeypatch.setenv("CUPYGEMM_B_EVICT_FIRST", mode)
+        outs.append(run_masked(6, 512, 1024, 2048, [1, 64, 0, 200, 512, 130], seed=21, expected_m=100)[4])
+    assert (outs[0].view(cp.uint16) == outs[1].view(cp.uint16)).all()
+
+
 def check_masked(a, sfa, b, sfb, out, masked):
     for gi, mg in enumerate(masked):
         mg = max(0, min(mg, a.shape[1]))
