@@ -356,22 +356,23 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
     if (kb0 < kb_end) load_b_scales(next, kb0);
     // The K loop, with the scale-block boundary as a compile-time constant where a tile straddles 128-column
     // blocks at one of a few offsets (then the promotion picks each column's B scale without selects).
-    // Two or three warpgroups on different rows unroll the K loop 4x, so the next block's barrier wait and operand
-    // setup can overlap this block's promotion: 2-6 % on 256-row tiles (M = 4096, contiguous), 4-10 % on 128-row
-    // ones (192-row tiles were only measured unrolled). One warpgroup kernels showed no gain; split-K and sliced
-    // two-warpgroup kernels were not tried (benchmarks/NOTES.md section 12).
-    constexpr uint32_t kKLoopUnroll = kNumMathWG >= 2 && !kSplitK && kKSlices == 1 ? 4 : 1;
+    // Whole tiles unroll the K loop 4x, so the next block's barrier wait and operand setup overlap this block's
+    // promotion (ptxas hoists the wait into it): 2-6 % on 256-row tiles (M = 4096, contiguous), 4-10 % on 128-row
+    // ones (benchmarks/NOTES.md section 12); one-warpgroup kernels 3-7 % with L2 warm, split-K ones 0-1 % (section 22).
+    // Those two pick B scales per column at run time on some widths, and stay rolled there: unrolled, they spilled.
+    constexpr bool kRunTimeScaleSelect = kMaxSFB > 1 && !kAlignedN && !kSpecializeBoundary;
+    constexpr bool kRowWarpgroups = kNumMathWG >= 2 && !kSplitK;
+    constexpr uint32_t kKLoopUnroll = kKSlices == 1 && (kRowWarpgroups || !kRunTimeScaleSelect) ? 4 : 1;
     auto k_loop = [&](auto offset_case) {
       const uint32_t boundary = kSpecializeBoundary ? kBlockK - decltype(offset_case)::value * kOffsetStep
                                                     : tile_boundary;
       // Whole tiles (no K slices) loop over compile-time bounds.
       const uint32_t lo = kKSlices == 1 ? 0u : kb_first, hi = kKSlices == 1 ? kNumKBlocks : kb_end;
+      // Split-K: this warpgroup's blocks are every other one from lo + warpgroup (a loop without per-block branches,
+      // so it unrolls); the stage count still steps over the other warpgroup's blocks.
+      if (kSplitK && warpgroup == 1) advance();
 #pragma unroll kKLoopUnroll
-      for (uint32_t kb = lo; kb < hi; ++kb) {
-        if (kSplitK && (kb - lo) % 2 != warpgroup) {  // the other warpgroup's block: only keep the stage count
-          advance();
-          continue;
-        }
+      for (uint32_t kb = lo + (kSplitK ? warpgroup : 0); kb < hi; kb += kStep) {
         cur = next;
         if (kb + kStep < hi) load_b_scales(next, kb + kStep);  // prefetch: latency hides behind this block
         wait_stage(cur, stage, phase, wg_row0, kNumMSub);
@@ -386,6 +387,7 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
             promote(acc0, cur, ns, ms, ms + kAccSlices, boundary);
           }
         advance();
+        if (kSplitK && kb + 1 < hi) advance();
       }
     };
     // A warpgroup with some of its m64 slices past the valid rows: only the first `slices` are issued and promoted.

@@ -146,18 +146,29 @@ def test_render_inlines_every_header():
             "scheduler.cuh"} <= set(src.headers)
 
 
-@pytest.mark.parametrize("bm,fields,unroll", [(64, {}, 1), (64, {"split_k": True}, 1), (128, {}, 4),
-                                             (256, {"serial_m": True}, 4), (128, {"k_slices": 2}, 1),
-                                             (192, {}, 4), (192, {"multicast": 1}, 4)])
-def test_k_loop_unroll(bm, fields, unroll, tmp_path):
-    """Two or three warpgroups on different rows unroll the K loop 4x (benchmarks/NOTES.md 12c); one-warpgroup, split-K and
-    sliced kernels keep one block per iteration. Counted in wgmmas: 4 per m64 slice and K block of 128, plus a
-    one-block loop over the first slice for tiles whose second slice lies past the last row."""
-    cfg = C.make_config(C.KIND_NORMAL, 2048, 7168, bm, 128, 132, **fields)
+@pytest.mark.parametrize("bm,bn,fields,unroll", [(64, 128, {}, 4), (128, 128, {}, 4), (256, 128, {"serial_m": True}, 4),
+                                                (128, 128, {"k_slices": 2}, 1), (192, 128, {}, 4),
+                                                (192, 128, {"multicast": 1}, 4), (64, 184, {}, 1),
+                                                (64, 184, {"split_k": True}, 1)])
+def test_k_loop_unroll(bm, bn, fields, unroll, tmp_path):
+    """Whole tiles unroll the K loop 4x (benchmarks/NOTES.md 12c, 22); sliced kernels keep one block per iteration, and
+    so do one-warpgroup and split-K tiles that select B scales per column at run time (184 wide: unrolled, they
+    spilled). Counted in wgmmas: 4 per m64 slice and K block of 128, plus a one-block loop over the first slice for
+    tiles whose second slice lies past the last row."""
+    cfg = C.make_config(C.KIND_NORMAL, 2048, 7168, bm, bn, 132, **fields)
     sass, _ = _sass(compile_gemm(cfg), tmp_path)
     slices_per_wg = 2 if bm == 256 else 1
     partial_loop = 4 if slices_per_wg > 1 else 0
-    assert len(re.findall(r"QGMMA\.64x128x32", sass)) == 4 * slices_per_wg * unroll + partial_loop
+    assert len(re.findall(rf"QGMMA\.64x{bn}x32", sass)) == 4 * slices_per_wg * unroll + partial_loop
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+def test_split_k_loop_unrolled(tmp_path):
+    """Split-K over two warpgroups: each takes every other K block in a loop of its own, unrolled 4x, with a remainder
+    (its trip count depends on the warpgroup), so more than one block's wgmmas appear and nothing spills."""
+    cfg = C.make_config(C.KIND_NORMAL, 2048, 7168, 64, 128, 132, split_k=True)
+    sass, _ = _sass(compile_gemm(cfg), tmp_path)
+    assert len(re.findall(r"QGMMA\.64x128x32", sass)) >= 4 * 4
     assert not re.search(r"\b(LDL|STL)\b", sass)
 
 
