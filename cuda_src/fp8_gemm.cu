@@ -154,9 +154,11 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
       // B tiles read by this CTA (or the pair sharing them) alone, when the rows fit one m block (pair), may go
       // into L2 as first to evict (the host allows it when B cannot stay in L2 between calls anyway). Streamed with
       // the normal priority, they push out other data, dirty lines too, whose write-backs then compete for memory
-      // bandwidth with this GEMM's loads (benchmarks/NOTES.md section 21).
-      const uint64_t b_policy =
-          l2_policy(b_evict_first != 0 && ceil_div(tile.rows, BLOCK_M) <= (kMulticast == 2 ? 2u : 1u));
+      // bandwidth with this GEMM's loads (benchmarks/NOTES.md section 21). Other B tiles take the plain load: the
+      // cache-hint form with an evict_normal policy kept less of B in L2 across calls (64x24576x1536 with L2 warm
+      // 12.3 vs 15.2 us, section 22).
+      const bool b_first = b_evict_first != 0 && ceil_div(tile.rows, BLOCK_M) <= (kMulticast == 2 ? 2u : 1u);
+      const uint64_t b_policy = l2_evict_first_policy();
 #pragma unroll 1
       for (uint32_t kb = tile.k_begin; kb < tile.k_end; ++kb) {
         mbarrier_wait(&empty_bar[stage], phase ^ 1);
@@ -173,12 +175,21 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
           else
             tma_load_3d(dst, &tmap_a, &full_bar[stage], k, row, a_group);
         }
-        if constexpr (kMulticast == 2)
-          tma_load_3d_multicast_hint(smem_b + stage * SMEM_B + scheduler.rank * (SMEM_B / 2), &tmap_b,
-                                     &full_bar[stage], 0b11, k, b_row + static_cast<int>(scheduler.rank * BLOCK_N / 2),
-                                     b_group, b_policy);
-        else
-          tma_load_3d_hint(smem_b + stage * SMEM_B, &tmap_b, &full_bar[stage], k, b_row, b_group, b_policy);
+        if constexpr (kMulticast == 2) {
+          if (b_first)
+            tma_load_3d_multicast_hint(smem_b + stage * SMEM_B + scheduler.rank * (SMEM_B / 2), &tmap_b,
+                                       &full_bar[stage], 0b11, k, b_row + static_cast<int>(scheduler.rank * BLOCK_N / 2),
+                                       b_group, b_policy);
+          else
+            tma_load_3d_multicast(smem_b + stage * SMEM_B + scheduler.rank * (SMEM_B / 2), &tmap_b,
+                                  &full_bar[stage], 0b11, k, b_row + static_cast<int>(scheduler.rank * BLOCK_N / 2),
+                                  b_group);
+        } else {
+          if (b_first)
+            tma_load_3d_hint(smem_b + stage * SMEM_B, &tmap_b, &full_bar[stage], k, b_row, b_group, b_policy);
+          else
+            tma_load_3d(smem_b + stage * SMEM_B, &tmap_b, &full_bar[stage], k, b_row, b_group);
+        }
         tma_load_3d(reinterpret_cast<uint8_t*>(smem_sfa) + stage * SMEM_SFA, &tmap_sfa, &full_bar[stage], a_row,
                     static_cast<int>(kb), a_group);
         if (++stage == kNumStages) stage = 0, phase ^= 1;

@@ -18,18 +18,15 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const TmaDescriptor* desc
       : "memory");
 }
 
-// L2 eviction priorities for TMA loads (createpolicy): data read once goes first, so it does not push out what
-// is still wanted, nor dirty lines that would have to be written back meanwhile.
-__device__ __forceinline__ uint64_t l2_policy(bool evict_first) {
+// L2 eviction priority for TMA loads of data read once (createpolicy): it goes first, so it does not push out what is
+// still wanted, nor dirty lines that would have to be written back meanwhile.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t p;
-  if (evict_first)
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  else
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
   return p;
 }
 
-// As tma_load_3d, with an L2 cache policy from l2_policy().
+// As tma_load_3d, with an L2 cache policy (l2_evict_first_policy()).
 __device__ __forceinline__ void tma_load_3d_hint(void* dst, const TmaDescriptor* desc, uint64_t* bar, int c0, int c1,
                                                  int c2, uint64_t policy) {
   asm volatile(
