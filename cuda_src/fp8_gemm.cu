@@ -175,20 +175,19 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
           else
             tma_load_3d(dst, &tmap_a, &full_bar[stage], k, row, a_group);
         }
+        // B multicast: each CTA of the pair loads its half of the tile's rows into both.
+        uint8_t* b_dst = smem_b + stage * SMEM_B + (kMulticast == 2 ? scheduler.rank * (SMEM_B / 2) : 0);
+        const int b_row_cta = b_row + static_cast<int>(kMulticast == 2 ? scheduler.rank * BLOCK_N / 2 : 0);
         if constexpr (kMulticast == 2) {
           if (b_first)
-            tma_load_3d_multicast_hint(smem_b + stage * SMEM_B + scheduler.rank * (SMEM_B / 2), &tmap_b,
-                                       &full_bar[stage], 0b11, k, b_row + static_cast<int>(scheduler.rank * BLOCK_N / 2),
-                                       b_group, b_policy);
+            tma_load_3d_multicast_hint(b_dst, &tmap_b, &full_bar[stage], 0b11, k, b_row_cta, b_group, b_policy);
           else
-            tma_load_3d_multicast(smem_b + stage * SMEM_B + scheduler.rank * (SMEM_B / 2), &tmap_b,
-                                  &full_bar[stage], 0b11, k, b_row + static_cast<int>(scheduler.rank * BLOCK_N / 2),
-                                  b_group);
+            tma_load_3d_multicast(b_dst, &tmap_b, &full_bar[stage], 0b11, k, b_row_cta, b_group);
         } else {
           if (b_first)
-            tma_load_3d_hint(smem_b + stage * SMEM_B, &tmap_b, &full_bar[stage], k, b_row, b_group, b_policy);
+            tma_load_3d_hint(b_dst, &tmap_b, &full_bar[stage], k, b_row_cta, b_group, b_policy);
           else
-            tma_load_3d(smem_b + stage * SMEM_B, &tmap_b, &full_bar[stage], k, b_row, b_group);
+            tma_load_3d(b_dst, &tmap_b, &full_bar[stage], k, b_row_cta, b_group);
         }
         tma_load_3d(reinterpret_cast<uint8_t*>(smem_sfa) + stage * SMEM_SFA, &tmap_sfa, &full_bar[stage], a_row,
                     static_cast<int>(kb), a_group);
