@@ -24,6 +24,16 @@ KIND_NAMES = {KIND_NORMAL: "normal", KIND_CONTIGUOUS: "contiguous", KIND_MASKED:
 BLOCK_K = 128
 _STATIC_SMEM = 1024  # the kernel's __align__(1024) extern declaration reserves this much static smem
 _MAX_STAGES = 8
+# Split-K over two warpgroups drains the pipeline twice as fast (each takes every other stage): up to 12 stages for
+# tiles of at most 64 K blocks, whose run is short next to the memory latency after a dirty-L2 flush. There
+# 64x4096x7168 and 128x4096x7168 (56 K blocks) took 1.0-1.5 us less with 12 than with 8; 64x7168x16384 (128 K blocks)
+# 0.5-0.9 us more, with B first to evict or not (benchmarks/NOTES.md section 23; between 56 and 128 not measured).
+_DEEP_SPLIT_K_MAX_K_BLOCKS = 64
+_MAX_STAGES_SPLIT_K = 12
+# A CTA running several tiles keeps at most one tile's K blocks in flight (but 3 or more): with 8 stages on 4 K
+# blocks the producer requested its second tile whole before the first one's data arrived, and after a dirty-L2
+# flush 64x32768x512 took ~1 us longer than with 3-6 (NOTES 23).
+_MIN_STAGES_MULTI_TILE = 3
 # setmaxnreg budgets (64 x 1024 registers, one CTA per SM): the producer warpgroup hands registers to the math ones.
 _PRODUCER_REGS_TWO_WG, _MATH_REGS_TWO_WG = 40, 232  # 128 x 40 + 256 x 232 = 64 x 1024
 _PRODUCER_REGS_THREE_WG, _MATH_REGS_THREE_WG = 24, 160  # 128 x 24 + 384 x 160 <= 64 x 1024
@@ -259,10 +269,16 @@ def double_acc_fits(block_m: int, block_n: int, wgmma_n: int, serial_m: bool = F
     return _acc_regs(block_m, block_n, wgmma_n, serial_m, acc_sets=2) <= budget
 
 
-def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, split_k: bool = False) -> int:
+def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, split_k: bool = False,
+                tile_rounds: int = 1) -> int:
+    """The most pipeline stages that fit in shared memory, within the caps above; ``num_k_blocks``: the K blocks one
+    tile (or K slice) sums, ``tile_rounds``: the tiles each CTA runs."""
     budget = smem_limit - _STATIC_SMEM
+    cap = _MAX_STAGES_SPLIT_K if split_k and num_k_blocks <= _DEEP_SPLIT_K_MAX_K_BLOCKS else _MAX_STAGES
+    if tile_rounds > 1:
+        cap = min(cap, max(num_k_blocks, _MIN_STAGES_MULTI_TILE))
     stages = 0
-    for s in range(_MAX_STAGES, 0, -1):
+    for s in range(cap, 0, -1):
         if smem_bytes(block_m, block_n, s, split_k) <= budget:
             stages = s
             break
@@ -593,7 +609,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
                       raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"), multicast=mc,
                       split_k=fields.get("split_k", not sk and split_k_pays(bm, slice_k(k, ks), est.waves)),
-                      serial_m=serial, k_slices=ks, stream_k=sk)
+                      serial_m=serial, k_slices=ks, stream_k=sk, tile_rounds=est.waves)
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
     if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
@@ -629,8 +645,9 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
                 num_stages: int | None = None, raster_n: int = 16, double_acc: bool | None = None,
                 multicast: int = 0, split_k: bool | None = None, serial_m: bool = False,
-                k_slices: int = 1, stream_k: bool = False) -> GemmConfig:
-    """Build (and check) a config for explicit block sizes."""
+                k_slices: int = 1, stream_k: bool = False, tile_rounds: int = 1) -> GemmConfig:
+    """Build (and check) a config for explicit block sizes. ``tile_rounds``: the tiles each CTA runs (the model's
+    waves), which caps the default stage count (see _stages_for)."""
     kind = kind_id(kind)
     if block_m not in (64, 128, 192, 256):
         raise ValueError(f"block_m: expected 64, 128, 192 or 256, got {block_m}")
@@ -648,10 +665,14 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     if wn is None or block_n % wn or wn % 8:
         raise ValueError(f"block {block_m}x{block_n}: accumulators do not fit in registers (wgmma_n={wn})")
     num_k_blocks = ceil_div(k, BLOCK_K)
+    if not isinstance(k_slices, int) or not 1 <= k_slices <= num_k_blocks:
+        raise ValueError(f"k_slices: expected an int in [1, {num_k_blocks}] (K blocks of 128), got {k_slices!r}")
     split = bool(split_k) and not double_acc and wn == block_n if split_k is not None else False
     if split and (block_m != 64 or double_acc or wn != block_n):
         raise ValueError("split_k needs block_m == 64, one accumulator set and an unsplit wgmma")
-    stages = num_stages if num_stages is not None else _stages_for(block_m, block_n, num_k_blocks, smem_limit, split)
+    if num_stages is None:
+        num_stages = _stages_for(block_m, block_n, ceil_div(num_k_blocks, k_slices), smem_limit, split, tile_rounds)
+    stages = num_stages
     if stages < 1 or smem_bytes(block_m, block_n, stages, split) + _STATIC_SMEM > smem_limit:
         raise ValueError(f"block {block_m}x{block_n} with {stages} stages does not fit in {smem_limit} B of shared memory")
     if multicast not in (0, 1, 2):
@@ -662,8 +683,6 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         raise ValueError("multicast=2 (share B) needs a normal GEMM and block_n % 16 == 0")
     if multicast and num_sms % 2:
         raise ValueError(f"multicast needs an even grid, got {num_sms}")
-    if not isinstance(k_slices, int) or not 1 <= k_slices <= num_k_blocks:
-        raise ValueError(f"k_slices: expected an int in [1, {num_k_blocks}] (K blocks of 128), got {k_slices!r}")
     if k_slices > 1 and kind != KIND_NORMAL:
         raise ValueError(f"k_slices > 1 (split-K across CTAs) needs a normal GEMM, got {KIND_NAMES[kind]}")
     if stream_k and (kind not in STREAM_K_KINDS or k_slices > 1 or split or double_acc):

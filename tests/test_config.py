@@ -23,12 +23,14 @@ def test_seed_configs_are_legal(cfg):
     assert cfg.block_m in (64, 128, 256) or (cfg.block_m == 192 and cfg.kind == C.KIND_NORMAL)
     assert cfg.block_n % 8 == 0 and 16 <= cfg.block_n <= 256
     assert cfg.block_n % cfg.wgmma_n == 0
-    assert 1 <= cfg.num_stages <= 8
+    assert 1 <= cfg.num_stages <= (12 if cfg.split_k else 8)
     assert cfg.smem_bytes + 1024 <= C.SM90_MAX_SMEM_PER_BLOCK
     assert cfg.smem_bytes == C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages, cfg.split_k)
-    # More stages would not fit (the model fills shared memory), unless already at the cap.
-    if cfg.num_stages < 8:
-        assert C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + 1, cfg.split_k) + 1024 > 232448
+    # More stages would not fit (the model fills shared memory), unless already at a cap: 8, 12 for split-K tiles of
+    # up to 64 K blocks, one tile's K blocks (3 or more) when CTAs run several tiles.
+    if C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + 1, cfg.split_k) + 1024 <= 232448:
+        k_blocks = -(-cfg.shape_k // 128) // cfg.k_slices
+        assert cfg.num_stages in (8, 12 if cfg.split_k and k_blocks <= 64 else 8, max(k_blocks, 3))
     assert 1 <= cfg.num_sms <= 132
     assert cfg.num_math_wg == (1 if cfg.block_m == 64 and not cfg.split_k else 3 if cfg.block_m == 192 else 2)
     assert not cfg.split_k or (cfg.block_m == 64 and -(-cfg.shape_k // 128) >= 32 and cfg.kind != C.KIND_CONTIGUOUS)
@@ -419,3 +421,21 @@ def test_setmaxnreg_budgets_fit_the_register_file():
         assert cfg.num_math_wg > 1
         assert cfg.producer_regs * 128 + cfg.math_regs * 128 * cfg.num_math_wg <= 64 * 1024
         assert cfg.defines()["CUPYGEMM_PRODUCER_REGS"] == cfg.producer_regs
+
+
+def test_stage_caps():
+    """Split-K over two warpgroups drains stages twice as fast: 12 stages for tiles of up to 64 K blocks, 8 beyond;
+    a CTA running several tiles keeps about one tile's K blocks in flight (benchmarks/NOTES.md section 23)."""
+    split = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
+    assert split.split_k and split.num_stages == 12
+    assert C.choose_config(C.KIND_NORMAL, 64, 7168, 16384, 1, 132).num_stages == 8  # 128 K blocks
+    assert C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, split_k=True).num_stages == 12
+    assert C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, split_k=False).num_stages == 8
+    one_round = C.make_config(C.KIND_NORMAL, 32768, 512, 64, 128, 128)
+    assert one_round.num_stages == 8  # (fills shared memory)
+    two_rounds = C.choose_config(C.KIND_NORMAL, 64, 32768, 512, 1, 132)
+    assert (two_rounds.block_m, two_rounds.block_n, two_rounds.num_stages) == (64, 128, 4)
+    assert C.make_config(C.KIND_NORMAL, 32768, 256, 64, 128, 128, tile_rounds=2).num_stages == 3  # at least 3
+    assert C.make_config(C.KIND_NORMAL, 32768, 2048, 64, 128, 128, tile_rounds=2).num_stages == 8  # 16 K blocks
+    # An explicit stage count is kept.
+    assert C.make_config(C.KIND_NORMAL, 32768, 512, 64, 128, 128, num_stages=6, tile_rounds=2).num_stages == 6
