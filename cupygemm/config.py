@@ -67,6 +67,9 @@ _MASKED_DRAWS = 16
 # <= 16, on problems of at most two waves (benchmarks/NOTES.md section 7); with many waves (M = 4096) 64-row
 # split tiles lost to 128-row tiles (989 vs 820 us). Used from 32 K blocks on, in at most two waves.
 _SPLIT_K_MIN_BLOCKS = 32
+# The widest split-K tile: 64x184 (wider ones split their wgmma) spills registers in its rolled K loop under NVRTC
+# 12.9 and 13.5 (13.0 does not); the model never picks it (a scan of normal and masked problems, NOTES section 23d).
+_SPLIT_K_MAX_BLOCK_N = 176
 _SPLIT_K_FACTOR = 0.93
 # Split-K across CTAs (k_slices): each unit stores its FP32 partial tile, the tile's last unit reads them all back
 # (about 1.5 us per wave: store, release, counter round trip, reads; benchmarks/NOTES.md section 11).
@@ -667,7 +670,8 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     num_k_blocks = ceil_div(k, BLOCK_K)
     if not isinstance(k_slices, int) or not 1 <= k_slices <= num_k_blocks:
         raise ValueError(f"k_slices: expected an int in [1, {num_k_blocks}] (K blocks of 128), got {k_slices!r}")
-    split = bool(split_k) and not double_acc and wn == block_n if split_k is not None else False
+    split = (bool(split_k) and not double_acc and wn == block_n and block_n <= _SPLIT_K_MAX_BLOCK_N
+             if split_k is not None else False)
     if split and (block_m != 64 or double_acc or wn != block_n):
         raise ValueError("split_k needs block_m == 64, one accumulator set and an unsplit wgmma")
     if num_stages is None:

@@ -68,7 +68,7 @@ class PackedLauncher:
         return self._struct.pack(*values)
 
     def __call__(self, grid: int, block: int, smem: int, stream: int, values: Sequence[object]) -> None:
-        params = self._struct.pack(*values)
+        params = self.pack(values)
         buf = ctypes.c_char_p(params)  # the driver copies the parameters during the call
         extra = (ctypes.c_void_p * 5)(_CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.cast(buf, ctypes.c_void_p),
                                       _CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self._size),

@@ -151,15 +151,26 @@ def test_render_inlines_every_header():
                                                 (192, 128, {"multicast": 1}, 4), (64, 184, {}, 1)])
 def test_k_loop_unroll(bm, bn, fields, unroll, tmp_path):
     """Whole tiles unroll the K loop 4x (benchmarks/NOTES.md 12c, 22); sliced kernels keep one block per iteration, and
-    so do one-warpgroup tiles that select B scales per column at run time (184 wide: unrolled, they spilled; the
-    rolled 184-wide split-K kernel spills under NVRTC 12.9, benchmarks/NOTES.md 22c). Counted in wgmmas: 4 per m64 slice and K block of 128, plus a one-block loop over the first slice for
-    tiles whose second slice lies past the last row."""
+    so do one-warpgroup tiles that select B scales per column at run time (184 wide: unrolled, they spilled).
+    Counted in wgmmas: 4 per m64 slice and K block of 128, plus a one-block loop over the first slice for tiles whose
+    second slice lies past the last row."""
     cfg = C.make_config(C.KIND_NORMAL, 2048, 7168, bm, bn, 132, **fields)
     sass, _ = _sass(compile_gemm(cfg), tmp_path)
     slices_per_wg = 2 if bm == 256 else 1
     partial_loop = 4 if slices_per_wg > 1 else 0
     assert len(re.findall(rf"QGMMA\.64x{bn}x32", sass)) == 4 * slices_per_wg * unroll + partial_loop
     assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+def test_split_k_widest_tile_compiles_without_spills(tmp_path):
+    """Split-K tiles stop at 176 columns (64x184 spilled under NVRTC 12.9 and 13.5, NOTES 23d): asking for 184 gives
+    the one-warpgroup tile; 176, which selects B scales per column at run time too, compiles without spills."""
+    assert not C.make_config(C.KIND_NORMAL, 2048, 7168, 64, 184, 132, split_k=True).split_k
+    for kind in (C.KIND_NORMAL, C.KIND_MASKED):
+        cfg = C.make_config(kind, 2048, 7168, 64, 176, 132, split_k=True)
+        assert cfg.split_k
+        sass, _ = _sass(compile_gemm(cfg), tmp_path)
+        assert not re.search(r"\b(LDL|STL)\b", sass)
 
 
 def test_split_k_loop_unrolled(tmp_path):
