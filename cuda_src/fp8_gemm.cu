@@ -41,6 +41,9 @@ __device__ __forceinline__ void fp8_gemm_impl(const TmaDescriptor& tmap_a, const
   // kSplitK: two math warpgroups share all BLOCK_M rows and take alternate K blocks (two MMA/promotion chains per
   // CTA for small tiles); warpgroup 1 hands its sums to warpgroup 0 through shared memory at the end of a tile.
   static_assert(!kSplitK || (kNumMathWG == 2 && BLOCK_M == 64 && !kDoubleAcc), "split-K: two warpgroups, 64 rows");
+  // With an odd stage count a stage would alternate between the warpgroups, and a parity wait two phases on would
+  // pass while the other warpgroup's phase in between is still loading.
+  static_assert(!kSplitK || kNumStages % 2 == 0, "split-K: an even stage count, so each stage has one reader");
   constexpr uint32_t kRowGroups = kSplitK ? 1 : kNumMathWG;  // warpgroups that own different rows
   constexpr uint32_t kConsumersPerStage = kNumMathWG / (kSplitK ? 2 : 1);
   constexpr uint32_t WG_M = BLOCK_M / kRowGroups;  // rows owned by one math warpgroup

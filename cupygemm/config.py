@@ -280,8 +280,10 @@ def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, 
     cap = _MAX_STAGES_SPLIT_K if split_k and num_k_blocks <= _DEEP_SPLIT_K_MAX_K_BLOCKS else _MAX_STAGES
     if tile_rounds > 1:
         cap = min(cap, max(num_k_blocks, _MIN_STAGES_MULTI_TILE))
+    # Split-K needs an even count (the kernel's parity waits; see make_config).
+    step = 2 if split_k else 1
     stages = 0
-    for s in range(cap, 0, -1):
+    for s in range(cap - cap % step, 0, -step):
         if smem_bytes(block_m, block_n, s, split_k) <= budget:
             stages = s
             break
@@ -677,6 +679,12 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     if num_stages is None:
         num_stages = _stages_for(block_m, block_n, ceil_div(num_k_blocks, k_slices), smem_limit, split, tile_rounds)
     stages = num_stages
+    if split and stages % 2:
+        # The warpgroups take alternate K blocks, so with an odd count each stage alternates between them, and a
+        # warpgroup's parity wait two phases on passed while the other's phase in between was still loading: the
+        # kernel read a stage being written and crashed (masked 8x16x4096x7168 on 64x128 tiles with 7 stages,
+        # benchmarks/NOTES.md section 23e). With an even count every stage belongs to one warpgroup.
+        raise ValueError(f"split_k needs an even num_stages, got {stages}")
     if stages < 1 or smem_bytes(block_m, block_n, stages, split) + _STATIC_SMEM > smem_limit:
         raise ValueError(f"block {block_m}x{block_n} with {stages} stages does not fit in {smem_limit} B of shared memory")
     if multicast not in (0, 1, 2):

@@ -28,7 +28,8 @@ def test_seed_configs_are_legal(cfg):
     assert cfg.smem_bytes == C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages, cfg.split_k)
     # More stages would not fit (the model fills shared memory), unless already at a cap: 8, 12 for split-K tiles of
     # up to 64 K blocks, one tile's K blocks (3 or more) when CTAs run several tiles.
-    if C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + 1, cfg.split_k) + 1024 <= 232448:
+    step = 2 if cfg.split_k else 1  # split-K stage counts are even
+    if C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + step, cfg.split_k) + 1024 <= 232448:
         k_blocks = -(-cfg.shape_k // 128) // cfg.k_slices
         assert cfg.num_stages in (8, 12 if cfg.split_k and k_blocks <= 64 else 8, max(k_blocks, 3))
     assert 1 <= cfg.num_sms <= 132
@@ -439,3 +440,23 @@ def test_stage_caps():
     assert C.make_config(C.KIND_NORMAL, 32768, 2048, 64, 128, 128, tile_rounds=2).num_stages == 8  # 16 K blocks
     # An explicit stage count is kept.
     assert C.make_config(C.KIND_NORMAL, 32768, 512, 64, 128, 128, num_stages=6, tile_rounds=2).num_stages == 6
+
+
+def test_split_k_stage_counts_are_even():
+    """Split-K warpgroups take alternate K blocks: with an odd stage count a stage alternates between them and a
+    parity wait two phases on passes early (a crash on the GPU, NOTES 23e). Every pick over a grid of problems has an
+    even count, smem-limited widths round down, and an odd count asked for is refused."""
+    picks = 0
+    for kind in (C.KIND_NORMAL, C.KIND_MASKED):
+        for g in ((1,) if kind == C.KIND_NORMAL else (1, 4, 8, 32)):
+            for m in (1, 16, 64, 128):
+                for n in (2112, 4096, 7168, 24576):
+                    for k in (4096, 7168, 16384):
+                        cfg = C.choose_config(kind, m, n, k, g, 132)
+                        if cfg.split_k:
+                            picks += 1
+                            assert cfg.num_stages % 2 == 0, cfg.describe()
+    assert picks > 20
+    assert C.make_config(C.KIND_MASKED, 4096, 7168, 64, 128, 132, split_k=True).num_stages == 6  # 7 would fit
+    with pytest.raises(ValueError, match="even num_stages"):
+        C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, split_k=True, num_stages=7)
