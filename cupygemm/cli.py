@@ -43,10 +43,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(f"GPU {i}         {d.name}, compute capability {cc}, {d.num_sms} SMs{note}")
     else:
         print("GPU           no GPU")
+    from cupygemm.config import B_EVICT_FIRST_ENV
+
     n, size = cache.disk_usage()
     print(f"cache         {cache.cache_dir()} ({n} kernels, {size / 1e6:.1f} MB)")
     print(f"interleave    CUPYGEMM_FFMA_INTERLEAVE={os.environ.get('CUPYGEMM_FFMA_INTERLEAVE', 'auto')}")
-    print(f"B in L2       CUPYGEMM_B_EVICT_FIRST={os.environ.get('CUPYGEMM_B_EVICT_FIRST', 'auto')}")
+    print(f"B in L2       {B_EVICT_FIRST_ENV}={os.environ.get(B_EVICT_FIRST_ENV, 'auto')}")
     return 0
 
 

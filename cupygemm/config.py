@@ -676,9 +676,8 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
              if split_k is not None else False)
     if split and (block_m != 64 or double_acc or wn != block_n):
         raise ValueError("split_k needs block_m == 64, one accumulator set and an unsplit wgmma")
-    if num_stages is None:
-        num_stages = _stages_for(block_m, block_n, ceil_div(num_k_blocks, k_slices), smem_limit, split, tile_rounds)
-    stages = num_stages
+    stages = (num_stages if num_stages is not None else
+              _stages_for(block_m, block_n, ceil_div(num_k_blocks, k_slices), smem_limit, split, tile_rounds))
     if split and stages % 2:
         # The warpgroups take alternate K blocks, so with an odd count each stage alternates between them, and a
         # warpgroup's parity wait two phases on passed while the other's phase in between was still loading: the
