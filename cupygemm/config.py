@@ -290,9 +290,21 @@ def _stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, 
     return stages
 
 
-def split_k_pays(block_m: int, k: int, waves: int) -> bool:
-    """Whether split-K over two warpgroups is used for a 64-row tile (see _SPLIT_K_MIN_BLOCKS)."""
+def split_k_fits(block_m: int, block_n: int) -> bool:
+    """Whether a tile can run split-K over two warpgroups: 64 rows, at most _SPLIT_K_MAX_BLOCK_N columns (the
+    caller also needs one accumulator set and an unsplit wgmma)."""
+    return block_m == 64 and block_n <= _SPLIT_K_MAX_BLOCK_N
+
+
+def split_k_regime(block_m: int, k: int, waves: int) -> bool:
+    """Whether a 64-row tile's K and waves are where split-K over two warpgroups paid (see _SPLIT_K_MIN_BLOCKS).
+    The model offers no stream-K tail there (one partial wave is split-K's), whatever the tile's width."""
     return block_m == 64 and ceil_div(k, BLOCK_K) >= _SPLIT_K_MIN_BLOCKS and waves <= 2
+
+
+def split_k_pays(block_m: int, block_n: int, k: int, waves: int) -> bool:
+    """Whether split-K over two warpgroups is used for a tile the model proposes."""
+    return split_k_regime(block_m, k, waves) and split_k_fits(block_m, block_n)
 
 
 def _selects_scales_at_run_time(block_n: int) -> bool:
@@ -390,7 +402,7 @@ def _estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: 
 
     def time_of(tiles: int) -> tuple[float, int]:
         waves = max(1, ceil_div(tiles, sms))
-        unit = _tile_seconds(bm, bn, k_unit, multicast, split_k_pays(bm, k_unit, waves))
+        unit = _tile_seconds(bm, bn, k_unit, multicast, split_k_pays(bm, bn, k_unit, waves))
         if k_slices > 1:
             # Every unit stores its FP32 partial tile; the tile's last CTA then reads the other slices' partials.
             unit += (bm * bn * 4 * k_slices) / _REDUCE_BYTES_PER_SM + _REDUCE_OVERHEAD_S
@@ -424,6 +436,22 @@ def sliced_tile(kind: int, m_rows: int, n: int, k: int, num_sms: int) -> tuple[i
     tiles = ceil_div(m_rows, bm) * ceil_div(n, _SLICED_BLOCK_N)
     ks = min(_MAX_K_SLICES, num_sms // tiles, ceil_div(k, BLOCK_K) // _MIN_SLICE_K_BLOCKS)
     return (bm, _SLICED_BLOCK_N, ks) if ks >= 2 else None
+
+
+# Raster stripes (cuda_src/scheduler.cuh): a stripe of N blocks is swept over every row block before the next
+# stripe starts. 16 blocks per stripe, as DeepGEMM's scheduler groups them; with A multicast a scheduling unit is a
+# pair of blocks, so 8 units. It was 16 units (32 blocks) with A multicast too; against that, 16 blocks measured up
+# to 3.7 % faster on the M = 4096 seed shapes and 0-11 % on the masked ones on an H100 (H200: within 1 % and 0-4 %),
+# but 0.6-2.2 % slower on the contiguous ones with K = 2048, whose stripes sweep every group's rows, on both GPUs:
+# contiguous GEMMs keep 16 units (benchmarks/NOTES.md section 24).
+RASTER_N_BLOCKS = 16
+
+
+def default_raster_n(kind: int, multicast: int) -> int:
+    """Scheduling units per raster stripe (n blocks, or n-block pairs with A multicast) of a kind's kernels."""
+    if multicast == 1 and kind != KIND_CONTIGUOUS:
+        return RASTER_N_BLOCKS // 2
+    return RASTER_N_BLOCKS
 
 
 def fewest_ctas_for_rounds(tiles: int, grid: int, cluster: int) -> int:
@@ -548,7 +576,7 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
             # The same tile with a stream-K tail: masked GEMMs (whose groups' sizes the tail absorbs) and normal ones
             # of two or more waves, the measured cases (one partial wave is split-K's), not with split-K over warpgroups.
             options = [(False, est)]
-            if (kind in STREAM_K_KINDS and (kind == KIND_MASKED or est.waves >= 2) and not split_k_pays(bm, k, est.waves)
+            if (kind in STREAM_K_KINDS and (kind == KIND_MASKED or est.waves >= 2) and not split_k_regime(bm, k, est.waves)
                     and bm != THREE_WG_BLOCK_M):
                 options.append((True, _estimate(kind, m_rows, n, k, num_groups, bm, bn, num_sms, mc, stream_k=True)))
             for sk, e in options:
@@ -612,8 +640,10 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
         grid = fewest_ctas_for_rounds(est.tiles, grid, 2 if mc else 1)
     cfg = make_config(kind, n, k, bm, bn, num_sms=max(grid, 1), smem_limit=smem_limit,
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
-                      raster_n=fields.get("raster_n", 16), double_acc=fields.get("double_acc"), multicast=mc,
-                      split_k=fields.get("split_k", not sk and split_k_pays(bm, slice_k(k, ks), est.waves)),
+                      raster_n=fields.get("raster_n"), double_acc=fields.get("double_acc"), multicast=mc,
+                      split_k=fields.get("split_k", not sk and not fields.get("double_acc")
+                                         and fields.get("wgmma_n", bn) == bn
+                                         and split_k_pays(bm, bn, slice_k(k, ks), est.waves)),
                       serial_m=serial, k_slices=ks, stream_k=sk, tile_rounds=est.waves)
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
@@ -648,11 +678,12 @@ def b_evict_first(num_groups: int, n: int, k: int, l2_bytes: int) -> bool:
 
 def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
-                num_stages: int | None = None, raster_n: int = 16, double_acc: bool | None = None,
+                num_stages: int | None = None, raster_n: int | None = None, double_acc: bool | None = None,
                 multicast: int = 0, split_k: bool | None = None, serial_m: bool = False,
                 k_slices: int = 1, stream_k: bool = False, tile_rounds: int = 1) -> GemmConfig:
     """Build (and check) a config for explicit block sizes. ``tile_rounds``: the tiles each CTA runs (the model's
-    waves), which caps the default stage count (see _stages_for)."""
+    waves), which caps the default stage count (see _stages_for). ``raster_n``: scheduling units per raster stripe
+    (default: :func:`default_raster_n`)."""
     kind = kind_id(kind)
     if block_m not in (64, 128, 192, 256):
         raise ValueError(f"block_m: expected 64, 128, 192 or 256, got {block_m}")
@@ -672,10 +703,10 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     num_k_blocks = ceil_div(k, BLOCK_K)
     if not isinstance(k_slices, int) or not 1 <= k_slices <= num_k_blocks:
         raise ValueError(f"k_slices: expected an int in [1, {num_k_blocks}] (K blocks of 128), got {k_slices!r}")
-    split = (bool(split_k) and not double_acc and wn == block_n and block_n <= _SPLIT_K_MAX_BLOCK_N
-             if split_k is not None else False)
-    if split and (block_m != 64 or double_acc or wn != block_n):
-        raise ValueError("split_k needs block_m == 64, one accumulator set and an unsplit wgmma")
+    split = bool(split_k)
+    if split and (not split_k_fits(block_m, block_n) or double_acc or wn != block_n):
+        raise ValueError(f"split_k needs block_m == 64, block_n <= {_SPLIT_K_MAX_BLOCK_N}, one accumulator set and "
+                         f"an unsplit wgmma; got block {block_m}x{block_n}, wgmma_n={wn}, double_acc={bool(double_acc)}")
     stages = (num_stages if num_stages is not None else
               _stages_for(block_m, block_n, ceil_div(num_k_blocks, k_slices), smem_limit, split, tile_rounds))
     if split and stages % 2:
@@ -688,6 +719,10 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
         raise ValueError(f"block {block_m}x{block_n} with {stages} stages does not fit in {smem_limit} B of shared memory")
     if multicast not in (0, 1, 2):
         raise ValueError(f"multicast: expected 0 (off), 1 (share A) or 2 (share B), got {multicast}")
+    if raster_n is None:
+        raster_n = default_raster_n(kind, multicast)
+    if isinstance(raster_n, bool) or not isinstance(raster_n, int) or raster_n < 1:
+        raise ValueError(f"raster_n: expected a positive int (scheduling units per raster stripe), got {raster_n!r}")
     if multicast == 1 and ceil_div(n, block_n) % 2:
         raise ValueError(f"multicast=1 pairs n blocks: N={n} with block_n={block_n} gives an odd count")
     if multicast == 2 and (kind != KIND_NORMAL or block_n % 16):

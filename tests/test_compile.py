@@ -163,9 +163,10 @@ def test_k_loop_unroll(bm, bn, fields, unroll, tmp_path):
 
 
 def test_split_k_widest_tile_compiles_without_spills(tmp_path):
-    """Split-K tiles stop at 176 columns (64x184 spilled under NVRTC 12.9 and 13.5, NOTES 23d): asking for 184 gives
-    the one-warpgroup tile; 176, which selects B scales per column at run time too, compiles without spills."""
-    assert not C.make_config(C.KIND_NORMAL, 2048, 7168, 64, 184, 132, split_k=True).split_k
+    """Split-K tiles stop at 176 columns (64x184 spilled under NVRTC 12.9 and 13.5, NOTES 23d): asking for 184 is
+    refused; 176, which selects B scales per column at run time too, compiles without spills."""
+    with pytest.raises(ValueError, match="block_n <= 176"):
+        C.make_config(C.KIND_NORMAL, 2048, 7168, 64, 184, 132, split_k=True)
     for kind in (C.KIND_NORMAL, C.KIND_MASKED):
         cfg = C.make_config(kind, 2048, 7168, 64, 176, 132, split_k=True)
         assert cfg.split_k

@@ -460,3 +460,40 @@ def test_split_k_stage_counts_are_even():
     assert C.make_config(C.KIND_MASKED, 4096, 7168, 64, 128, 132, split_k=True).num_stages == 6  # 7 would fit
     with pytest.raises(ValueError, match="even num_stages"):
         C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, split_k=True, num_stages=7)
+
+
+def test_raster_stripes_of_sixteen_n_blocks():
+    """Raster stripes span 16 n blocks (8 multicast pairs) for normal and masked GEMMs; contiguous ones keep 16
+    scheduling units, pairs included (benchmarks/NOTES.md section 24). A forced value is kept; bad ones are refused."""
+    seen = set()
+    for kind, rows, n, k, g in [(C.KIND_NORMAL, 4096, 7168, 16384, 1), (C.KIND_NORMAL, 4096, 32768, 512, 1),
+                                (C.KIND_NORMAL, 64, 32768, 512, 1), (C.KIND_NORMAL, 128, 7168, 2048, 1),
+                                (C.KIND_MASKED, 256, 4096, 7168, 4), (C.KIND_MASKED, 1024, 7168, 2048, 1),
+                                (C.KIND_CONTIGUOUS, 32768, 4096, 7168, 8), (C.KIND_CONTIGUOUS, 32768, 7168, 2048, 4)]:
+        cfg = C.choose_config(kind, rows, n, k, g, 132)
+        blocks_per_unit = 2 if cfg.multicast == 1 else 1
+        want = 16 if kind == C.KIND_CONTIGUOUS else 16 // blocks_per_unit
+        assert cfg.raster_n == want == cfg.defines()["CUPYGEMM_RASTER_N"], cfg.describe()
+        seen.add((kind, cfg.multicast))
+    assert {(C.KIND_NORMAL, 1), (C.KIND_NORMAL, 2), (C.KIND_MASKED, 1), (C.KIND_CONTIGUOUS, 1)} <= seen
+    assert C.make_config(C.KIND_NORMAL, 7168, 2048, 256, 128, 132, multicast=1, serial_m=True, raster_n=3).raster_n == 3
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match="raster_n"):
+            C.make_config(C.KIND_NORMAL, 7168, 2048, 128, 128, 132, raster_n=bad)
+
+
+def test_split_k_refused_where_it_cannot_run():
+    """split_k asked for a tile it cannot run on raises instead of silently giving the one-warpgroup kernel; the
+    model only proposes it where it fits."""
+    for args in [dict(block_m=64, block_n=184), dict(block_m=128, block_n=128),
+                 dict(block_m=64, block_n=64, double_acc=True), dict(block_m=64, block_n=128, wgmma_n=64)]:
+        with pytest.raises(ValueError, match="split_k needs"):
+            C.make_config(C.KIND_NORMAL, 4096, 7168, num_sms=132, split_k=True, **args)
+    assert not C.split_k_pays(64, 184, 7168, 1) and C.split_k_pays(64, 176, 7168, 1)
+    assert C.split_k_regime(64, 7168, 1) and not C.split_k_regime(64, 7168, 3)
+    C.override_config("normal", 4096, 7168, block_m=64, block_n=64, double_acc=True)
+    try:  # the model's split-K wish gives way to forced fields that exclude it
+        cfg = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
+        assert cfg.double_acc and not cfg.split_k
+    finally:
+        C.override_config("normal", 4096, 7168)

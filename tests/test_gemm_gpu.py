@@ -106,6 +106,14 @@ def test_serial_m_variants(bn, mc, k):
                         f"serial 256x{bn} multicast {mc} K={k}")
 
 
+@pytest.mark.parametrize("raster", [1, 3, 8, 13])
+def test_raster_stripes(raster):
+    """Raster stripes of any width, the last one partial: 13 multicast pairs of n blocks in stripes of 1, 3, 8, 13."""
+    m, n, k = 1000, 26 * 128, 576
+    check_with_override(m, n, k, dict(block_m=256, block_n=128, multicast=1, serial_m=True, raster_n=raster),
+                        raster, f"raster stripes of {raster} pairs")
+
+
 @pytest.mark.parametrize("bm,m,extra", [(256, 769, {}), (256, 833, {"multicast": 1}), (256, 897, {}),
                                         (256, 769, {"k_slices": 3}), (128, 1025, {}), (128, 1025, {"multicast": 1}),
                                         (192, 1000, {}), (192, 1100, {"multicast": 1}), (192, 1024, {})])

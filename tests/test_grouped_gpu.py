@@ -90,6 +90,23 @@ def test_grouped_split_k():
             C.override_config(kind, n, k)
 
 
+@pytest.mark.parametrize("raster", [3, 8])
+def test_grouped_raster_stripes(raster):
+    """Raster stripes narrower than N within each group's (masked) or all groups' (contiguous) row blocks: 13
+    multicast pairs of 160-column blocks in stripes of 3 or 8, the last one partial."""
+    from cupygemm import config as C
+
+    n, k = 26 * 160, 1408
+    for kind in ("contiguous", "masked"):
+        C.override_config(kind, n, k, block_m=128, block_n=160, multicast=1, raster_n=raster)
+    try:
+        run_contiguous(3, 300, n, k, seed=43 + raster)
+        run_masked(4, 384, n, k, [300, 0, 384, 129], seed=41 + raster, expected_m=256)
+    finally:
+        for kind in ("contiguous", "masked"):
+            C.override_config(kind, n, k)
+
+
 @pytest.mark.parametrize("mc", [0, 1])
 def test_masked_serial_m(mc):
     """256-row tiles (serial m64 slices) in the masked layout: rows past masked_m inside a 256-row block."""
