@@ -441,17 +441,15 @@ def sliced_tile(kind: int, m_rows: int, n: int, k: int, num_sms: int) -> tuple[i
 # Raster stripes (cuda_src/scheduler.cuh): a stripe of N blocks is swept over every row block before the next
 # stripe starts. 16 blocks per stripe, as DeepGEMM's scheduler groups them; with A multicast a scheduling unit is a
 # pair of blocks, so 8 units. It was 16 units (32 blocks) with A multicast too; against that, 16 blocks measured up
-# to 3.7 % faster on the M = 4096 seed shapes and 0-11 % on the masked ones on an H100 (H200: within 1 % and 0-4 %),
-# but 0.6-2.2 % slower on the contiguous ones with K = 2048, whose stripes sweep every group's rows, on both GPUs:
-# contiguous GEMMs keep 16 units (benchmarks/NOTES.md section 24).
+# to 3.7 % faster on the M = 4096 seed shapes, 0-11 % on the masked ones and 0.3-3.2 % on 9 of 12 contiguous layouts
+# on an H100, and about the same or a little less on an H200; slower by 0.6-2.2 % on two contiguous seed layouts
+# with K = 2048 and one other (benchmarks/NOTES.md sections 24c and 24e).
 RASTER_N_BLOCKS = 16
 
 
-def default_raster_n(kind: int, multicast: int) -> int:
-    """Scheduling units per raster stripe (n blocks, or n-block pairs with A multicast) of a kind's kernels."""
-    if multicast == 1 and kind != KIND_CONTIGUOUS:
-        return RASTER_N_BLOCKS // 2
-    return RASTER_N_BLOCKS
+def default_raster_n(multicast: int) -> int:
+    """Scheduling units per raster stripe (n blocks, or n-block pairs with A multicast)."""
+    return RASTER_N_BLOCKS // 2 if multicast == 1 else RASTER_N_BLOCKS
 
 
 def fewest_ctas_for_rounds(tiles: int, grid: int, cluster: int) -> int:
@@ -720,7 +718,7 @@ def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: 
     if multicast not in (0, 1, 2):
         raise ValueError(f"multicast: expected 0 (off), 1 (share A) or 2 (share B), got {multicast}")
     if raster_n is None:
-        raster_n = default_raster_n(kind, multicast)
+        raster_n = default_raster_n(multicast)
     if isinstance(raster_n, bool) or not isinstance(raster_n, int) or raster_n < 1:
         raise ValueError(f"raster_n: expected a positive int (scheduling units per raster stripe), got {raster_n!r}")
     if multicast == 1 and ceil_div(n, block_n) % 2:

@@ -463,8 +463,8 @@ def test_split_k_stage_counts_are_even():
 
 
 def test_raster_stripes_of_sixteen_n_blocks():
-    """Raster stripes span 16 n blocks (8 multicast pairs) for normal and masked GEMMs; contiguous ones keep 16
-    scheduling units, pairs included (benchmarks/NOTES.md section 24). A forced value is kept; bad ones are refused."""
+    """Raster stripes span 16 n blocks, so 8 units with A multicast (benchmarks/NOTES.md section 24). A forced value
+    is kept; bad ones are refused."""
     seen = set()
     for kind, rows, n, k, g in [(C.KIND_NORMAL, 4096, 7168, 16384, 1), (C.KIND_NORMAL, 4096, 32768, 512, 1),
                                 (C.KIND_NORMAL, 64, 32768, 512, 1), (C.KIND_NORMAL, 128, 7168, 2048, 1),
@@ -472,7 +472,7 @@ def test_raster_stripes_of_sixteen_n_blocks():
                                 (C.KIND_CONTIGUOUS, 32768, 4096, 7168, 8), (C.KIND_CONTIGUOUS, 32768, 7168, 2048, 4)]:
         cfg = C.choose_config(kind, rows, n, k, g, 132)
         blocks_per_unit = 2 if cfg.multicast == 1 else 1
-        want = 16 if kind == C.KIND_CONTIGUOUS else 16 // blocks_per_unit
+        want = 16 // blocks_per_unit
         assert cfg.raster_n == want == cfg.defines()["CUPYGEMM_RASTER_N"], cfg.describe()
         seen.add((kind, cfg.multicast))
     assert {(C.KIND_NORMAL, 1), (C.KIND_NORMAL, 2), (C.KIND_MASKED, 1), (C.KIND_CONTIGUOUS, 1)} <= seen
