@@ -147,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--num-sms", type=int, default=None, help="SM count of the target GPU (needed without a GPU)")
     sp.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compilations")
     sp.set_defaults(func=_cmd_warmup)
+    from cupygemm.overhead import add_parser as add_overhead_parser
+
+    add_overhead_parser(sub)
     try:
         from cupygemm.bench import add_bench_parser
     except ImportError:

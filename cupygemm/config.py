@@ -496,6 +496,11 @@ def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
         _override_version += 1
 
 
+def config_version() -> int:
+    """Changes whenever an override changes: part of the key of anything derived from a choice."""
+    return _override_version
+
+
 def kind_id(kind: int | str) -> int:
     """The kind's id from its id or name ("normal", "contiguous", "masked"); ValueError otherwise."""
     if isinstance(kind, str):

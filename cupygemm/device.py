@@ -1,6 +1,7 @@
 """The GPU we run on: compute capability, SM count (with the user's override), shared-memory limits."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from dataclasses import dataclass
@@ -95,6 +96,28 @@ def get_num_sms() -> int:
         if _num_sms_override is not None:
             return _num_sms_override
     return current_device().num_sms
+
+
+@functools.lru_cache(maxsize=1)
+def single_gpu() -> bool:
+    """Only one CUDA device: no call ever needs to switch the current device."""
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceCount() == 1
+
+
+def on_device(index: int):
+    """A context making ``index`` the current device; nothing to do (and nothing done) when it already is."""
+    import cupy
+
+    if cupy.cuda.runtime.getDevice() == index:
+        return contextlib.nullcontext()
+    return cupy.cuda.Device(index)
+
+
+def num_sms_override() -> int | None:
+    """The value given to set_num_sms, or None (part of a launch plan's key)."""
+    return _num_sms_override
 
 
 def reset_num_sms() -> None:

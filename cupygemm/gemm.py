@@ -1,135 +1,294 @@
-"""The GEMM entry points: validate -> pick a config -> get the kernel -> TMA descriptors -> launch."""
+"""The GEMM entry points: read the caller's tensors -> validate -> plan -> launch on the caller's stream.
+
+A call's tensors are read in place (:mod:`cupygemm.tensors`); their shapes, strides, dtypes and devices form
+the call's signature. The first call of a signature validates it (:mod:`cupygemm.validate`) and makes its launch
+plan (:mod:`cupygemm.plan`); later calls with the same signature reuse both, and only check that the pointers
+are still 16-byte aligned before launching. Any other signature, a transposed view say, is validated afresh.
+
+torch tensors go through the ``cupygemm::*`` torch operators (:mod:`cupygemm.torch`, loaded on first use), which
+come back here: so ``torch.compile`` sees one opaque operator, and eager calls take the same path.
+"""
 from __future__ import annotations
 
-from typing import Any
+import os
+import threading
+from typing import Any, Callable
 
-import numpy as np
+from . import validate
+from .config import B_EVICT_FIRST_ENV, KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, config_version
+from .device import num_sms_override, on_device, single_gpu
+from .plan import GemmPlan, plan_gemm
+from .streams import cupy_stream, resolve, torch_stream
+from .tensors import BF16, Framework, View, cupy_view, empty, export_like, framework_of, gpu_device_of, \
+    is_torch_tensor, read, read_cupy, read_torch
+from .workspace import scratch
 
-from . import tma, validate
-from .config import KIND_MASKED, b_evict_first, choose_config, model_rows
-from .device import get_num_sms, require_hopper
-from .layout import ceil_div
-from .kernels import get_gemm_kernel
-from .tensors import export_like
-from .workspace import split_k_scratch
+_CALLS_LIMIT = 1024
+
+_lock = threading.Lock()
+_calls: dict[tuple, tuple[validate.Problem, GemmPlan | None]] = {}
 
 
-def _launch(p: validate.Problem, expected_m: int | None = None) -> None:
+# os.environ.get encodes the name on every call; its bytes mapping answers the same in a tenth of the time.
+_ENVIRON = getattr(os.environ, "_data", None)
+_EVICT_KEY = os.environ.encodekey(B_EVICT_FIRST_ENV) if _ENVIRON is not None else None
+
+
+def _signature(kind: int, views: tuple[View | None, ...], expected_m: int | None) -> tuple:
+    """Everything validation and planning read besides the pointers: each tensor's shape, strides, dtype and
+    device, and the settings the config choice depends on. SFA's alignment decides whether it is used in place,
+    so it is part of the signature too. (The framework is not: a plan does not depend on it.)"""
+    evict = _ENVIRON.get(_EVICT_KEY) if _ENVIRON is not None else os.environ.get(B_EVICT_FIRST_ENV)
+    return (kind, expected_m, views[1].ptr & 15, num_sms_override(), config_version(), evict,
+            *[None if v is None else v[1:5] for v in views])
+
+
+_VALIDATORS: dict[int, Callable[..., validate.Problem]] = {
+    KIND_NORMAL: lambda v, e: validate.normal(*v[:5]),
+    KIND_CONTIGUOUS: lambda v, e: validate.contiguous(*v),
+    KIND_MASKED: lambda v, e: validate.masked(*v, e),
+}
+
+
+def _prepare(kind: int, views: tuple[View | None, ...], expected_m: int | None) -> tuple[validate.Problem,
+                                                                                        GemmPlan | None]:
+    """Validate and plan a call signature seen for the first time (or whose pointers failed the fast check)."""
+    p = _VALIDATORS[kind](views, expected_m)
+    if p.m == 0 or p.n == 0 or p.num_groups == 0 or p.k == 0:
+        return p, None
+    a, _, b, _, out = views[:5]
+    plan = plan_gemm(kind, p.m, p.n, p.k, p.num_groups, p.device, expected_m=expected_m, a_strides=a.strides,
+                     b_strides=b.strides, d_strides=None if out is None else out.strides)
+    return p, plan
+
+
+_NAMES = ("lhs[0] (A)", "lhs[1] (A scales)", "rhs[0] (B)", "rhs[1] (B scales)", "out")
+
+
+def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, expected_m: int | None,
+        stream: Any, framework: Framework) -> Any:
+    """One GEMM call on the caller's tensors (any framework's); returns ``out``, or the new output.
+
+    This is every call's path, kept flat: a repeated call reads six tensors, looks its signature up, and launches.
+    """
+    if framework is Framework.CUPY or framework is Framework.TORCH:
+        try:
+            if framework is Framework.CUPY:
+                views = (read_cupy(a), read_cupy(sfa), read_cupy(b), read_cupy(sfb),
+                         None if out is None else read_cupy(out))
+            else:
+                views = (read_torch(a, _NAMES[0]), read_torch(sfa, _NAMES[1]), read_torch(b, _NAMES[2]),
+                         read_torch(sfb, _NAMES[3]), None if out is None else read_torch(out, _NAMES[4]))
+            if layout is not None:
+                views += (read_cupy(layout) if framework is Framework.CUPY else read_torch(layout, "layout"),)
+        except AttributeError:  # an operand of another kind: say which
+            _same_framework(a, sfa, b, sfb, out, layout)
+            raise
+        launch_stream = None
+    else:  # DLPack producers order their pending writes before the stream we launch on
+        launch_stream = resolve(stream, framework, gpu_device_of(a, _NAMES[0]))
+        views = tuple(None if x is None else read(x, name, launch_stream)
+                      for x, name in zip((a, sfa, b, sfb, out), _NAMES))
+        if layout is not None:
+            views += (read(layout, _layout_name(kind), launch_stream),)
+    key = _signature(kind, views, expected_m)
+    hit = _calls.get(key)
+    av, sv, bv, sfbv, ov = views[:5]
+    if hit is None or (av.ptr | bv.ptr | (0 if ov is None else ov.ptr)) & 15:
+        hit = _prepare(kind, views, expected_m)
+        with _lock:
+            if len(_calls) >= _CALLS_LIMIT:
+                _calls.clear()
+            _calls[key] = hit
+    problem, plan = hit
+    if launch_stream is None:
+        launch_stream = resolve(stream, framework, problem.device)
+    if out is None:
+        result = empty(framework, problem.out_shape, BF16, problem.device) if kind == KIND_NORMAL else \
+            _zeros(framework, problem.out_shape, problem.device, launch_stream)
+        d_ptr = result.data_ptr() if framework is Framework.TORCH else result.data.ptr
+    else:
+        result, d_ptr = out, ov.ptr
+    if plan is None:
+        if problem.k == 0 and problem.m and problem.n and problem.num_groups:
+            _zero(read(result, "out"), launch_stream)
+        return result if out is not None else export_like(result, framework)
+    keep = None  # what must live until the launch is queued: the framework's allocator frees in stream order
+    if problem.sfa_m_major:
+        sfa_ptr = sv.ptr
+    else:
+        sfa_ptr, keep = _sfa_m_major_copy(sv, problem, launch_stream, framework)
+    layout_ptr = 0
+    if layout is not None:
+        layout_ptr = views[5].ptr
+        if validate.check_inputs_enabled():
+            _check_layout_on_host(problem, views[5], launch_stream)
+    partials = counters = 0
+    if plan.scratch_floats:
+        partials, counters, keep2 = scratch(plan.scratch_floats, plan.scratch_counters, problem.device,
+                                            launch_stream, framework)
+    if single_gpu():
+        plan.launch(launch_stream, av.ptr, sfa_ptr, bv.ptr, sfbv.ptr, d_ptr, layout_ptr, partials, counters)
+    else:
+        with on_device(problem.device):
+            plan.launch(launch_stream, av.ptr, sfa_ptr, bv.ptr, sfbv.ptr, d_ptr, layout_ptr, partials, counters)
+    del keep
+    return result if out is not None else export_like(result, framework)
+
+
+def _layout_name(kind: int) -> str:
+    return "m_indices" if kind == KIND_CONTIGUOUS else "masked_m"
+
+
+def _data_ptr(x: Any) -> int:
+    return x.data_ptr() if is_torch_tensor(x) else x.data.ptr
+
+
+def _same_framework(*tensors: Any) -> None:
+    """One call, one framework: a torch stream and a CuPy stream are not ordered with each other, so mixing would
+    leave the result's ordering to chance. (Objects read through DLPack are capsules: not checked.)"""
+    names = _NAMES + ("m_indices/masked_m",)
+    framework = framework_of(tensors[0])
+    for name, t in zip(names, tensors):
+        if t is not None and framework_of(t) is not framework:
+            raise TypeError(f"{name}: got a {type(t).__module__}.{type(t).__name__} while A is a {framework.value} "
+                            f"tensor; pass every tensor of a call from one framework (convert with DLPack first)")
+
+
+def _sfa_m_major_copy(sfa: View, problem: validate.Problem, stream: int, framework: Framework) -> tuple[int, Any]:
+    """SFA copied into the kernel's layout ([G][ceil(K/128)][m_pad], padding rows unread) on ``stream``; returns
+    its pointer and the buffer to keep alive until the launch is queued."""
+    g = problem.num_groups if problem.kind == KIND_MASKED else 1
+    kb, m, m_pad = -(-problem.k // 128), problem.m, problem.sfa_m_pad
+    if framework is Framework.TORCH:
+        import torch
+
+        src = sfa.obj.reshape(g, m, kb)
+        with torch_stream(stream, problem.device):
+            buf = torch.empty((g, kb, m_pad), dtype=torch.float32, device=src.device)
+            buf[:, :, :m].copy_(src.transpose(1, 2))
+        return buf.data_ptr(), buf
     import cupy
 
-    with cupy.cuda.Device(p.device_id):
-        info = require_hopper()
-        evict_b = b_evict_first(p.num_groups, p.n, p.k, info.l2_bytes)
-        cfg = choose_config(p.kind, model_rows(p.kind, p.m, expected_m), p.n, p.k, p.num_groups, get_num_sms(),
-                            smem_limit=info.max_smem_per_block)
-        kernel = get_gemm_kernel(cfg, p.device_id)
-
-        g_a = p.num_groups if p.kind == KIND_MASKED else 1
-        g_b = p.num_groups
-        m, n, k, kb = p.m, p.n, p.k, ceil_div(p.k, 128)
-        a, b, d = p.a, p.b, p.out
-        lda, ldb, ldd = a.strides[-2], b.strides[-2], d.strides[-2]
-        wg_m = cfg.block_m if cfg.split_k else cfg.block_m // cfg.num_math_wg
-        slab = cfg.block_n if cfg.swizzle_d == 0 else cfg.swizzle_d // 2
-        # With multicast each CTA of a pair loads half of the shared tile.
-        box_n = cfg.block_n // 2 if cfg.multicast == 2 else cfg.block_n
-        tmap_a = tma.encode_tiled(tma.UINT8, a.data.ptr, (k, m, g_a),
-                                  (lda, a.strides[0] if a.ndim == 3 else lda * m), (128, cfg.a_box_rows, 1), 128)
-        tmap_b = tma.encode_tiled(tma.UINT8, b.data.ptr, (k, n, g_b),
-                                  (ldb, b.strides[0] if b.ndim == 3 else ldb * n), (128, box_n, 1), 128)
-        tmap_sfa = tma.encode_tiled(tma.FLOAT32, p.sfa.data.ptr, (m, kb, g_a),
-                                    (4 * p.sfa_m_pad, 4 * p.sfa_m_pad * kb), (cfg.block_m, 1, 1), 0)
-        tmap_d = tma.encode_tiled(tma.BFLOAT16, d.data.ptr, (n, m, g_a),
-                                  (ldd, d.strides[0] if d.ndim == 3 else ldd * m), (slab, wg_m, 1), cfg.swizzle_d)
-        layout = p.grouped_layout.data.ptr if p.grouped_layout is not None else 0
-        grid = cfg.num_sms if not cfg.multicast else min(cfg.num_sms, 2 * kernel.max_clusters)
-        stream = cupy.cuda.get_current_stream()
-        partials, counters = split_k_scratch(cfg, m, p.device_id, stream)
-        values = (tmap_a, tmap_b, tmap_sfa, tmap_d, p.sfb.data.ptr, layout, d.data.ptr, partials, counters, m,
-                  p.num_groups, ldd // 2, int(evict_b))
-        if kernel.launcher is not None:
-            kernel.launcher(grid, cfg.threads, cfg.smem_bytes, stream.ptr, values)
-        else:  # the driver cannot report parameter offsets (CUDA < 12.4): CuPy packs them
-            kernel.function((grid,), (cfg.threads,),
-                            tuple(np.frombuffer(t, "V128") for t in values[:4]) +
-                            tuple(np.uint64(v) for v in values[4:9]) +
-                            tuple(np.uint32(v) for v in values[9:]), shared_mem=cfg.smem_bytes)
+    src = cupy_view(sfa).reshape(g, m, kb)
+    with cupy.cuda.Device(problem.device), cupy_stream(stream, problem.device):
+        buf = cupy.empty((g, kb, m_pad), dtype=cupy.float32)
+        buf[:, :, :m] = src.transpose(0, 2, 1)
+    return buf.data.ptr, buf
 
 
-def _finish(p: validate.Problem) -> Any:
-    if p.out_given is not None:
-        return p.out_given
-    return export_like(p.out, p.framework)
+def _zeros(framework: Framework, shape: tuple[int, ...], device: int, stream: int) -> Any:
+    """A new BF16 output of zeros, cleared on ``stream``: the rows a grouped GEMM skips (padding rows, rows past
+    masked_m) read as zeros, so a functional call's result is deterministic."""
+    if framework is Framework.TORCH:
+        import torch
+
+        with torch_stream(stream, device):
+            return torch.zeros(shape, dtype=torch.bfloat16, device=torch.device("cuda", device))
+    import cupy
+
+    with cupy.cuda.Device(device), cupy_stream(stream, device):
+        return cupy.zeros(shape, dtype=BF16)
 
 
-def _trivial(p: validate.Problem) -> bool:
-    """Empty problems: nothing to launch (K == 0 gives zeros)."""
-    if p.m == 0 or p.n == 0 or p.num_groups == 0:
-        return True
-    if p.k == 0:
-        p.out.view(np.uint16).fill(0)
-        return True
-    return False
+def _zero(out: View, stream: int) -> None:
+    import cupy
+
+    with cupy.cuda.Device(out.device), cupy_stream(stream, out.device):
+        cupy_view(out).view(cupy.uint16).fill(0)
 
 
-def gemm_fp8_fp8_bf16_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any = None) -> Any:
+def _check_layout_on_host(problem: validate.Problem, layout: View, stream: int) -> None:
+    import cupy
+
+    host = cupy_view(layout).get(stream=cupy_stream(stream, layout.device))
+    if problem.kind == KIND_CONTIGUOUS:
+        validate.check_m_indices(host, problem.num_groups)
+    else:
+        validate.check_masked_m(host, problem.m)
+
+
+def _torch_ops():
+    from . import torch as torch_ops
+
+    return torch_ops
+
+
+def gemm_fp8_fp8_bf16_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any = None, *, stream: Any = None) -> Any:
     """D = A @ B.T with DeepSeek-V3 fine-grained FP8 scaling, BF16 output.
 
     Args:
         lhs: ``(A, SFA)``: A float8_e4m3fn (or uint8 holding e4m3 bits) [M, K]; SFA float32 [M, ceil(K/128)],
-            one scale per row and 128 columns of K. Row-major SFA is transposed once into the TMA-aligned
+            one scale per row and 128 columns of K. Row-major SFA is transposed once per call into the TMA-aligned
             M-major layout; SFA already in that layout (see ``get_col_major_tma_aligned_tensor``) is used as is.
         rhs: ``(B, SFB)``: B float8_e4m3fn [N, K]; SFB float32 [ceil(N/128), ceil(K/128)], one scale per
             128x128 block, C-contiguous.
-        out: optional bfloat16 [M, N] written in place; allocated when None.
+        out: optional bfloat16 [M, N] written in place; allocated by the caller's framework when None.
+        stream: the CUDA stream to run on (an int handle, a CuPy or torch stream, or an object with
+            ``cuda_stream``/``ptr``/``__cuda_stream__``); default: the caller's current stream (torch's for torch
+            tensors, else CuPy's). The call runs after the work queued there before it, and before the work
+            queued after it. Nothing synchronizes.
 
     Returns:
-        ``out`` if given, else a new bfloat16 array of the caller's framework (CuPy, torch or JAX, zero-copy).
+        ``out`` if given, else a new bfloat16 array of the caller's framework (CuPy, torch or JAX).
 
     Constraints: K % 16 == 0 and N % 8 == 0 (16-byte aligned rows for TMA), unit inner strides, all operands
-    on one Hopper GPU. K need not be a multiple of 128. M == 0 returns at once. NaN/Inf scales propagate.
+    on one Hopper GPU, from one framework. K need not be a multiple of 128. M == 0 returns at once. NaN/Inf
+    scales propagate.
     """
-    p = validate.normal(lhs, rhs, out)
-    if not _trivial(p):
-        _launch(p)
-    return _finish(p)
+    a, sfa = validate.pair(lhs, "lhs")
+    b, sfb = validate.pair(rhs, "rhs")
+    framework = framework_of(a)
+    if framework is Framework.TORCH:
+        _same_framework(a, sfa, b, sfb, out)
+        return _torch_ops().gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb, out, stream)
+    return run(KIND_NORMAL, a, sfa, b, sfb, out, None, None, stream, framework)
 
 
 def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any,
-                                              m_indices: Any) -> Any:
+                                              m_indices: Any, *, stream: Any = None) -> Any:
     """Grouped GEMM, contiguous layout (MoE prefill/training): row r of A uses B[m_indices[r]].
 
     Args:
         lhs: ``(A, SFA)``: A [M_sum, K] FP8, SFA [M_sum, ceil(K/128)] float32.
         rhs: ``(B, SFB)``: B [G, N, K] FP8, SFB [G, ceil(N/128), ceil(K/128)] float32.
-        out: bfloat16 [M_sum, N] (None allocates).
+        out: bfloat16 [M_sum, N]; None allocates one, zeros where rows are skipped.
         m_indices: int32 [M_sum], the group of each row; -1 marks padding rows, which are neither computed
             nor written (their ``out`` rows keep their previous contents). Each group's rows are contiguous and
             padded to ``get_m_alignment_for_contiguous_layout()`` (128) rows; a 128-row block takes the group of
             its first row. Out-of-range values never cause out-of-bounds accesses (the block or row is skipped);
             ``CUPYGEMM_CHECK_INPUTS=1`` reports them, and misaligned groups, as ValueError.
+        stream: as for :func:`gemm_fp8_fp8_bf16_nt`.
     """
-    p = validate.contiguous(lhs, rhs, out, m_indices)
-    if not _trivial(p):
-        _launch(p)
-    return _finish(p)
+    a, sfa = validate.pair(lhs, "lhs")
+    b, sfb = validate.pair(rhs, "rhs")
+    if is_torch_tensor(a):
+        _same_framework(a, sfa, b, sfb, out, m_indices)
+        return _torch_ops().m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, b, sfb, out, m_indices, stream)
+    return run(KIND_CONTIGUOUS, a, sfa, b, sfb, out, m_indices, None, stream, framework_of(a))
 
 
 def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any, masked_m: Any,
-                                          expected_m: int) -> Any:
+                                          expected_m: int, *, stream: Any = None) -> Any:
     """Grouped GEMM, masked layout (MoE decode, CUDA-graph friendly): group g computes its first masked_m[g] rows.
 
     Args:
         lhs: ``(A, SFA)``: A [G, max_m, K] FP8, SFA [G, max_m, ceil(K/128)] float32.
         rhs: ``(B, SFB)``: B [G, N, K] FP8, SFB [G, ceil(N/128), ceil(K/128)] float32.
-        out: bfloat16 [G, max_m, N], groups back to back (rows may be padded; None allocates); rows at or past
+        out: bfloat16 [G, max_m, N], groups back to back (rows may be padded; None allocates zeros); rows at or past
             masked_m[g] are left untouched.
         masked_m: int32 [G] on the device, read by the kernel (no host synchronization; capturable in a
             CUDA graph). Values are clamped to [0, max_m]; ``CUPYGEMM_CHECK_INPUTS=1`` reports them instead.
         expected_m: typical rows per group; only used to choose the kernel config, which is planned for groups
             of int(expected_m x U(0.7, 1.3)) rows (the spread of DeepGEMM's tests), not for exactly expected_m.
+        stream: as for :func:`gemm_fp8_fp8_bf16_nt`.
     """
-    p = validate.masked(lhs, rhs, out, masked_m, expected_m)
-    if not _trivial(p):
-        _launch(p, expected_m)
-    return _finish(p)
+    a, sfa = validate.pair(lhs, "lhs")
+    b, sfb = validate.pair(rhs, "rhs")
+    validate.check_expected_m(expected_m)
+    if is_torch_tensor(a):
+        _same_framework(a, sfa, b, sfb, out, masked_m)
+        return _torch_ops().m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, out, masked_m, int(expected_m),
+                                                                  stream)
+    return run(KIND_MASKED, a, sfa, b, sfb, out, masked_m, int(expected_m), stream, framework_of(a))
+

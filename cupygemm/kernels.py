@@ -7,7 +7,7 @@ import threading
 from .config import GemmConfig
 from .jit.build import LoadedKernel, build_cubin, load_kernel
 from .jit.source import KernelSource, render
-from .launch import DESC, PTR, U32, packed_launcher
+from .launch import DESC, PTR, U32, make_launcher
 
 GEMM_FILE, GEMM_ENTRY = "fp8_gemm.cu", "cupygemm_fp8_gemm"
 # cupygemm_fp8_gemm's parameters: tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d, partials, tile_counters,
@@ -66,7 +66,7 @@ def get_gemm_kernel(cfg: GemmConfig, device_id: int) -> LoadedKernel:
         k = load_kernel(gemm_source(cfg), config=cfg)
         k.ensure_dynamic_smem(cfg.smem_bytes)
         if k.launcher is None:
-            k.launcher = packed_launcher(k.function.ptr, GEMM_PARAMS)
+            k.launcher = make_launcher(k.function, GEMM_PARAMS)
         if cfg.multicast and not k.max_clusters:
             k.max_clusters = max_active_clusters(k, cfg) or cfg.num_sms // 2
         with _lock:

@@ -2,16 +2,18 @@
 
 CuPy's RawKernel launch converts every argument on each call; with four by-value 128-byte TMA descriptors that
 took ~19 us of host time per GEMM (benchmarks/NOTES.md section 11). Here the parameter layout is read once per
-kernel from the driver (``cuFuncGetParamInfo``), each call packs the values with one ``struct.pack`` and hands
-the bytes to ``cuLaunchKernel`` (``CU_LAUNCH_PARAM_BUFFER_POINTER``). Drivers without ``cuFuncGetParamInfo``
-(CUDA < 12.4) get ``None`` from :func:`packed_launcher` and the caller launches through CuPy.
+kernel from the driver (``cuFuncGetParamInfo``); :meth:`PackedLauncher.pack` packs a call's values into the
+bytes and the ``extra`` array that ``cuLaunchKernel`` takes (``CU_LAUNCH_PARAM_BUFFER_POINTER``), and a launch
+plan keeps them for the pointers it has seen, so launching again is one driver call. Drivers without
+``cuFuncGetParamInfo`` (CUDA < 12.4) get a :class:`CupyLauncher`, which lets CuPy pack the values per call.
 """
 from __future__ import annotations
 
 import ctypes
-import functools
 import struct
-from typing import Sequence
+from typing import Any, Protocol, Sequence
+
+import numpy as np
 
 from .errors import CupygemmDeviceError
 from .tma import driver
@@ -20,6 +22,12 @@ from .tma import driver
 DESC, PTR, U32 = "128s", "Q", "I"
 _SIZES = {DESC: 128, PTR: 8, U32: 4}
 _CU_LAUNCH_PARAM_END, _CU_LAUNCH_PARAM_BUFFER_POINTER, _CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
+
+
+class Launcher(Protocol):
+    def pack(self, values: Sequence[object]) -> Any: ...
+
+    def launch(self, params: Any, grid: int, block: int, smem: int, stream: int) -> None: ...
 
 
 def _param_layout(func_ptr: int, count: int) -> list[tuple[int, int]] | None:
@@ -38,12 +46,22 @@ def _param_layout(func_ptr: int, count: int) -> list[tuple[int, int]] | None:
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def _launch_fn():
-    fn = driver().cuLaunchKernel
-    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-    fn.restype = ctypes.c_int
-    return fn
+class _Packed:
+    """A call's parameter bytes and the ``extra`` array pointing at them (kept together: the array holds the
+    buffer's address)."""
+
+    __slots__ = ("buf", "size", "extra", "extra_ptr")
+
+    def __init__(self, data: bytes):
+        self.buf = ctypes.create_string_buffer(data, len(data))
+        self.size = ctypes.c_size_t(len(data))
+        self.extra = (ctypes.c_void_p * 5)(_CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.addressof(self.buf),
+                                           _CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self.size),
+                                           _CU_LAUNCH_PARAM_END)
+        self.extra_ptr = ctypes.addressof(self.extra)
+
+    def __bytes__(self) -> bytes:
+        return self.buf.raw
 
 
 class PackedLauncher:
@@ -57,29 +75,49 @@ class PackedLauncher:
             fmt += "x" * (off - pos) + kind
             pos = off + _SIZES[kind]
         self._struct = struct.Struct(fmt)
-        self._func = ctypes.c_void_p(func_ptr)
-        self._size = ctypes.c_size_t(self._struct.size)
+        self._func = func_ptr
+        from cupy.cuda import driver as cu
+
+        # CuPy's Cython binding of cuLaunchKernel: a third of the cost of a ctypes call with eleven arguments.
+        self._launch_kernel, self._error = cu.launchKernel, cu.CUDADriverError
 
     @property
     def param_bytes(self) -> int:
         return self._struct.size
 
-    def pack(self, values: Sequence[object]) -> bytes:
-        return self._struct.pack(*values)
+    def pack(self, values: Sequence[object]) -> _Packed:
+        return _Packed(self._struct.pack(*values))
 
-    def __call__(self, grid: int, block: int, smem: int, stream: int, values: Sequence[object]) -> None:
-        params = self.pack(values)
-        buf = ctypes.c_char_p(params)  # the driver copies the parameters during the call
-        extra = (ctypes.c_void_p * 5)(_CU_LAUNCH_PARAM_BUFFER_POINTER, ctypes.cast(buf, ctypes.c_void_p),
-                                      _CU_LAUNCH_PARAM_BUFFER_SIZE, ctypes.addressof(self._size),
-                                      _CU_LAUNCH_PARAM_END)
-        res = _launch_fn()(self._func, grid, 1, 1, block, 1, 1, smem, stream, None, extra)
-        if res != 0:
-            raise CupygemmDeviceError(f"cuLaunchKernel failed (CUresult {res}) for grid {grid}, block {block}, "
-                                      f"{smem} B of shared memory")
+    def launch(self, params: _Packed, grid: int, block: int, smem: int, stream: int) -> None:
+        try:
+            self._launch_kernel(self._func, grid, 1, 1, block, 1, 1, smem, stream, 0, params.extra_ptr)
+        except self._error as e:
+            raise CupygemmDeviceError(f"cuLaunchKernel failed ({e}) for grid {grid}, block {block}, "
+                                      f"{smem} B of shared memory") from e
 
 
-def packed_launcher(func_ptr: int, kinds: Sequence[str]) -> PackedLauncher | None:
-    """A launcher for the kernel function ``func_ptr``, or None if the driver cannot report its parameters."""
-    layout = _param_layout(func_ptr, len(kinds))
-    return None if layout is None else PackedLauncher(func_ptr, kinds, layout)
+class CupyLauncher:
+    """For drivers that cannot report parameter offsets: CuPy converts the values on every launch."""
+
+    def __init__(self, function: Any, kinds: Sequence[str]):
+        import cupy
+
+        self._function = function
+        self._kinds = tuple(kinds)
+        self._device = cupy.cuda.runtime.getDevice()
+
+    def pack(self, values: Sequence[object]) -> tuple:
+        conv = {DESC: lambda v: np.frombuffer(v, "V128"), PTR: np.uint64, U32: np.uint32}
+        return tuple(conv[k](v) for k, v in zip(self._kinds, values))
+
+    def launch(self, params: tuple, grid: int, block: int, smem: int, stream: int) -> None:
+        from .streams import cupy_stream
+
+        self._function((grid,), (block,), params, shared_mem=smem, stream=cupy_stream(stream, self._device))
+
+
+def make_launcher(function: Any, kinds: Sequence[str]) -> Launcher:
+    """The launcher for a loaded CuPy ``function``: packed through the driver where it reports the parameter
+    layout, else through CuPy."""
+    layout = _param_layout(function.ptr, len(kinds))
+    return CupyLauncher(function, kinds) if layout is None else PackedLauncher(function.ptr, kinds, layout)

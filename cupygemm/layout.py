@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .tensors import as_cupy, export_like, framework_of, require_cupy
+from .tensors import export_like, framework_of, require_cupy
 
 __all__ = [
     "ceil_div",
@@ -106,8 +106,13 @@ def _col_major_tma_aligned_copy(x: Any, xp: Any) -> Any:
         buf[:, :m] = x.T
         return buf[:, :m].T
     buf = xp.zeros((int(x.shape[0]), kb, m_pad), dtype=x.dtype)
-    buf[:, :, :m] = x.transpose(0, 2, 1)
-    return buf[:, :, :m].transpose(0, 2, 1)
+    buf[:, :, :m] = _swap_last(x)
+    return _swap_last(buf[:, :, :m])
+
+
+def _swap_last(x: Any) -> Any:
+    """``x`` [g, a, b] as [g, b, a] (a view), for NumPy, CuPy and torch alike."""
+    return x.transpose(1, 2) if hasattr(x, "data_ptr") else x.transpose(0, 2, 1)
 
 
 def get_col_major_tma_aligned_tensor(x: Any) -> Any:
@@ -116,16 +121,33 @@ def get_col_major_tma_aligned_tensor(x: Any) -> Any:
     The result has the same shape and values as ``x`` but is stored M-major with the M stride padded to
     ``m_pad = get_tma_aligned_size(m, 4)`` elements: strides (in elements) ``(1, m_pad)`` for 2-D and
     ``(kb * m_pad, 1, m_pad)`` for 3-D. This is the layout the GEMM reads the LHS scales (SFA) with. If ``x``
-    already has it, ``x`` itself is returned; otherwise a new array is made (padding rows are zero).
+    already has it, ``x`` itself is returned; otherwise a new array is made (padding rows are zero) on the
+    framework's current stream.
 
-    ``x`` may be a CuPy array or any DLPack GPU tensor (torch, JAX, ...); the result is in the same framework.
+    ``x`` may be a CuPy array, a torch CUDA tensor or any DLPack GPU tensor (JAX, ...); the result is in the same
+    framework.
     """
-    cupy = require_cupy()
-    xc = as_cupy(x, "x")
-    if xc.ndim not in (2, 3):
-        raise ValueError(f"x: expected a 2-D [m, kb] or 3-D [g, m, kb] array, got {xc.ndim}-D with shape {tuple(xc.shape)}")
-    if xc.dtype != np.float32:
-        raise TypeError(f"x: expected float32 scales, got {xc.dtype}")
-    if is_col_major_tma_aligned(xc):
+    from .tensors import F32, cupy_view, is_torch_tensor, read
+
+    v = read(x, "x")
+    if v.ndim not in (2, 3):
+        raise ValueError(f"x: expected a 2-D [m, kb] or 3-D [g, m, kb] array, got {v.ndim}-D with shape {v.shape}")
+    if v.dtype != F32:
+        raise TypeError(f"x: expected float32 scales, got {v.dtype}")
+    if v.strides == _expected_strides(v.shape, 4) and (v.size == 0 or v.ptr % TMA_ALIGNMENT_BYTES == 0):
         return x
-    return export_like(_col_major_tma_aligned_copy(xc, cupy), framework_of(x))
+    if is_torch_tensor(x):
+        return _col_major_tma_aligned_copy(x, _TorchOps(x))
+    return export_like(_col_major_tma_aligned_copy(cupy_view(v), require_cupy()), framework_of(x))
+
+
+class _TorchOps:
+    """The two array-module calls :func:`_col_major_tma_aligned_copy` makes, for torch tensors."""
+
+    def __init__(self, like: Any):
+        self._like = like
+
+    def zeros(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        import torch
+
+        return torch.zeros(shape, dtype=torch.float32, device=self._like.device)

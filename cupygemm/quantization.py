@@ -10,35 +10,37 @@ casts)::
 
 Inputs are 2-D GPU arrays ``[m, n]`` of bfloat16 (``ml_dtypes.bfloat16`` CuPy arrays, torch/JAX bf16), float32 or
 float16; ``n`` (and ``m``) need not be multiples of 128 (the tail groups are padded with zeros). The last dimension
-must have unit stride; any row stride is accepted. The kernels run on CuPy's current stream.
+must have unit stride; any row stride is accepted. The kernels run on the caller's stream (see
+:mod:`cupygemm.streams`; ``stream=`` overrides it).
 
-Results are ``(q, s)``:
+Results are ``(q, s)``, made by the caller's framework:
 
-* ``q``: ``uint8`` ``[m, n]`` holding the e4m3fn bits (CuPy cannot represent FP8). A torch caller receives a
-  ``torch.uint8`` tensor: ``q.view(torch.float8_e4m3fn)`` is the FP8 view, without a copy. JAX callers receive a
-  ``uint8`` array (``jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn)`` reinterprets it).
+* ``q``: ``[m, n]`` e4m3fn: ``torch.float8_e4m3fn`` for torch callers, ``jnp.float8_e4m3fn`` for JAX callers,
+  ``uint8`` holding the e4m3fn bits for CuPy callers (CuPy cannot represent FP8).
 * ``s``: ``float32``, ``[m, ceil(n/128)]`` (per-token) or ``[ceil(m/128), ceil(n/128)]`` (per-block), row-major.
-  For the GEMM's LHS, convert the per-token scales with
-  :func:`cupygemm.layout.get_col_major_tma_aligned_tensor`.
-
-Both come back in the framework of ``x`` (CuPy, torch or JAX, zero-copy through DLPack).
+  The GEMMs take per-token scales in this layout (and transpose them per call) or, faster, already in the
+  M-major layout of :func:`cupygemm.layout.get_col_major_tma_aligned_tensor`.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
 import numpy as np
 
+from .device import on_device
 from .errors import CupygemmDeviceError
-from .tensors import BF16, as_cupy, export_like, framework_of, require_cupy
+from .streams import cupy_stream, resolve
+from .tensors import BF16, F16, F32, FP8_E4M3, Framework, View, empty, framework_of, gpu_device_of, \
+    is_torch_tensor, read, require_cupy
 
 __all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8"]
 
 _GROUP = 128
 _THREADS = 256
 # Input dtype -> CUPYGEMM_QUANT_IN_KIND in cuda_src/quantize.cu.
-_IN_KINDS = {np.dtype(np.float32): 0, BF16: 1, np.dtype(np.float16): 2}
+_IN_KINDS = {F32: 0, BF16: 1, F16: 2}
 # Entry point -> CUPYGEMM_QUANT_KERNEL.
 _ENTRIES = {"per_token_cast_to_fp8": 0, "per_block_cast_to_fp8": 1}
 
@@ -72,34 +74,34 @@ def _check_device(cupy: Any, dev: int) -> None:
     _checked_devices.add(dev)
 
 
-def _get_kernel(dtype: np.dtype, entry: str) -> Any:
-    cupy = require_cupy()
-    dev = cupy.cuda.runtime.getDevice()
+def _get_kernel(dtype: np.dtype, entry: str, dev: int) -> Any:
     key = (dev, _IN_KINDS[dtype], entry)
     fn = _kernels.get(key)
     if fn is None:
+        cupy = require_cupy()
         _check_device(cupy, dev)
         from .jit.build import load_kernel
 
-        loaded = load_kernel(_kernel_source(dtype, entry), post_process=False)
+        with cupy.cuda.Device(dev):
+            loaded = load_kernel(_kernel_source(dtype, entry), post_process=False)
         with _lock:
             fn = _kernels.setdefault(key, loaded.function)
     return fn
 
 
-def _prepare(x: Any, name: str = "x") -> tuple[Any, int, int, int]:
-    """Validate ``x`` and return (CuPy view, m, n, row stride in elements)."""
-    xc = as_cupy(x, name)
-    if xc.ndim != 2:
-        raise ValueError(f"{name}: expected a 2-D [m, n] array, got {xc.ndim}-D with shape {tuple(xc.shape)}")
-    if xc.dtype not in _IN_KINDS:
-        hint = " (already FP8 bits?)" if xc.dtype == np.uint8 else ""
-        raise TypeError(f"{name}: expected dtype bfloat16, float32 or float16, got {xc.dtype}{hint}")
-    m, n = (int(d) for d in xc.shape)
-    item = xc.dtype.itemsize
-    s0, s1 = (int(st) for st in xc.strides)
+def _prepare(x: Any, name: str = "x") -> tuple[View, int, int, int]:
+    """Validate the input (a tensor or its View) and return (View, m, n, row stride in elements)."""
+    v = x if isinstance(x, View) else read(x, name)
+    if v.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D [m, n] array, got {v.ndim}-D with shape {tuple(v.shape)}")
+    if v.dtype not in _IN_KINDS:
+        hint = " (already FP8 bits?)" if v.dtype.itemsize == 1 else ""
+        raise TypeError(f"{name}: expected dtype bfloat16, float32 or float16, got {v.dtype}{hint}")
+    m, n = v.shape
+    item = v.itemsize
+    s0, s1 = v.strides
     if m == 0 or n == 0:  # nothing is read (and CuPy gives empty arrays zero strides)
-        return xc, m, n, n
+        return v, m, n, n
     if n > 1 and s1 != item:
         raise ValueError(
             f"{name}: the last dimension must have unit stride ({item} bytes), got a stride of {s1} bytes; "
@@ -111,48 +113,68 @@ def _prepare(x: Any, name: str = "x") -> tuple[Any, int, int, int]:
         ld = s0 // item
     else:
         ld = n
-    return xc, m, n, ld
+    return v, m, n, ld
 
 
-def _launch(entry: str, xc: Any, q: Any, s: Any, grid: int, args: tuple) -> None:
+def run_cast(entry: str, x: Any, stream: Any, framework: Framework) -> tuple[Any, Any]:
+    """One cast on the caller's tensor (any framework's); returns (q, s) made by that framework."""
     cupy = require_cupy()
-    fn = _get_kernel(xc.dtype, entry)
-    fn((grid,), (_THREADS,), (xc, q, s) + tuple(np.int64(a) for a in args),
-       stream=cupy.cuda.get_current_stream())
+    if framework in (Framework.TORCH, Framework.CUPY):
+        v, m, n, ld = _prepare(x)
+        launch_stream = resolve(stream, framework, v.device)
+    else:  # DLPack producers order their pending writes before the stream we launch on
+        launch_stream = resolve(stream, framework, gpu_device_of(x, "x"))
+        v, m, n, ld = _prepare(read(x, "x", launch_stream))
+    nb = (n + _GROUP - 1) // _GROUP
+    rows = m if entry == "per_token_cast_to_fp8" else (m + _GROUP - 1) // _GROUP
+    q = empty(framework, (m, n), FP8_E4M3, v.device)
+    s = empty(framework, (rows, nb), F32, v.device)
+    items = rows * nb
+    if items:
+        if entry == "per_token_cast_to_fp8":
+            warps = _THREADS // 32
+            grid = (items + warps - 1) // warps
+        else:
+            grid = items
+        fn = _get_kernel(v.dtype, entry, v.device)
+        with on_device(v.device):
+            fn((grid,), (_THREADS,), (np.uint64(v.ptr), np.uint64(_ptr(q)), np.uint64(_ptr(s)), np.int64(m),
+                                      np.int64(n), np.int64(ld), np.int64(nb)),
+               stream=cupy_stream(launch_stream, v.device))
+    if framework is Framework.JAX:
+        jax = sys.modules["jax"]
+        return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(q), jax.numpy.float8_e4m3fn), \
+            jax.dlpack.from_dlpack(s)
+    return q, s
 
 
-def per_token_cast_to_fp8(x: Any) -> tuple[Any, Any]:
+def _ptr(x: Any) -> int:
+    return x.data_ptr() if is_torch_tensor(x) else x.data.ptr
+
+
+def per_token_cast_to_fp8(x: Any, *, stream: Any = None) -> tuple[Any, Any]:
     """Quantize ``x`` [m, n] to e4m3fn with one FP32 scale per row and 128 columns (1x128 groups).
 
-    Returns ``(q, s)``: ``q`` uint8 [m, n] (e4m3fn bits), ``s`` float32 [m, ceil(n/128)] row-major, in the
-    framework of ``x``. Bit-exact with :func:`cupygemm.reference.per_token_cast_to_fp8_reference`.
+    Returns ``(q, s)``: ``q`` e4m3fn [m, n] (uint8 bits for CuPy callers), ``s`` float32 [m, ceil(n/128)]
+    row-major, made by the framework of ``x``, on the caller's stream (``stream=`` overrides it). Bit-exact with
+    :func:`cupygemm.reference.per_token_cast_to_fp8_reference`.
     """
-    cupy = require_cupy()
-    xc, m, n, ld = _prepare(x)
-    nb = (n + _GROUP - 1) // _GROUP
-    q = cupy.empty((m, n), dtype=np.uint8)
-    s = cupy.empty((m, nb), dtype=np.float32)
-    items = m * nb
-    if items:
-        warps = _THREADS // 32
-        _launch("per_token_cast_to_fp8", xc, q, s, (items + warps - 1) // warps, (m, n, ld, nb))
-    fw = framework_of(x)
-    return export_like(q, fw), export_like(s, fw)
+    if is_torch_tensor(x):
+        from . import torch as torch_ops
+
+        return torch_ops.per_token_cast_to_fp8(x, stream)
+    return run_cast("per_token_cast_to_fp8", x, stream, framework_of(x))
 
 
-def per_block_cast_to_fp8(x: Any) -> tuple[Any, Any]:
+def per_block_cast_to_fp8(x: Any, *, stream: Any = None) -> tuple[Any, Any]:
     """Quantize ``x`` [m, n] to e4m3fn with one FP32 scale per 128x128 block.
 
-    Returns ``(q, s)``: ``q`` uint8 [m, n] (e4m3fn bits), ``s`` float32 [ceil(m/128), ceil(n/128)] row-major,
-    in the framework of ``x``. Bit-exact with :func:`cupygemm.reference.per_block_cast_to_fp8_reference`.
+    Returns ``(q, s)``: ``q`` e4m3fn [m, n] (uint8 bits for CuPy callers), ``s`` float32
+    [ceil(m/128), ceil(n/128)] row-major, made by the framework of ``x``, on the caller's stream (``stream=``
+    overrides it). Bit-exact with :func:`cupygemm.reference.per_block_cast_to_fp8_reference`.
     """
-    cupy = require_cupy()
-    xc, m, n, ld = _prepare(x)
-    mb = (m + _GROUP - 1) // _GROUP
-    nb = (n + _GROUP - 1) // _GROUP
-    q = cupy.empty((m, n), dtype=np.uint8)
-    s = cupy.empty((mb, nb), dtype=np.float32)
-    if mb * nb:
-        _launch("per_block_cast_to_fp8", xc, q, s, mb * nb, (m, n, ld, nb))
-    fw = framework_of(x)
-    return export_like(q, fw), export_like(s, fw)
+    if is_torch_tensor(x):
+        from . import torch as torch_ops
+
+        return torch_ops.per_block_cast_to_fp8(x, stream)
+    return run_cast("per_block_cast_to_fp8", x, stream, framework_of(x))

@@ -1,17 +1,20 @@
-"""Tensors in and out: CuPy arrays and any ``__dlpack__`` object (torch, JAX, ...), zero-copy.
+"""Reading the caller's tensors: pointer, shape, strides, dtype and device, straight from the object.
 
-FP8 operands are handled as ``uint8`` CuPy arrays holding e4m3 bits: CuPy 14 cannot represent FP8,
-and its DLPack importer rejects the DLPack 1.1 FP8 type codes. For those we take the producer's
-capsule, rewrite the dtype code to "unsigned int" in place and import that (same pointer, same strides).
-BF16 results are CuPy arrays of ``ml_dtypes.bfloat16``; :func:`export_like` hands them back to the
-caller's framework through DLPack, again without a copy.
+CuPy arrays and torch tensors are read through their own attributes (no DLPack export, no CuPy array made:
+each read costs well under a microsecond). Any other ``__dlpack__`` producer (JAX, ...) is read from its
+DLPack capsule, which is kept alive with the view for the duration of the call.
+
+FP8 operands may be ``float8_e4m3fn`` (torch, JAX, NumPy's ml_dtypes) or ``uint8`` holding e4m3 bits (CuPy has
+no FP8 dtype). Results are made by the caller's framework (:func:`empty`), so torch callers get torch tensors
+from torch's caching allocator and CuPy callers CuPy arrays; JAX and other DLPack callers get CuPy-allocated
+arrays handed back through DLPack (:func:`export_like`).
 """
 from __future__ import annotations
 
 import ctypes
 import enum
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -23,16 +26,19 @@ except ImportError:  # pragma: no cover
 
 FP8_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 BF16 = np.dtype(ml_dtypes.bfloat16)
+U8, I32, F32, F16 = np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.float16)
 
 # DLPack type codes (dlpack.h 1.1).
-_DL_UINT, _DL_FLOAT, _DL_BFLOAT = 1, 2, 4
+_DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT = 0, 1, 2, 4
 _DL_FP8_CODES = {7: "float8_e3m4", 8: "float8_e4m3", 9: "float8_e4m3b11fnuz", 10: "float8_e4m3fn",
                  11: "float8_e4m3fnuz", 12: "float8_e5m2", 13: "float8_e5m2fnuz", 14: "float8_e8m0fnu"}
+_DL_DTYPES = {(_DL_UINT, 8): U8, (_DL_INT, 32): I32, (_DL_FLOAT, 32): F32, (_DL_FLOAT, 16): F16,
+              (_DL_BFLOAT, 16): BF16, (10, 8): FP8_E4M3}
 _DL_CUDA, _DL_CUDA_MANAGED = 2, 13
 
 
 class Framework(enum.Enum):
-    """Which library an input came from: results are handed back in the same kind."""
+    """Which library an input came from: results are made by, or handed back to, the same one."""
 
     CUPY = "cupy"
     TORCH = "torch"
@@ -40,15 +46,22 @@ class Framework(enum.Enum):
     OTHER = "dlpack"
 
 
+_FRAMEWORKS = {"cupy": Framework.CUPY, "torch": Framework.TORCH, "jax": Framework.JAX, "jaxlib": Framework.JAX}
+_framework_by_type: dict[type, Framework] = {}
+
+
 def framework_of(x: Any) -> Framework:
-    mod = type(x).__module__.split(".")[0]
-    if mod == "cupy":
-        return Framework.CUPY
-    if mod == "torch":
-        return Framework.TORCH
-    if mod in ("jax", "jaxlib"):
-        return Framework.JAX
-    return Framework.OTHER
+    t = type(x)
+    fw = _framework_by_type.get(t)
+    if fw is None:
+        fw = _framework_by_type[t] = _FRAMEWORKS.get(t.__module__.split(".")[0], Framework.OTHER)
+    return fw
+
+
+def is_torch_tensor(x: Any) -> bool:
+    """True for a torch.Tensor, without importing torch (a caller holding one has imported it)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def require_cupy():
@@ -59,7 +72,79 @@ def require_cupy():
     return cupy
 
 
-# ---- DLPack capsule surgery -------------------------------------------------------------------
+class View(NamedTuple):
+    """What a kernel launch needs to know of one tensor. ``strides`` are in bytes."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype
+    device: int
+    obj: Any = None  # the caller's object (or the DLPack capsule that keeps the memory alive)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def c_contiguous(self) -> bool:
+        acc = self.itemsize
+        for d, s in zip(reversed(self.shape), reversed(self.strides)):
+            if d > 1 and s != acc:
+                return False
+            acc *= d
+        return True
+
+
+# ---- torch ------------------------------------------------------------------------------------
+
+_torch_dtypes: dict[Any, np.dtype] = {}
+
+
+def _torch_dtype_map(torch: Any) -> dict[Any, np.dtype]:
+    if not _torch_dtypes:
+        _torch_dtypes.update({torch.uint8: U8, torch.int32: I32, torch.float32: F32, torch.float16: F16,
+                              torch.bfloat16: BF16, torch.float8_e4m3fn: FP8_E4M3})
+    return _torch_dtypes
+
+
+def read_torch(t: Any, name: str) -> View:
+    if not t.is_cuda:
+        raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {t.device}; move it to the GPU first")
+    dtype = _torch_dtype_map(sys.modules["torch"]).get(t.dtype)
+    if dtype is None:
+        raise TypeError(f"{name}: unsupported dtype {t.dtype}")
+    item = dtype.itemsize
+    st = t.stride()
+    if len(st) == 2:
+        strides = (st[0] * item, st[1] * item)
+    else:
+        strides = tuple([s * item for s in st])
+    return _new_view(View, (t.data_ptr(), tuple(t.shape), strides, dtype, t.get_device(), t))
+
+
+# ---- CuPy -------------------------------------------------------------------------------------
+
+_new_view = tuple.__new__  # View(...) without NamedTuple's Python-level __new__: reads are on every call's path
+
+
+def read_cupy(x: Any) -> View:
+    mem = x.data
+    return _new_view(View, (mem.ptr, x.shape, x.strides, x.dtype, mem.device_id, x))
+
+
+# ---- any DLPack producer ----------------------------------------------------------------------
 
 class _DLDataType(ctypes.Structure):
     _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
@@ -105,60 +190,92 @@ def _dlpack_capsule(x: Any, stream: int | None) -> Any:
         return x.__dlpack__(stream=stream)
 
 
-def _current_stream_for_dlpack() -> int:
-    s = cupy.cuda.get_current_stream()
-    # DLPack: 1 = legacy default stream; 0 is not allowed.
-    return s.ptr if s.ptr else 1
-
-
-def _import_dlpack(x: Any, name: str) -> "cupy.ndarray":
+def gpu_device_of(x: Any, name: str) -> int:
+    """The CUDA device a DLPack producer's memory is on; TypeError for host memory and non-tensors."""
+    if isinstance(x, np.ndarray):
+        raise TypeError(f"{name}: expected a GPU array, got a NumPy (host) array; use cupy.asarray() first")
+    if not hasattr(x, "__dlpack__") or not hasattr(x, "__dlpack_device__"):
+        raise TypeError(f"{name}: expected a CuPy array or a DLPack-capable GPU tensor, got {type(x).__name__} "
+                        "(CuPy arrays, torch CUDA tensors and JAX arrays are accepted)")
     dev_type, dev_id = x.__dlpack_device__()
     if int(dev_type) not in (_DL_CUDA, _DL_CUDA_MANAGED):
         raise TypeError(
             f"{name}: expected a CUDA GPU array, got a {type(x).__name__} on DLPack device type {int(dev_type)} "
             "(host memory?); move it to the GPU first"
         )
-    capsule = _dlpack_capsule(x, _current_stream_for_dlpack())
+    return int(dev_id)
+
+
+def _read_dlpack(x: Any, name: str, stream: int) -> View:
+    """Read a DLPack producer. ``stream``: the stream we will launch on; the producer orders its pending writes
+    before it (DLPack's contract: 1 means the legacy default stream, 0 is not allowed)."""
+    gpu_device_of(x, name)
+    capsule = _dlpack_capsule(x, stream or 1)
     t = _capsule_tensor(capsule)
-    code, bits = t.dtype.code, t.dtype.bits
-    if code in _DL_FP8_CODES:
-        if code != 10:
-            raise TypeError(f"{name}: expected float8_e4m3fn, got {_DL_FP8_CODES[code]}")
-        t.dtype.code = _DL_UINT  # same 8 bits, read as uint8
-    elif code == _DL_BFLOAT and bits == 16:
-        try:
-            return cupy.from_dlpack(capsule).view(BF16)
-        except Exception:  # CuPy builds without bfloat16 DLPack support: read the bits as uint16
-            t = _capsule_tensor(capsule)
-            t.dtype.code = _DL_UINT
-            return cupy.from_dlpack(capsule).view(BF16)
-    return cupy.from_dlpack(capsule)
+    code, bits = int(t.dtype.code), int(t.dtype.bits)
+    dtype = _DL_DTYPES.get((code, bits))
+    if dtype is None or t.dtype.lanes != 1:
+        what = _DL_FP8_CODES.get(code, f"DLPack type code {code}, {bits} bits")
+        raise TypeError(f"{name}: unsupported dtype {what}")
+    ndim = int(t.ndim)
+    shape = tuple(int(t.shape[i]) for i in range(ndim))
+    if t.strides:
+        strides = tuple(int(t.strides[i]) * dtype.itemsize for i in range(ndim))
+    else:  # NULL strides: C-contiguous
+        strides, acc = [], dtype.itemsize
+        for d in reversed(shape):
+            strides.insert(0, acc)
+            acc *= max(d, 1)
+        strides = tuple(strides)
+    return View(int(t.data or 0) + int(t.byte_offset), shape, strides, dtype, int(t.device_id), capsule)
 
 
-def as_cupy(x: Any, name: str) -> "cupy.ndarray":
-    """View ``x`` as a CuPy array without copying (FP8 becomes uint8, BF16 becomes ml_dtypes.bfloat16).
+def read(x: Any, name: str, stream: int = 0) -> View:
+    """The :class:`View` of a caller's GPU tensor. ``name`` is used in error messages; ``stream`` is the stream
+    a DLPack producer must order its pending writes before.
 
-    Raises TypeError for host arrays and objects that are neither CuPy arrays nor DLPack producers.
+    Raises TypeError for host arrays, CPU tensors and objects that are not GPU tensors.
     """
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return read_cupy(x)
+    if is_torch_tensor(x):
+        return read_torch(x, name)
+    return _read_dlpack(x, name, stream)
+
+
+# ---- results ----------------------------------------------------------------------------------
+
+def cupy_view(v: View) -> "cupy.ndarray":
+    """A CuPy array over a View's memory (no copy; the View's object keeps the memory alive)."""
     require_cupy()
-    if isinstance(x, cupy.ndarray):
-        if x.dtype == FP8_E4M3:
-            return x.view(np.uint8)
-        return x
-    if isinstance(x, np.ndarray):
-        raise TypeError(f"{name}: expected a GPU array, got a NumPy (host) array; use cupy.asarray() first")
-    if not hasattr(x, "__dlpack__") or not hasattr(x, "__dlpack_device__"):
-        raise TypeError(f"{name}: expected a CuPy array or a DLPack-capable GPU tensor, got {type(x).__name__}")
-    return _import_dlpack(x, name)
+    if isinstance(v.obj, cupy.ndarray):
+        return v.obj
+    dtype = U8 if v.dtype == FP8_E4M3 else v.dtype
+    extent = sum((d - 1) * s for d, s in zip(v.shape, v.strides) if d > 0) + dtype.itemsize if v.size else 0
+    mem = cupy.cuda.UnownedMemory(v.ptr, extent, v.obj, v.device)
+    return cupy.ndarray(v.shape, dtype, cupy.cuda.MemoryPointer(mem, 0), v.strides)
 
 
-def export_like(arr: "cupy.ndarray", framework: Framework) -> Any:
-    """Hand ``arr`` to ``framework`` zero-copy (torch tensor, JAX array) or return it (CuPy).
+def empty(framework: Framework, shape: tuple[int, ...], dtype: np.dtype, device: int) -> Any:
+    """A new uninitialized GPU array made by the caller's framework (torch for torch callers, else CuPy).
+
+    torch arrays come from torch's caching allocator, so they are valid inside ``torch.cuda.graph`` capture
+    (the graph's pool owns them)."""
+    if framework is Framework.TORCH:
+        torch = sys.modules["torch"]
+        tdtype = {v: k for k, v in _torch_dtype_map(torch).items()}[dtype]
+        return torch.empty(shape, dtype=tdtype, device=torch.device("cuda", device))
+    cp = require_cupy()
+    with cp.cuda.Device(device):
+        return cp.empty(shape, dtype=U8 if dtype == FP8_E4M3 else dtype)
+
+
+def export_like(arr: Any, framework: Framework) -> Any:
+    """Hand a result made by :func:`empty` to the caller's framework: torch and CuPy results are already theirs;
+    JAX gets a zero-copy JAX array through DLPack.
 
     The framework is the caller's, already imported (its arrays came in): cupygemm never imports torch or JAX.
     """
-    if framework is Framework.TORCH:
-        return sys.modules["torch"].from_dlpack(arr)
     if framework is Framework.JAX:
         return sys.modules["jax"].dlpack.from_dlpack(arr)
     return arr

@@ -1,133 +1,106 @@
-"""Argument checking and normalization for the GEMM entry points.
+"""Argument checking for the GEMM entry points, on :class:`~cupygemm.tensors.View` s (metadata only).
 
-Everything here runs before any launch: a bad argument raises ValueError/TypeError naming the
-argument, what was expected and what was given. The result is a :class:`Problem` holding CuPy views of
-every operand in the layout the kernel reads.
+Everything here runs before any launch: a bad argument raises ValueError/TypeError naming the argument, what was
+expected and what was given. The result is a :class:`Problem`: the sizes, and how SFA is laid out. What a check
+depends on besides the pointers (shapes, strides, dtypes, devices) is part of the launch plan's key
+(:mod:`cupygemm.plan`), so a call that reuses a plan passed these checks already; the pointer checks
+(:func:`aligned`) run on every call.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
-from .layout import _col_major_tma_aligned_copy, ceil_div, get_tma_aligned_size
-from .tensors import BF16, Framework, as_cupy, framework_of
+from .layout import ceil_div, get_tma_aligned_size
+from .tensors import BF16, F32, FP8_E4M3, I32, U8, View
 
 _INT32_LIMIT = 2**31
+TMA_ALIGN = 16
 
 
-@dataclass
+@dataclass(frozen=True)
 class Problem:
     kind: int
     m: int  # rows (normal, contiguous) or max rows per group (masked)
     n: int
     k: int
     num_groups: int
-    a: Any  # cupy uint8 [M, K] or [G, M, K]
-    sfa: Any  # cupy float32, M-major: base of a [G?][KB][M_pad] buffer
-    sfa_m_pad: int
-    b: Any  # cupy uint8 [N, K] or [G, N, K]
-    sfb: Any  # cupy float32, C-contiguous
-    out: Any  # cupy bf16
-    grouped_layout: Any  # cupy int32 or None
-    device_id: int
-    framework: Framework
-    out_given: Any  # the caller's `out` object (returned as is), or None
+    sfa_m_major: bool  # SFA is already in the kernel's layout (else it is copied into it per call)
+    sfa_m_pad: int  # M stride of that layout, in elements
+    device: int
+    out_shape: tuple[int, ...]
 
 
-def _pair(x: Any, name: str) -> tuple[Any, Any]:
+def pair(x: object, name: str) -> tuple[object, object]:
+    if type(x) is tuple and len(x) == 2:
+        return x
     if not isinstance(x, (tuple, list)) or len(x) != 2:
         raise TypeError(f"{name}: expected a (tensor, scales) pair, got {type(x).__name__}")
     return x[0], x[1]
 
 
-def _fp8(x: Any, name: str, ndim: int):
-    arr = as_cupy(x, name)
-    if arr.dtype != np.uint8:
-        raise TypeError(f"{name}: expected float8_e4m3fn data (or uint8 holding e4m3 bits), got {arr.dtype}")
-    _check_ndim(arr, name, ndim)
-    return arr
+def _fp8(v: View, name: str, ndim: int) -> None:
+    if v.dtype != U8 and v.dtype != FP8_E4M3:
+        raise TypeError(f"{name}: expected float8_e4m3fn data (or uint8 holding e4m3 bits), got {v.dtype}")
+    _check_ndim(v, name, ndim)
 
 
-def _check_ndim(arr, name: str, ndim: int) -> None:
-    if arr.ndim != ndim:
-        raise ValueError(f"{name}: expected a {ndim}-D array, got shape {tuple(arr.shape)}")
+def _check_ndim(v: View, name: str, ndim: int) -> None:
+    if v.ndim != ndim:
+        raise ValueError(f"{name}: expected a {ndim}-D array, got shape {tuple(v.shape)}")
 
 
-def _check_rows_tma(arr, name: str) -> None:
+def _check_rows_tma(v: View, name: str) -> None:
     """Unit inner stride, 16-byte aligned base and outer strides (TMA requirements)."""
-    item = arr.itemsize
-    if arr.strides[-1] != item:
-        raise ValueError(f"{name}: expected a unit stride along the last dimension, got strides {arr.strides} (bytes)")
-    for d, s in enumerate(arr.strides[:-1]):
-        if arr.shape[d] > 1 and (s % 16 or s <= 0):
+    item = v.itemsize
+    if v.strides[-1] != item and v.shape[-1] > 1:
+        raise ValueError(f"{name}: expected a unit stride along the last dimension, got strides {v.strides} (bytes)")
+    for d, s in enumerate(v.strides[:-1]):
+        if v.shape[d] > 1 and (s % TMA_ALIGN or s <= 0):
             raise ValueError(
-                f"{name}: expected strides that are positive multiples of 16 bytes for TMA, got {arr.strides} (bytes); "
-                f"the last dimension ({arr.shape[-1]}) must be padded so rows start 16-byte aligned"
+                f"{name}: expected strides that are positive multiples of 16 bytes for TMA, got {v.strides} (bytes); "
+                f"the last dimension ({v.shape[-1]}) must be padded so rows start 16-byte aligned"
             )
-    if arr.data.ptr % 16:
-        raise ValueError(f"{name}: expected a 16-byte aligned base address, got 0x{arr.data.ptr:x}")
-    if arr.ndim >= 2 and arr.shape[-2] > 1 and arr.strides[-2] < arr.shape[-1] * item:
-        raise ValueError(f"{name}: rows overlap (row stride {arr.strides[-2]} B < row size {arr.shape[-1] * item} B)")
+    if v.ptr % TMA_ALIGN:
+        raise ValueError(f"{name}: expected a 16-byte aligned base address, got 0x{v.ptr:x}")
+    if v.ndim >= 2 and v.shape[-2] > 1 and v.strides[-2] < v.shape[-1] * item:
+        raise ValueError(f"{name}: rows overlap (row stride {v.strides[-2]} B < row size {v.shape[-1] * item} B)")
 
 
-def _f32(x: Any, name: str, shape: tuple[int, ...]):
-    arr = as_cupy(x, name)
-    if arr.dtype != np.float32:
-        raise TypeError(f"{name}: expected float32 scales, got {arr.dtype}")
-    if tuple(arr.shape) != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {tuple(arr.shape)}")
-    return arr
+def _f32(v: View, name: str, shape: tuple[int, ...]) -> None:
+    if v.dtype != F32:
+        raise TypeError(f"{name}: expected float32 scales, got {v.dtype}")
+    if tuple(v.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {tuple(v.shape)}")
 
 
-def _is_m_major(sfa, m_pad: int, kb: int) -> bool:
+def is_m_major(sfa: View, m_pad: int, kb: int) -> bool:
+    """SFA already in the kernel's layout: M-major, the M stride padded to 16 bytes, 16-byte aligned."""
     s, shape = sfa.strides, sfa.shape
     inner = (shape[-2] <= 1 or s[-2] == 4) and (shape[-1] <= 1 or s[-1] == 4 * m_pad)
     groups = sfa.ndim == 2 or shape[0] <= 1 or s[0] == 4 * m_pad * kb
-    return inner and groups and sfa.data.ptr % 16 == 0
+    return inner and groups and sfa.ptr % TMA_ALIGN == 0
 
 
-def _sfa_m_major(sfa, m: int, kb: int):
-    """SFA as the kernel reads it: M-major, the M stride padded to 16 bytes.
-
-    Already in that layout (DeepGEMM's get_col_major_tma_aligned_tensor): used as is, no kernel runs.
-    Otherwise it is transposed once into a new buffer (one small copy kernel).
-    """
-    import cupy
-
-    m_pad = get_tma_aligned_size(m, 4)
-    if _is_m_major(sfa, m_pad, kb):
-        return sfa, m_pad
-    return _col_major_tma_aligned_copy(sfa, cupy), m_pad
-
-
-def _device_of(arrs: list, names: list[str]) -> int:
-    import cupy
-
-    ids = [a.device.id for a in arrs]
+def _device_of(views: list[View], names: list[str]) -> int:
+    ids = [v.device for v in views]
     if len(set(ids)) > 1:
         desc = ", ".join(f"{n} on GPU {i}" for n, i in zip(names, ids))
         raise ValueError(f"all operands must be on one GPU, got {desc}")
-    return ids[0] if ids else cupy.cuda.runtime.getDevice()
+    return ids[0]
 
 
-def _out(out: Any, shape: tuple[int, ...], name: str = "out"):
-    import cupy
-
+def _out(out: View | None, shape: tuple[int, ...], name: str = "out") -> None:
     if out is None:
-        return cupy.empty(shape, dtype=BF16)
-    arr = as_cupy(out, name)
-    if arr.dtype == np.uint16:
-        arr = arr.view(BF16)
-    if arr.dtype != BF16:
-        raise TypeError(f"{name}: expected a bfloat16 array, got {arr.dtype}")
-    if tuple(arr.shape) != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {tuple(arr.shape)}")
-    _check_rows_tma(arr, name)
-    return arr
+        return
+    if out.dtype != BF16 and out.dtype != np.uint16:
+        raise TypeError(f"{name}: expected a bfloat16 array, got {out.dtype}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"{name}: expected shape {shape}, got {tuple(out.shape)}")
+    _rows_tma_unless_empty(out, name)
 
 
 def _check_limits(**dims: int) -> None:
@@ -148,11 +121,16 @@ def check_inputs_enabled() -> bool:
     return os.environ.get("CUPYGEMM_CHECK_INPUTS", "0") not in ("0", "", "false")
 
 
-def normal(lhs: Any, rhs: Any, out: Any) -> Problem:
-    a_in, sfa_in = _pair(lhs, "lhs")
-    b_in, sfb_in = _pair(rhs, "rhs")
-    a = _fp8(a_in, "lhs[0] (A)", 2)
-    b = _fp8(b_in, "rhs[0] (B)", 2)
+def _rows_tma_unless_empty(v: View, name: str) -> None:
+    """Operands with no elements are never read: their strides and pointer do not matter (CuPy gives fresh empty
+    arrays zero strides and a null pointer)."""
+    if v.size:
+        _check_rows_tma(v, name)
+
+
+def normal(a: View, sfa: View, b: View, sfb: View, out: View | None) -> Problem:
+    _fp8(a, "lhs[0] (A)", 2)
+    _fp8(b, "rhs[0] (B)", 2)
     m, k = a.shape
     n, kb_ = b.shape
     if kb_ != k:
@@ -160,86 +138,100 @@ def normal(lhs: Any, rhs: Any, out: Any) -> Problem:
     _check_limits(M=m, N=n, K=k)
     _check_k_n(k, n)
     kb = ceil_div(k, 128)
-    sfa = _f32(sfa_in, "lhs[1] (A scales)", (m, kb))
-    sfb = _f32(sfb_in, "rhs[1] (B scales)", (ceil_div(n, 128), kb))
-    _check_rows_tma(a, "lhs[0] (A)")
-    _check_rows_tma(b, "rhs[0] (B)")
-    if not sfb.flags.c_contiguous:
-        raise ValueError("rhs[1] (B scales): expected a C-contiguous array; call .copy() first")
-    d = _out(out, (m, n))
-    dev = _device_of([a, sfa, b, sfb, d], ["A", "A scales", "B", "B scales", "out"])
-    sfa, m_pad = _sfa_m_major(sfa, m, kb)
-    return Problem(KIND_NORMAL, m, n, k, 1, a, sfa, m_pad, b, sfb, d, None, dev, framework_of(a_in), out)
+    _f32(sfa, "lhs[1] (A scales)", (m, kb))
+    _f32(sfb, "rhs[1] (B scales)", (ceil_div(n, 128), kb))
+    _rows_tma_unless_empty(a, "lhs[0] (A)")
+    _rows_tma_unless_empty(b, "rhs[0] (B)")
+    if not sfb.c_contiguous:
+        raise ValueError("rhs[1] (B scales): expected a C-contiguous array; call .contiguous()/.copy() first")
+    _out(out, (m, n))
+    views, names = [a, sfa, b, sfb], ["A", "A scales", "B", "B scales"]
+    if out is not None:
+        views.append(out), names.append("out")
+    dev = _device_of(views, names)
+    m_pad = get_tma_aligned_size(m, 4)
+    return Problem(KIND_NORMAL, m, n, k, 1, is_m_major(sfa, m_pad, kb), m_pad, dev, (m, n))
 
 
-def _grouped_b(rhs: Any, k: int):
-    b_in, sfb_in = _pair(rhs, "rhs")
-    b = _fp8(b_in, "rhs[0] (B)", 3)
+def _grouped_b(b: View, sfb: View, k: int) -> tuple[int, int]:
+    _fp8(b, "rhs[0] (B)", 3)
     g, n, kb_ = b.shape
     if kb_ != k:
         raise ValueError(f"A has K = {k} but B is [G, N, K] = {tuple(b.shape)}")
-    sfb = _f32(sfb_in, "rhs[1] (B scales)", (g, ceil_div(n, 128), ceil_div(k, 128)))
-    _check_rows_tma(b, "rhs[0] (B)")
-    if not sfb.flags.c_contiguous:
-        raise ValueError("rhs[1] (B scales): expected a C-contiguous array; call .copy() first")
-    return b, sfb, g, n
+    _f32(sfb, "rhs[1] (B scales)", (g, ceil_div(n, 128), ceil_div(k, 128)))
+    _rows_tma_unless_empty(b, "rhs[0] (B)")
+    if not sfb.c_contiguous:
+        raise ValueError("rhs[1] (B scales): expected a C-contiguous array; call .contiguous()/.copy() first")
+    return g, n
 
 
-def _int32_vector(x: Any, name: str, length: int):
-    arr = as_cupy(x, name)
-    if arr.dtype != np.int32:
-        raise TypeError(f"{name}: expected int32, got {arr.dtype}")
-    if arr.ndim != 1 or arr.shape[0] != length:
-        raise ValueError(f"{name}: expected shape ({length},), got {tuple(arr.shape)}")
-    if not arr.flags.c_contiguous:
+def _int32_vector(v: View, name: str, length: int) -> None:
+    if v.dtype != I32:
+        raise TypeError(f"{name}: expected int32, got {v.dtype}")
+    if v.ndim != 1 or v.shape[0] != length:
+        raise ValueError(f"{name}: expected shape ({length},), got {tuple(v.shape)}")
+    if not v.c_contiguous:
         raise ValueError(f"{name}: expected a contiguous array")
-    return arr
 
 
-def contiguous(lhs: Any, rhs: Any, out: Any, m_indices: Any) -> Problem:
-    a_in, sfa_in = _pair(lhs, "lhs")
-    a = _fp8(a_in, "lhs[0] (A)", 2)
+def contiguous(a: View, sfa: View, b: View, sfb: View, out: View | None, m_indices: View) -> Problem:
+    _fp8(a, "lhs[0] (A)", 2)
     m, k = a.shape
-    b, sfb, g, n = _grouped_b(rhs, k)
+    g, n = _grouped_b(b, sfb, k)
     _check_limits(M=m, N=n, K=k, G=g)
     _check_k_n(k, n)
     kb = ceil_div(k, 128)
-    sfa = _f32(sfa_in, "lhs[1] (A scales)", (m, kb))
-    _check_rows_tma(a, "lhs[0] (A)")
-    idx = _int32_vector(m_indices, "m_indices", m)
-    d = _out(out, (m, n))
-    dev = _device_of([a, sfa, b, sfb, d, idx], ["A", "A scales", "B", "B scales", "out", "m_indices"])
-    if check_inputs_enabled():
-        check_m_indices(idx.get(), g)
-    sfa, m_pad = _sfa_m_major(sfa, m, kb)
-    return Problem(KIND_CONTIGUOUS, m, n, k, g, a, sfa, m_pad, b, sfb, d, idx, dev, framework_of(a_in), out)
+    _f32(sfa, "lhs[1] (A scales)", (m, kb))
+    _rows_tma_unless_empty(a, "lhs[0] (A)")
+    _int32_vector(m_indices, "m_indices", m)
+    _out(out, (m, n))
+    views, names = [a, sfa, b, sfb, m_indices], ["A", "A scales", "B", "B scales", "m_indices"]
+    if out is not None:
+        views.append(out), names.append("out")
+    dev = _device_of(views, names)
+    m_pad = get_tma_aligned_size(m, 4)
+    return Problem(KIND_CONTIGUOUS, m, n, k, g, is_m_major(sfa, m_pad, kb), m_pad, dev, (m, n))
 
 
-def masked(lhs: Any, rhs: Any, out: Any, masked_m: Any, expected_m: int) -> Problem:
-    a_in, sfa_in = _pair(lhs, "lhs")
-    a = _fp8(a_in, "lhs[0] (A)", 3)
+def masked(a: View, sfa: View, b: View, sfb: View, out: View | None, masked_m: View, expected_m: int) -> Problem:
+    _fp8(a, "lhs[0] (A)", 3)
     g, m, k = a.shape
-    b, sfb, gb, n = _grouped_b(rhs, k)
+    gb, n = _grouped_b(b, sfb, k)
     if gb != g:
         raise ValueError(f"A has {g} groups ([G, max_m, K] = {tuple(a.shape)}) but B has {gb}")
     _check_limits(max_m=m, N=n, K=k, G=g, total_rows=g * m)
     _check_k_n(k, n)
+    check_expected_m(expected_m)
+    kb = ceil_div(k, 128)
+    _f32(sfa, "lhs[1] (A scales)", (g, m, kb))
+    _rows_tma_unless_empty(a, "lhs[0] (A)")
+    _int32_vector(masked_m, "masked_m", g)
+    _out(out, (g, m, n))
+    if out is not None and out.size:
+        if g > 1 and out.strides[0] != m * out.strides[1]:
+            # The kernel finds a group's rows of D at group x M rows (its partial tiles are stored row by row).
+            raise ValueError(f"out: expected the groups back to back (strides[0] == M x strides[1] = "
+                             f"{m * out.strides[1]} bytes), got strides {tuple(out.strides)}; pass out=None or an "
+                             "array allocated as (G, M, N)")
+    views, names = [a, sfa, b, sfb, masked_m], ["A", "A scales", "B", "B scales", "masked_m"]
+    if out is not None:
+        views.append(out), names.append("out")
+    dev = _device_of(views, names)
+    m_pad = get_tma_aligned_size(m, 4)
+    return Problem(KIND_MASKED, m, n, k, g, is_m_major(sfa, m_pad, kb), m_pad, dev, (g, m, n))
+
+
+def check_expected_m(expected_m: object) -> None:
     if isinstance(expected_m, bool) or not isinstance(expected_m, (int, np.integer)) or expected_m < 0:
         raise ValueError(f"expected_m: expected a non-negative int, got {expected_m!r}")
-    kb = ceil_div(k, 128)
-    sfa = _f32(sfa_in, "lhs[1] (A scales)", (g, m, kb))
-    _check_rows_tma(a, "lhs[0] (A)")
-    mm = _int32_vector(masked_m, "masked_m", g)
-    d = _out(out, (g, m, n))
-    if g > 1 and d.strides[0] != m * d.strides[1]:
-        # The kernel finds a group's rows of D at group x M rows (its partial tiles are stored row by row).
-        raise ValueError(f"out: expected the groups back to back (strides[0] == M x strides[1] = {m * d.strides[1]} "
-                         f"bytes), got strides {tuple(d.strides)}; pass out=None or an array allocated as (G, M, N)")
-    dev = _device_of([a, sfa, b, sfb, d, mm], ["A", "A scales", "B", "B scales", "out", "masked_m"])
-    if check_inputs_enabled():
-        check_masked_m(mm.get(), m)
-    sfa, m_pad = _sfa_m_major(sfa, m, kb)
-    return Problem(KIND_MASKED, m, n, k, g, a, sfa, m_pad, b, sfb, d, mm, dev, framework_of(a_in), out)
+
+
+def aligned(*ptrs: int) -> bool:
+    """Every pointer 16-byte aligned (what TMA needs of A, B, SFA and D on every call)."""
+    acc = 0
+    for p in ptrs:
+        acc |= p
+    return acc % TMA_ALIGN == 0
 
 
 def check_m_indices(idx: np.ndarray, num_groups: int, alignment: int = 128) -> None:

@@ -1,14 +1,22 @@
 """Scratch memory of split-K across CTAs (``GemmConfig.k_slices > 1``) and of the stream-K tail
-(``GemmConfig.stream_k``): FP32 partial tiles and arrival counters, one set per (device, stream).
+(``GemmConfig.stream_k``): FP32 partial tiles and arrival counters, per (device, stream) on which the kernel runs.
 
 Kernels on one stream run in order, so they can share a set; kernels on different streams may overlap, so each
 stream gets its own. The counters start at zero and every kernel leaves them at zero (the last CTA of a tile
-resets its counter). Sets are freed least recently used first beyond ``MAX_SETS`` streams; CuPy's memory pool
-hands freed memory out again only in that stream's order. A set used while its stream is being captured into a
-CUDA graph is kept for the life of the process (the graph holds its addresses), as are the arrays it outgrows.
+resets its counter).
+
+The memory comes from the caller's framework, allocated in the stream's order:
+
+* torch callers: torch's caching allocator. While the stream is being captured into a CUDA graph, each launch
+  gets a fresh set from the graph's private pool (counters zeroed by a captured memset), which the graph owns.
+* everyone else: CuPy's pool. Sets are freed least recently used first beyond ``MAX_SETS`` streams. A set used
+  while its stream is being captured is kept for the life of the process (the graph holds its addresses), as are
+  the arrays it outgrows; CuPy callers must run a call once before capturing it, so that nothing is allocated
+  during capture.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -16,22 +24,11 @@ from typing import Any
 
 from .config import GemmConfig
 from .layout import ceil_div
+from .streams import cupy_stream, is_capturing, torch_stream
+from .tensors import Framework
 
 MAX_SETS = 64
 MAX_PARTIALS = 1 << 30  # floats (4 GiB)
-
-
-@dataclass
-class _Scratch:
-    partials: Any  # cupy float32 array
-    counters: Any  # cupy uint32 array, all zero between kernels
-    pinned: bool = False  # captured into a CUDA graph: never freed
-    outgrown: list = field(default_factory=list)  # pinned arrays this set has replaced
-
-
-_lock = threading.Lock()
-_sets: OrderedDict[tuple[int, int], _Scratch] = OrderedDict()
-_pinned: list[_Scratch] = []  # evicted pinned sets, kept alive
 
 
 def scratch_sizes(cfg: GemmConfig, m: int) -> tuple[int, int]:
@@ -51,34 +48,74 @@ def scratch_sizes(cfg: GemmConfig, m: int) -> tuple[int, int]:
     return n_partials, tiles * cfg.num_math_wg
 
 
-def split_k_scratch(cfg: GemmConfig, m: int, device_id: int, stream: object) -> tuple[int, int]:
-    """Device pointers (partials, counters) for a launch of ``cfg`` on ``stream`` (a cupy Stream, the current one);
-    (0, 0) if unused.
+@dataclass
+class _Scratch:
+    partials: Any  # float32 array (CuPy or torch)
+    counters: Any  # uint32 (CuPy) or int32 (torch) array, all zero between kernels
+    ptrs: tuple[int, int]
+    pinned: bool = False  # captured into a CUDA graph: never freed
+    outgrown: list = field(default_factory=list)  # pinned arrays this set has replaced
 
-    Call with ``device_id`` current. The first call on a stream allocates (not capturable in a CUDA graph: run
-    the GEMM once before capturing it, as is needed anyway to load the kernel)."""
-    n_partials, n_counters = scratch_sizes(cfg, m)
-    if n_partials == 0:
-        return 0, 0
+
+_lock = threading.Lock()
+_sets: OrderedDict[tuple[str, int, int], _Scratch] = OrderedDict()
+_pinned: list[_Scratch] = []  # evicted pinned sets, kept alive
+
+
+def _alloc_torch(floats: int, counters: int, device: int, stream: int) -> _Scratch:
+    torch = sys.modules["torch"]
+    dev = torch.device("cuda", device)
+    with torch_stream(stream, device):
+        p = torch.empty(floats, dtype=torch.float32, device=dev)
+        c = torch.zeros(counters, dtype=torch.int32, device=dev)
+    return _Scratch(p, c, (p.data_ptr(), c.data_ptr()))
+
+
+def _alloc_cupy(floats: int, counters: int, device: int, stream: int) -> _Scratch:
     import cupy
 
-    key = (device_id, stream.ptr)
+    with cupy.cuda.Device(device), cupy_stream(stream, device):
+        p = cupy.empty(floats, dtype=cupy.float32)
+        c = cupy.zeros(counters, dtype=cupy.uint32)
+    return _Scratch(p, c, (p.data.ptr, c.data.ptr))
+
+
+def scratch(floats: int, counters: int, device: int, stream: int, framework: Framework) -> tuple[int, int, Any]:
+    """Device pointers (partials, counters) of at least ``floats`` FP32 partials and ``counters`` zeroed counters
+    for a launch on ``stream``, and an object to keep alive until the launch is queued."""
+    torch_memory = framework is Framework.TORCH
+    capturing = is_capturing(stream)
+    if torch_memory and capturing:
+        s = _alloc_torch(floats, counters, device, stream)
+        return s.ptrs[0], s.ptrs[1], s
+    key = (torch_memory, device, stream)
+    s = _sets.get(key)
+    if s is None or _len(s.partials) < floats or _len(s.counters) < counters:
+        s = _grow(key, floats, counters, torch_memory)
+    if capturing:
+        s.pinned = True
+    return s.ptrs[0], s.ptrs[1], s
+
+
+def _grow(key: tuple[bool, int, int], floats: int, counters: int, torch_memory: bool) -> _Scratch:
+    _, device, stream = key
     with _lock:
         s = _sets.get(key)
-        if s is None or s.partials.size < n_partials or s.counters.size < n_counters:
-            # Grow with headroom so a few larger problems do not each reallocate.
-            p_size = max(n_partials, 0 if s is None else s.partials.size) * 5 // 4
-            c_size = max(n_counters, 0 if s is None else s.counters.size) * 5 // 4
-            new = _Scratch(cupy.empty(p_size, dtype=cupy.float32), cupy.zeros(c_size, dtype=cupy.uint32))
-            if s is not None and s.pinned:
-                new.pinned = True
-                new.outgrown = s.outgrown + [s.partials, s.counters]
-            _sets[key] = s = new
-        _sets.move_to_end(key)
-        if stream.is_capturing():
-            s.pinned = True
-        while len(_sets) > MAX_SETS:
+        # Grow with headroom so a few larger problems do not each reallocate.
+        new = (_alloc_torch if torch_memory else _alloc_cupy)(
+            max(floats, _len(s.partials) if s else 0) * 5 // 4, max(counters, _len(s.counters) if s else 0) * 5 // 4,
+            device, stream)
+        if s is not None and s.pinned:
+            new.pinned = True
+            new.outgrown = s.outgrown + [s.partials, s.counters]
+        _sets.pop(key, None)
+        _sets[key] = new
+        while len(_sets) > MAX_SETS:  # the oldest set goes first
             _, old = _sets.popitem(last=False)
             if old.pinned:
                 _pinned.append(old)
-        return s.partials.data.ptr, s.counters.data.ptr
+        return new
+
+
+def _len(arr: Any) -> int:
+    return int(arr.shape[0])

@@ -7,13 +7,12 @@ m, n, k = 4096, 7168, 2048
 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
 
-a, sfa = cupygemm.per_token_cast_to_fp8(x)  # torch uint8 bits + float32 scales
+a, sfa = cupygemm.per_token_cast_to_fp8(x)  # torch.float8_e4m3fn + float32 scales, on torch's current stream
 b, sfb = cupygemm.per_block_cast_to_fp8(w)
-a8, b8 = a.view(torch.float8_e4m3fn), b.view(torch.float8_e4m3fn)
 
-d = cupygemm.gemm_fp8_fp8_bf16_nt((a8, sfa), (b8, sfb))  # torch.bfloat16 [m, n], same device
+d = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))  # torch.bfloat16 [m, n], same device and stream
 out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-cupygemm.gemm_fp8_fp8_bf16_nt((a8, sfa), (b8, sfb), out)  # or write into your own tensor
+cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)  # or write into your own tensor
 
 ref = x.float() @ w.float().T
 diff = 1 - 2 * (d.double() * ref.double()).sum() / (d.double().square() + ref.double().square()).sum()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
-# Usage (from the repo root on the GPU machine): bash scripts/device_check.sh [tests] [bench] [sanitize] [pytest args...]
+# Usage (from the repo root on the GPU machine): bash scripts/device_check.sh [tests] [bench] [overhead] [sanitize] [pytest args...]
 set -uo pipefail
 OUT=${OUT:-/tmp/cupygemm-out}
 mkdir -p "$OUT"
@@ -25,6 +25,7 @@ for s in "${steps[@]}"; do
       case "$gpu" in *H100*) peers=benchmarks/peers/h100-2026-11-21.json ;; *) peers=benchmarks/peers/h200-2026-11-21.json ;; esac
       python3 -m cupygemm bench --match-rows "$peers" --json "$OUT/bench.json" --markdown --plot "$OUT/bench.png" 2>&1 \
         | tee "$OUT/bench.log" ;;
+    overhead) python3 -m cupygemm overhead --markdown --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" | tail -n 40 ;;
     *) echo "unknown step $s" ;;
   esac

@@ -281,11 +281,11 @@ def test_packed_launch_parameters_follow_the_driver_layout():
              [(552, 4), (556, 4), (560, 4), (564, 4)]
     launcher = PackedLauncher(0, GEMM_PARAMS, layout)
     values = [bytes([i]) * 128 for i in range(4)] + [1 << 40, 0, 7, 8, 9, 64, 2, 4096, 1]
-    packed = launcher.pack(values)
+    packed = bytes(launcher.pack(values))
     assert launcher.param_bytes == len(packed) == 568
     assert packed[384:512] == bytes([3]) * 128
     assert struct.unpack_from("<QQQQQIIII", packed, 512) == (1 << 40, 0, 7, 8, 9, 64, 2, 4096, 1)
-    padded = PackedLauncher(0, (U32, DESC, PTR), [(0, 4), (128, 128), (256, 8)]).pack([5, b"\x01" * 128, 6])
+    padded = bytes(PackedLauncher(0, (U32, DESC, PTR), [(0, 4), (128, 128), (256, 8)]).pack([5, b"\x01" * 128, 6]))
     assert len(padded) == 264 and padded[:4] == b"\x05\0\0\0" and padded[4:128] == bytes(124)
     with pytest.raises(CupygemmDeviceError, match="do not match"):
         PackedLauncher(0, GEMM_PARAMS, layout[:-1] + [(560, 8)])

@@ -265,14 +265,15 @@ def test_sfa_layouts_agree():
 
 def test_col_major_sfa_is_used_in_place():
     from cupygemm import validate
+    from cupygemm.tensors import read
 
     m, n, k = 260, 256, 512
     a, sfa, b, sfb, _, _ = make_normal(m, n, k, 4)
     colmaj = cupygemm.get_col_major_tma_aligned_tensor(sfa)
-    p = validate.normal((a, colmaj), (b, sfb), None)
-    assert p.sfa.data.ptr == colmaj.data.ptr  # no transposition kernel ran
-    p = validate.normal((a, sfa), (b, sfb), None)
-    assert p.sfa.data.ptr != sfa.data.ptr
+    views = [read(x, "x") for x in (a, colmaj, b, sfb)]
+    assert validate.normal(*views, None).sfa_m_major  # no transposition kernel runs
+    views[1] = read(sfa, "x")
+    assert not validate.normal(*views, None).sfa_m_major
 
 
 def test_padded_row_strides():
@@ -340,17 +341,22 @@ def test_jax_inputs():
 
 def test_packed_launch_matches_cupy_launch():
     """The driver launch with a packed parameter buffer and CuPy's launch give bitwise the same output."""
-    from cupygemm.device import get_num_sms
-    from cupygemm.kernels import get_gemm_kernel
+    import dataclasses
+
+    from cupygemm.kernels import GEMM_PARAMS
+    from cupygemm.launch import CupyLauncher, PackedLauncher
+    from cupygemm.plan import plan_gemm
 
     m, n, k = 200, 2112, 1408
     a, sfa, b, sfb, _, _ = make_normal(m, n, k, 11)
     out_packed = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
-    kernel = get_gemm_kernel(C.choose_config(C.KIND_NORMAL, m, n, k, 1, get_num_sms()), 0)
-    assert kernel.launcher is not None, "the driver should report kernel parameter offsets (CUDA >= 12.4)"
-    launcher, kernel.launcher = kernel.launcher, None
-    try:
-        out_cupy = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
-    finally:
-        kernel.launcher = launcher
+    plan = plan_gemm(C.KIND_NORMAL, m, n, k, 1, 0)
+    assert isinstance(plan.launcher, PackedLauncher), "the driver should report parameter offsets (CUDA >= 12.4)"
+    cupy_plan = dataclasses.replace(plan, launcher=CupyLauncher(plan.kernel.function, GEMM_PARAMS), _packed={})
+    sfa_mm = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    out_cupy = cp.empty_like(out_packed)
+    floats, counters = cupy_plan.scratch_floats, cupy_plan.scratch_counters
+    part, cnt = cp.empty(max(floats, 1), cp.float32), cp.zeros(max(counters, 1), cp.uint32)
+    cupy_plan.launch(cp.cuda.get_current_stream().ptr, a.data.ptr, sfa_mm.data.ptr, b.data.ptr, sfb.data.ptr,
+                     out_cupy.data.ptr, 0, part.data.ptr if floats else 0, cnt.data.ptr if floats else 0)
     assert (out_packed.view(cp.uint16) == out_cupy.view(cp.uint16)).all()

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 import cupygemm  # noqa: E402
-from cupygemm import validate  # noqa: E402
+from cupygemm.tensors import read  # noqa: E402
 from gpu_helpers import grouped_weights, make_normal, randn_bf16  # noqa: E402
 
 
@@ -49,10 +49,10 @@ def test_dense_interop(fw):
     a, sfa, b, sfb, _, _ = make_normal(256, 512, 1024, 1)
     ref = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     A, SA, B, SB = conv(a, True), conv(sfa), conv(b, True), conv(sfb)
-    p = validate.normal((A, SA), (B, SB), None)
+    va, vb, vsb = read(A, "A"), read(B, "B"), read(SB, "SB")
     if fw != "jax":  # JAX's bitcast makes a new buffer; the FP8 import of that buffer itself is zero-copy
-        assert p.a.data.ptr == a.data.ptr and p.b.data.ptr == b.data.ptr
-    assert p.a.data.ptr == ptr(A) and p.sfb.data.ptr == ptr(SB)
+        assert va.ptr == a.data.ptr and vb.ptr == b.data.ptr
+    assert va.ptr == ptr(A) and vsb.ptr == ptr(SB)
     out = cupygemm.gemm_fp8_fp8_bf16_nt((A, SA), (B, SB))
     assert type(out).__module__.split(".")[0] == type(A).__module__.split(".")[0]
     assert same_bits(out, ref)
@@ -91,6 +91,14 @@ def test_quantization_interop(fw):
     q, s = cupygemm.per_token_cast_to_fp8(x)
     q2, s2 = cupygemm.per_token_cast_to_fp8(conv(x))
     assert type(q2).__module__.split(".")[0] == type(conv(x)).__module__.split(".")[0]
+    if fw == "torch":  # torch and JAX callers get their FP8 dtype; CuPy has none and gets the bits
+        torch = pytest.importorskip("torch")
+        assert q2.dtype == torch.float8_e4m3fn
+        q2 = q2.view(torch.uint8)
+    elif fw == "jax":
+        jax = pytest.importorskip("jax")
+        assert q2.dtype == jax.numpy.float8_e4m3fn
+        q2 = jax.lax.bitcast_convert_type(q2, jax.numpy.uint8)
     assert (cp.from_dlpack(q2) if not isinstance(q2, cp.ndarray) else q2).tobytes() == q.tobytes()
 
 

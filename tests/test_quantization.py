@@ -230,10 +230,10 @@ def test_gpu_on_non_default_stream(cast, reference):
 
 @gpu_test
 def test_gpu_kernel_memo():
-    f1 = quant._get_kernel(BF16, "per_token_cast_to_fp8")
-    assert quant._get_kernel(BF16, "per_token_cast_to_fp8") is f1
-    assert quant._get_kernel(BF16, "per_block_cast_to_fp8") is not f1
-    assert quant._get_kernel(np.dtype(np.float16), "per_token_cast_to_fp8") is not f1
+    f1 = quant._get_kernel(BF16, "per_token_cast_to_fp8", 0)
+    assert quant._get_kernel(BF16, "per_token_cast_to_fp8", 0) is f1
+    assert quant._get_kernel(BF16, "per_block_cast_to_fp8", 0) is not f1
+    assert quant._get_kernel(np.dtype(np.float16), "per_token_cast_to_fp8", 0) is not f1
 
 
 @gpu_test
@@ -257,21 +257,19 @@ def test_gpu_torch_inputs(cast, reference):
         x[0, :3] = torch.tensor([448.0, 1.0625, -1.1875], dtype=dtype, device="cuda")
         q, s = cast(x)
         assert isinstance(q, torch.Tensor) and isinstance(s, torch.Tensor)
-        assert q.dtype == torch.uint8 and s.dtype == torch.float32 and q.is_cuda and s.is_cuda
+        assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32 and q.is_cuda and s.is_cuda
         torch.cuda.synchronize()
         x_host = x.float().cpu().numpy()  # exact widening; the reference result does not depend on it
         want_q, want_s = reference(x_host)
-        np.testing.assert_array_equal(q.cpu().numpy(), want_q)
+        np.testing.assert_array_equal(q.view(torch.uint8).cpu().numpy(), want_q)
         np.testing.assert_array_equal(s.cpu().numpy().view(np.uint32), want_s.view(np.uint32))
-        if hasattr(torch, "float8_e4m3fn"):
-            fp8 = q.view(torch.float8_e4m3fn)  # the documented FP8 view
-            np.testing.assert_array_equal(fp8.float().cpu().numpy(), ref.fp8_to_float32(want_q))
+        np.testing.assert_array_equal(q.float().cpu().numpy(), ref.fp8_to_float32(want_q))
     # strided torch input (row stride > n)
     x = torch.randn(64, 512, device="cuda", generator=gen).to(torch.bfloat16)[:, 100:400]
     q, s = cast(x)
     torch.cuda.synchronize()
     want_q, want_s = reference(x.float().cpu().numpy())
-    np.testing.assert_array_equal(q.cpu().numpy(), want_q)
+    np.testing.assert_array_equal(q.view(torch.uint8).cpu().numpy(), want_q)
     np.testing.assert_array_equal(s.cpu().numpy(), want_s)
 
 
@@ -289,7 +287,7 @@ def test_gpu_jax_inputs(cast, reference):
         x = jax.device_put(jnp.asarray(x_host), device)
         q, s = cast(x)
         assert isinstance(q, jax.Array) and isinstance(s, jax.Array)
-        assert q.dtype == jnp.uint8 and s.dtype == jnp.float32
+        assert q.dtype == jnp.float8_e4m3fn and s.dtype == jnp.float32
         want_q, want_s = reference(x_host)
-        np.testing.assert_array_equal(np.asarray(q), want_q)
+        np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(q, jnp.uint8)), want_q)
         np.testing.assert_array_equal(np.asarray(s).view(np.uint32), want_s.view(np.uint32))

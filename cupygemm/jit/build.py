@@ -75,7 +75,7 @@ class LoadedKernel:
     key: str
     max_dynamic_smem: int = 0
     max_clusters: int = 0  # co-resident 2-CTA clusters (clustered kernels only)
-    launcher: object = None  # a cupygemm.launch.PackedLauncher, when the caller set one up
+    launcher: object = None  # a cupygemm.launch.Launcher, when the caller set one up
 
     def ensure_dynamic_smem(self, nbytes: int) -> None:
         if nbytes > 48 * 1024 and nbytes > self.max_dynamic_smem:

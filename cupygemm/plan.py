@@ -1,0 +1,178 @@
+"""Launch plans: everything about a GEMM launch that does not depend on the operands' addresses, made once.
+
+A :class:`GemmPlan` states the GEMM kernel's whole host contract for one problem shape: the config (template
+constants, chosen by :mod:`cupygemm.config`), the loaded kernel, the grid, block and shared memory, how each TMA
+map is laid over its operand, the scalar arguments, and the scratch the launch needs. A call then only supplies
+device pointers and a stream: :meth:`GemmPlan.launch` encodes the TMA maps for new pointers (cached per plan,
+so a call on the same buffers packs nothing) and launches with ``cuLaunchKernel``.
+
+Plans are made by :func:`plan_gemm` (memoized) from static sizes and strides alone, so the JAX integration can
+make them at trace time; the eager entry points (:mod:`cupygemm.gemm`) cache them per call signature.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from dataclasses import dataclass, field
+
+from . import tma
+from .config import B_EVICT_FIRST_ENV, KIND_MASKED, KIND_NORMAL, GemmConfig, b_evict_first, choose_config, config_version, model_rows
+from .device import get_num_sms, require_hopper
+from .errors import CupygemmDeviceError
+from .jit.build import LoadedKernel
+from .kernels import get_gemm_kernel
+from .launch import Launcher
+from .layout import ceil_div, get_tma_aligned_size
+from .workspace import scratch_sizes
+
+_PACKED_LIMIT = 64  # pointer sets remembered per plan (a serving loop cycles through a few buffers)
+
+
+@dataclass(frozen=True)
+class _TmaSpec:
+    """A TMA map's layout over one operand; the base address comes with each call."""
+
+    dtype: int
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int
+
+    def encode(self, ptr: int) -> bytes:
+        return tma.encode_tiled(self.dtype, ptr, self.dims, self.strides, self.box, self.swizzle)
+
+
+@dataclass
+class GemmPlan:
+    """One GEMM problem's launch, less the operands' addresses. See the module docstring."""
+
+    kind: int
+    m: int
+    n: int
+    k: int
+    num_groups: int
+    device: int
+    cfg: GemmConfig
+    kernel: LoadedKernel
+    launcher: Launcher
+    grid: int
+    sfa_m_pad: int  # SFA is read M-major: [G][ceil(K/128)][sfa_m_pad] float32
+    scratch_floats: int  # FP32 partial tiles the launch needs (0: none)
+    scratch_counters: int  # uint32 tile counters, zero at launch (0: none)
+    tmaps: tuple[_TmaSpec, _TmaSpec, _TmaSpec, _TmaSpec]  # A, B, SFA, D
+    scalars: tuple[int, int, int, int]  # shape_m, num_groups, ld_d (elements), b_evict_first
+    _packed: dict = field(default_factory=dict, repr=False)
+
+    def launch(self, stream: int, a: int, sfa: int, b: int, sfb: int, d: int, layout: int = 0, partials: int = 0,
+               counters: int = 0, zero_counters: bool = False) -> None:
+        """Launch on ``stream`` over the given device pointers.
+
+        ``layout``: m_indices (contiguous) or masked_m (masked). ``partials``/``counters``: scratch of
+        :attr:`scratch_floats` floats and :attr:`scratch_counters` uint32, the counters zero unless
+        ``zero_counters`` (then they are cleared on ``stream`` first; capturable in a CUDA graph).
+        """
+        if self.scratch_floats and not (partials and counters):
+            raise ValueError(f"this launch needs scratch ({self.scratch_floats} floats, {self.scratch_counters} "
+                             "counters)")
+        if zero_counters and self.scratch_counters:
+            _memset_u32(counters, self.scratch_counters, stream)
+        ptrs = (a, sfa, b, sfb, d, layout, partials, counters)
+        params = self._packed.get(ptrs)
+        if params is None:
+            params = self._pack(ptrs)
+        self.launcher.launch(params, self.grid, self.cfg.threads, self.cfg.smem_bytes, stream)
+
+    def _pack(self, ptrs: tuple[int, ...]) -> object:
+        a, sfa, b, sfb, d, layout, partials, counters = ptrs
+        tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, b, sfa, d)))
+        params = self.launcher.pack(tmaps + (sfb, layout, d, partials, counters) + self.scalars)
+        if len(self._packed) >= _PACKED_LIMIT:
+            self._packed.clear()
+        self._packed[ptrs] = params
+        return params
+
+
+@functools.lru_cache(maxsize=1)
+def _memset_fn():
+    fn = tma.driver().cuMemsetD32Async
+    fn.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _memset_u32(ptr: int, count: int, stream: int) -> None:
+    res = _memset_fn()(ptr, 0, count, stream)
+    if res != 0:
+        raise CupygemmDeviceError(f"cuMemsetD32Async failed (CUresult {res})")
+
+
+def plan_gemm(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, *, expected_m: int | None = None,
+              a_strides: tuple[int, ...] | None = None, b_strides: tuple[int, ...] | None = None,
+              d_strides: tuple[int, ...] | None = None) -> GemmPlan:
+    """The launch plan of a GEMM whose operands are already validated (see :mod:`cupygemm.validate`).
+
+    ``m``: rows (normal, contiguous) or max rows per group (masked). Strides are in bytes, outermost first, as
+    the arrays have them (None: C-contiguous). Chooses the config, builds and loads the kernel on ``device_id``
+    (so the first call for a shape compiles); memoized on everything it depends on.
+    """
+    return _plan(kind, m, n, k, num_groups, device_id, model_rows(kind, m, expected_m),
+                 _strides(a_strides, (m, k) if kind != KIND_MASKED else (num_groups, m, k), 1),
+                 _strides(b_strides, (n, k) if kind == KIND_NORMAL else (num_groups, n, k), 1),
+                 _strides(d_strides, (m, n) if kind != KIND_MASKED else (num_groups, m, n), 2),
+                 get_num_sms(), config_version(), b_evict_first_mode())
+
+
+def b_evict_first_mode() -> str:
+    """The setting :func:`cupygemm.config.b_evict_first` reads (part of a plan's key)."""
+    return os.environ.get(B_EVICT_FIRST_ENV, "auto")
+
+
+def _strides(given: tuple[int, ...] | None, shape: tuple[int, ...], item: int) -> tuple[int, ...]:
+    if given is not None:
+        return tuple(int(s) for s in given)
+    out, acc = [], item
+    for d in reversed(shape):
+        out.insert(0, acc)
+        acc *= max(d, 1)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, rows: int, a_strides: tuple[int, ...],
+          b_strides: tuple[int, ...], d_strides: tuple[int, ...], num_sms: int, _config_version: int,
+          _evict_mode: str) -> GemmPlan:
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        info = require_hopper()
+        evict_b = b_evict_first(num_groups, n, k, info.l2_bytes)
+        cfg = choose_config(kind, rows, n, k, num_groups, num_sms, smem_limit=info.max_smem_per_block)
+        kernel = get_gemm_kernel(cfg, device_id)
+    g_a = num_groups if kind == KIND_MASKED else 1
+    kb = ceil_div(k, 128)
+    lda, ldb, ldd = a_strides[-2], b_strides[-2], d_strides[-2]
+    a_group = a_strides[0] if len(a_strides) == 3 else lda * m
+    b_group = b_strides[0] if len(b_strides) == 3 else ldb * n
+    d_group = d_strides[0] if len(d_strides) == 3 else ldd * m
+    m_pad = get_tma_aligned_size(m, 4)
+    wg_m = cfg.block_m if cfg.split_k else cfg.block_m // cfg.num_math_wg
+    slab = cfg.block_n if cfg.swizzle_d == 0 else cfg.swizzle_d // 2
+    # With multicast each CTA of a pair loads half of the shared tile.
+    box_n = cfg.block_n // 2 if cfg.multicast == 2 else cfg.block_n
+    tmaps = (
+        _TmaSpec(tma.UINT8, (k, m, g_a), (lda, a_group), (128, cfg.a_box_rows, 1), 128),
+        _TmaSpec(tma.UINT8, (k, n, num_groups), (ldb, b_group), (128, box_n, 1), 128),
+        _TmaSpec(tma.FLOAT32, (m, kb, g_a), (4 * m_pad, 4 * m_pad * kb), (cfg.block_m, 1, 1), 0),
+        _TmaSpec(tma.BFLOAT16, (n, m, g_a), (ldd, d_group), (slab, wg_m, 1), cfg.swizzle_d),
+    )
+    grid = cfg.num_sms if not cfg.multicast else min(cfg.num_sms, 2 * kernel.max_clusters)
+    floats, counters = scratch_sizes(cfg, m)
+    return GemmPlan(kind, m, n, k, num_groups, device_id, cfg, kernel, kernel.launcher, grid, m_pad, floats, counters, tmaps,
+                    (m, num_groups, ldd // 2, int(evict_b)))
+
+
+def clear() -> None:
+    """Forget every plan (tests; after the kernel cache was cleared)."""
+    _plan.cache_clear()
+

@@ -1,0 +1,152 @@
+"""torch operators for cupygemm's GEMMs and casts: ``torch.ops.cupygemm.*``.
+
+Imported by cupygemm itself the first time a torch tensor reaches a public entry point (so only torch users ever
+import torch), or by you. The public functions route torch tensors through these operators, so
+
+* ``torch.compile(fullgraph=True)`` traces a function that calls ``cupygemm.gemm_fp8_fp8_bf16_nt`` (or any entry
+  point) directly: each call is one opaque operator with a fake (meta) implementation for shapes and dtypes;
+* eager calls dispatch to the same implementation, which launches on torch's current stream (or ``stream=``), so
+  the caller's stream orders the call like any torch operator, and ``torch.cuda.graph`` captures it. Split-K
+  scratch comes from torch's caching allocator (from the graph's pool while capturing);
+* ``torch.library.opcheck`` passes for every operator.
+
+Operators (``stream`` is a raw ``cudaStream_t``, -1 for torch's current stream):
+
+=======================================================================  ==================================
+``gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb, stream=-1) -> Tensor``             ``..._out(a, sfa, b, sfb, out!, stream=-1)``
+``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, b, sfb, m_indices, ...)``   and ``..._out`` with ``out!``
+``m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, masked_m, int expected_m, ...)``  and ``..._out``
+``per_token_cast_to_fp8(x, stream=-1) -> (Tensor, Tensor)``               ``per_block_cast_to_fp8`` likewise
+=======================================================================  ==================================
+
+The GEMMs take A and B as ``float8_e4m3fn`` (or ``uint8`` bits) and return ``bfloat16``; the casts return
+``float8_e4m3fn`` and ``float32`` scales. There is no autograd formula: FP8 GEMMs are used for inference and
+inside hand-written training steps.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
+from .gemm import run
+from .layout import ceil_div
+from .quantization import run_cast
+from .streams import stream_handle
+from .tensors import Framework
+
+_lib = torch.library.Library("cupygemm", "DEF")
+
+_GEMM_ARGS = {
+    "gemm_fp8_fp8_bf16_nt": ("", KIND_NORMAL),
+    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous": (", Tensor m_indices", KIND_CONTIGUOUS),
+    "m_grouped_gemm_fp8_fp8_bf16_nt_masked": (", Tensor masked_m, int expected_m", KIND_MASKED),
+}
+
+
+def _stream(stream: int) -> Any:
+    return None if stream < 0 else stream
+
+
+def _out_shape(kind: int, a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
+    n = b.shape[-2]
+    return (a.shape[0], a.shape[1], n) if kind == KIND_MASKED else (a.shape[0], n)
+
+
+def _define_gemm(name: str, extra: str, kind: int) -> None:
+    _lib.define(f"{name}(Tensor a, Tensor sfa, Tensor b, Tensor sfb{extra}, int stream=-1) -> Tensor")
+    _lib.define(f"{name}_out(Tensor a, Tensor sfa, Tensor b, Tensor sfb{extra}, Tensor(a!) out, int stream=-1) -> ()")
+
+    # The dispatcher leaves out trailing arguments equal to their defaults: the kernels take them as keywords.
+    if kind == KIND_NORMAL:
+        def functional(a, sfa, b, sfb, stream=-1):
+            return run(kind, a, sfa, b, sfb, None, None, None, _stream(stream), Framework.TORCH)
+
+        def out_variant(a, sfa, b, sfb, out, stream=-1):
+            run(kind, a, sfa, b, sfb, out, None, None, _stream(stream), Framework.TORCH)
+    elif kind == KIND_CONTIGUOUS:
+        def functional(a, sfa, b, sfb, m_indices, stream=-1):
+            return run(kind, a, sfa, b, sfb, None, m_indices, None, _stream(stream), Framework.TORCH)
+
+        def out_variant(a, sfa, b, sfb, m_indices, out, stream=-1):
+            run(kind, a, sfa, b, sfb, out, m_indices, None, _stream(stream), Framework.TORCH)
+    else:
+        def functional(a, sfa, b, sfb, masked_m, expected_m, stream=-1):
+            return run(kind, a, sfa, b, sfb, None, masked_m, expected_m, _stream(stream), Framework.TORCH)
+
+        def out_variant(a, sfa, b, sfb, masked_m, expected_m, out, stream=-1):
+            run(kind, a, sfa, b, sfb, out, masked_m, expected_m, _stream(stream), Framework.TORCH)
+
+    def fake(a, sfa, b, sfb, *rest):
+        return a.new_empty(_out_shape(kind, a, b), dtype=torch.bfloat16)
+
+    def fake_out(a, sfa, b, sfb, *rest):
+        return None
+
+    _lib.impl(name, functional, "CUDA")
+    _lib.impl(f"{name}_out", out_variant, "CUDA")
+    torch.library.register_fake(f"cupygemm::{name}", fake, lib=_lib)
+    torch.library.register_fake(f"cupygemm::{name}_out", fake_out, lib=_lib)
+
+
+def _define_cast(name: str, rows: Any) -> None:
+    _lib.define(f"{name}(Tensor x, int stream=-1) -> (Tensor, Tensor)")
+
+    def impl(x, stream=-1):
+        return run_cast(name, x, _stream(stream), Framework.TORCH)
+
+    def fake(x, stream=-1):
+        m, n = x.shape
+        return (x.new_empty((m, n), dtype=torch.float8_e4m3fn),
+                x.new_empty((rows(m), ceil_div(n, 128)), dtype=torch.float32))
+
+    _lib.impl(name, impl, "CUDA")
+    torch.library.register_fake(f"cupygemm::{name}", fake, lib=_lib)
+
+
+for _name, (_extra, _kind) in _GEMM_ARGS.items():
+    _define_gemm(_name, _extra, _kind)
+_define_cast("per_token_cast_to_fp8", lambda m: m)
+_define_cast("per_block_cast_to_fp8", lambda m: ceil_div(m, 128))
+
+ops = torch.ops.cupygemm
+
+
+def _handle(stream: Any) -> int:
+    return -1 if stream is None else stream_handle(stream)
+
+
+def gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb, out=None, stream=None):
+    """The torch route of :func:`cupygemm.gemm_fp8_fp8_bf16_nt`."""
+    if out is None:
+        return ops.gemm_fp8_fp8_bf16_nt.default(a, sfa, b, sfb, _handle(stream))
+    ops.gemm_fp8_fp8_bf16_nt_out.default(a, sfa, b, sfb, out, _handle(stream))
+    return out
+
+
+def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, b, sfb, out, m_indices, stream=None):
+    """The torch route of :func:`cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`."""
+    if out is None:
+        return ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous.default(a, sfa, b, sfb, m_indices, _handle(stream))
+    ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_out.default(a, sfa, b, sfb, m_indices, out, _handle(stream))
+    return out
+
+
+def m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, out, masked_m, expected_m, stream=None):
+    """The torch route of :func:`cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked`."""
+    if out is None:
+        return ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked.default(a, sfa, b, sfb, masked_m, expected_m,
+                                                                 _handle(stream))
+    ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked_out.default(a, sfa, b, sfb, masked_m, expected_m, out, _handle(stream))
+    return out
+
+
+def per_token_cast_to_fp8(x, stream=None):
+    """The torch route of :func:`cupygemm.per_token_cast_to_fp8`."""
+    return ops.per_token_cast_to_fp8.default(x, _handle(stream))
+
+
+def per_block_cast_to_fp8(x, stream=None):
+    """The torch route of :func:`cupygemm.per_block_cast_to_fp8`."""
+    return ops.per_block_cast_to_fp8.default(x, _handle(stream))
