@@ -136,22 +136,29 @@ class _use_backend:
     def __enter__(self) -> _Backend:
         global _backend
         self._previous, _backend = _backend, self.backend
+        jax.clear_caches()  # jitted callers traced under the previous backend hold its entry ids
         return self.backend
 
     def __exit__(self, *exc: object) -> None:
         global _backend
         _backend = self._previous
+        jax.clear_caches()
+
+
+_handlers: dict[str, xla_ffi.FfiHandler] = {}  # by platform: XLA refuses a second handler under one name
 
 
 def _handler(backend: _Backend) -> xla_ffi.FfiHandler:
-    """The backend's FFI handler, registered with XLA on first use."""
+    """The platform's FFI handler, registered with XLA on first use (once per process and platform)."""
     if backend.handler is None:
         with _register_lock:
-            if backend.handler is None:
+            handler = _handlers.get(backend.platform.lower())
+            if handler is None:
                 version = xla_ffi.header_api_version(jax.ffi.include_dir())
                 handler = xla_ffi.FfiHandler(TARGET, version, use_stream=backend.use_stream)
                 jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler.address), platform=backend.platform)
-                backend.handler = handler
+                _handlers[backend.platform.lower()] = handler
+            backend.handler = handler
     return backend.handler
 
 

@@ -15,7 +15,7 @@ callback, so no compiled extension is needed. It
   ``Error_Create`` (INVALID_ARGUMENT for ValueError/TypeError, INTERNAL otherwise) carrying our message, which
   the JAX user sees as ``JaxRuntimeError: INVALID_ARGUMENT: cupygemm ...``.
 
-This module imports neither jax nor CuPy: the CPU tests drive the handler with call frames built from the
+This module imports neither jax nor CuPy (only ctypes and NumPy): the CPU tests drive the handler with call frames built from the
 Structures below. Layouts follow the header of XLA FFI API 0.3/0.4 (jaxlib 0.10/0.11), whose offsets are the same
 for every field read here (checked on both with ``offsetof`` against ``jax.ffi.include_dir()``); the API table
 grew at its end between them, so only fields up to ``DeviceOrdinal_Get`` are mirrored and the table's
@@ -30,6 +30,8 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
+
+import numpy as np
 
 __all__ = [
     "KNOWN_API_MAJOR", "EXECUTE", "EXTENSION_METADATA", "TRAIT_COMMAND_BUFFER_COMPATIBLE", "INVALID_ARGUMENT",
@@ -61,11 +63,11 @@ _S64 = DTYPES["int64"]
 
 def ffi_dtype(dtype: object) -> int:
     """The XLA_FFI_DataType of a NumPy/ml_dtypes/JAX dtype (or its name); TypeError for one we do not map."""
-    name = getattr(dtype, "name", None) or str(dtype)
     try:
+        name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
         return DTYPES[name]
     except KeyError:
-        raise TypeError(f"dtype: expected one of {sorted(DTYPES)}, got {name!r}") from None
+        raise TypeError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}") from None
 
 
 # --- Struct mirrors (xla/ffi/api/c_api.h) ---------------------------------------------------------------------
