@@ -287,6 +287,7 @@ class FfiHandler:
         self._apis: dict[int, _BoundApi] = {}
         self._tls = threading.local()  # per-thread argument structs: XLA may call from several threads
         self.handshakes = 0
+        self.executes = 0  # execute calls that reached a launch (approximate under threads): shows graph replay
         self._cfunc = HANDLER_FN(self._call)  # the ctypes callback object must outlive every XLA call
         self.address: int = ctypes.cast(self._cfunc, ctypes.c_void_p).value
 
@@ -374,6 +375,7 @@ class FfiHandler:
             if launch is None:
                 raise ValueError(f"{entry.name}: no kernel was planned for XLA device "
                                  f"{self._device_ordinal(bound, ctx)} (planned: {sorted(entry.launches)})")
+        self.executes += 1
         launch(stream, ptrs[:nargs], ptrs[nargs:])
         return None
 
