@@ -28,6 +28,7 @@ import os
 import re
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -288,6 +289,7 @@ class FfiHandler:
         self._tls = threading.local()  # per-thread argument structs: XLA may call from several threads
         self.handshakes = 0
         self.executes = 0  # execute calls that reached a launch (approximate under threads): shows graph replay
+        self.profile: list[int] | None = None  # set to [] to collect each call's host time in ns (benchmarks)
         self._cfunc = HANDLER_FN(self._call)  # the ctypes callback object must outlive every XLA call
         self.address: int = ctypes.cast(self._cfunc, ctypes.c_void_p).value
 
@@ -304,6 +306,14 @@ class FfiHandler:
     # -- the C entry point ---------------------------------------------------------------------------------
 
     def _call(self, frame: int | None) -> int | None:
+        if self.profile is not None:
+            t0 = time.perf_counter_ns()
+            err = self._run(frame)
+            self.profile.append(time.perf_counter_ns() - t0)
+            return err
+        return self._run(frame)
+
+    def _run(self, frame: int | None) -> int | None:
         api = 0
         try:
             if not frame:
