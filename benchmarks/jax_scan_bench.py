@@ -1,0 +1,228 @@
+"""cupygemm inside ``jax.jit``: a ``lax.scan`` of decode GEMMs, with and without XLA command buffers.
+
+For each case (64x2112x7168, 128x7168x2048, masked 4 groups x max_m 128, expected_m 64, N 7168, K 2048) the
+script times, per scan step (``--steps`` GEMMs per scan, median of ``--repeats`` scans, wall clock around
+``block_until_ready``):
+
+* ``cupygemm.jax`` in the scan;
+* the kernels' own time: the same GEMMs through the CuPy path, ``--steps`` calls captured in one CUDA graph, CUDA
+  events around its launches (per call; includes the graph's launch gaps);
+* ``jnp.dot`` in BF16 (masked: a batched dot over all max_m rows);
+* JAX's FP8 dot: ``lax.dot_general`` on float8_e4m3fn operands with ``preferred_element_type=float32`` and one
+  scale per tensor, cast to BF16 (masked: batched, all rows);
+
+each in a fresh process with default XLA flags and in one with
+``XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"`` (XLA reads
+the flags when its backend starts, so the two runs are two subprocesses). Without command buffers it also
+reports the FFI handler's own host time per call (``perf_counter_ns`` around the Python handler, as XLA calls it).
+
+Every step reads a per-step operand (its A scales; the baselines an output scale): XLA hoists a loop-invariant
+call out of the loop, and the scan would time one GEMM.
+
+    python benchmarks/jax_scan_bench.py --json jax-scan.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+CB_FLAGS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
+CASES = [
+    {"name": "normal 64x2112x7168", "kind": "normal", "m": 64, "n": 2112, "k": 7168},
+    {"name": "normal 128x7168x2048", "kind": "normal", "m": 128, "n": 7168, "k": 2048},
+    {"name": "masked 4x128(64)x7168x2048", "kind": "masked", "g": 4, "m": 128, "expected_m": 64, "n": 7168,
+     "k": 2048},
+]
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def child(steps: int, repeats: int, with_cupy: bool) -> dict:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import jax
+    import jax.numpy as jnp
+    import ml_dtypes
+    import numpy as np
+    from jax import lax
+
+    import cupygemm
+    import cupygemm.jax as cj
+    from cupygemm import reference as ref
+
+    rng = np.random.default_rng(0)
+    f8 = ml_dtypes.float8_e4m3fn
+    results = []
+    for case in CASES:
+        m, n, k = case["m"], case["n"], case["k"]
+        g = case.get("g")
+        a_shape = (g, m, k) if g else (m, k)
+        b_shape = (g, n, k) if g else (n, k)
+        x = rng.standard_normal(a_shape).astype(np.float32)
+        w = rng.standard_normal(b_shape).astype(np.float32)
+        if g:
+            qa = [ref.per_token_cast_to_fp8_reference(x[i]) for i in range(g)]
+            qb = [ref.per_block_cast_to_fp8_reference(w[i]) for i in range(g)]
+            a, sfa = np.stack([q[0] for q in qa]), np.stack([q[1] for q in qa])
+            b, sfb = np.stack([q[0] for q in qb]), np.stack([q[1] for q in qb])
+            masked_m = (rng.uniform(0.7, 1.3, g) * case["expected_m"]).astype(np.int32).clip(0, m)
+        else:
+            a, sfa = ref.per_token_cast_to_fp8_reference(x)
+            b, sfb = ref.per_block_cast_to_fp8_reference(w)
+        ja, jb, jsb = jnp.asarray(a.view(f8)), jnp.asarray(b.view(f8)), jnp.asarray(sfb)
+        out_shape = (g, m, n) if g else (m, n)
+
+        if g:
+            jmm = jnp.asarray(masked_m)
+
+            def ours(a_, sa_, prev):
+                # Rows past masked_m keep the previous step's output (as in decode): no zero fill per step.
+                return cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a_, sa_, jb, jsb, jmm, case["expected_m"], out=prev)
+        else:
+            def ours(a_, sa_, _):
+                return cj.gemm_fp8_fp8_bf16_nt(a_, sa_, jb, jsb)
+
+        xbf, wbf = jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)
+        dn = (((2,), (2,)), ((0,), (0,))) if g else (((1,), (1,)), ((), ()))
+
+        def bf16_dot(a_, scale, _):
+            return lax.dot_general(a_, wbf, dn, preferred_element_type=jnp.bfloat16) * scale.astype(jnp.bfloat16)
+
+        a8 = jnp.asarray((x / np.abs(x).max() * 448).astype(f8))
+        b8 = jnp.asarray((w / np.abs(w).max() * 448).astype(f8))
+        s8 = np.float32(np.abs(x).max() / 448 * np.abs(w).max() / 448)
+
+        def fp8_dot(a_, scale, _):
+            return (lax.dot_general(a_, b8, dn, preferred_element_type=jnp.float32) * scale).astype(jnp.bfloat16)
+
+        def scan_of(fn, a_in, per_step):
+            @jax.jit
+            def run(a_, xs):
+                return lax.scan(lambda carry, x_: (fn(a_, x_, carry), None), jnp.zeros(out_shape, jnp.bfloat16),
+                                xs)[0]
+            return lambda: run(a_in, per_step)
+
+        # Each step reads one per-step operand (its A scales; the baselines' output scale), so that no step is
+        # loop-invariant: XLA hoists an invariant call out of the loop (optimization_barrier does not stop it).
+        sfa_steps = jnp.asarray(np.broadcast_to(sfa, (steps,) + sfa.shape).copy())
+        row = {"case": case["name"], "steps": steps}
+        for label, fn, args in (("cupygemm_jax", ours, (ja, sfa_steps)),
+                                ("jnp_dot_bf16", bf16_dot, (xbf, jnp.ones(steps, jnp.float32))),
+                                ("jax_fp8_dot", fp8_dot, (a8, jnp.full(steps, s8, jnp.float32)))):
+            run = scan_of(fn, *args)
+            jax.block_until_ready(run())
+            jax.block_until_ready(run())
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                jax.block_until_ready(run())
+                times.append((time.perf_counter() - t0) / steps * 1e6)
+            row[f"{label}_us"] = _median(times)
+
+        # Host time of the handler itself (per call as XLA makes it).
+        handler = cj._handlers.get("cuda") or cj._handlers["cpu"]
+        handler.profile = []
+        run = scan_of(ours, ja, sfa_steps)
+        jax.block_until_ready(run())
+        row["handler_calls_per_scan"] = len(handler.profile)
+        row["handler_host_us"] = _median(handler.profile) / 1e3 if handler.profile else None
+        handler.profile = None
+
+        if with_cupy:
+            row["kernel_us"] = _cupy_graph_time(case, a, sfa, b, sfb, masked_m if g else None, steps, repeats)
+        results.append(row)
+    return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
+            "device": jax.devices()[0].device_kind, "cases": results}
+
+
+def _cupy_graph_time(case: dict, a, sfa, b, sfb, masked_m, steps: int, repeats: int) -> float:
+    """Per-call time of ``steps`` CuPy-path GEMMs replayed from one CUDA graph (CUDA events)."""
+    import cupy as cp
+
+    import cupygemm
+
+    A, SA, B, SB = cp.asarray(a), cp.asarray(sfa), cp.asarray(b), cp.asarray(sfb)
+    out = cp.empty(((case["g"],) if masked_m is not None else ()) + (case["m"], case["n"]), cp.uint16)
+    mm = cp.asarray(masked_m) if masked_m is not None else None
+
+    def call():
+        if mm is not None:
+            cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((A, SA), (B, SB), out, mm, case["expected_m"])
+        else:
+            cupygemm.gemm_fp8_fp8_bf16_nt((A, SA), (B, SB), out)
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        call()  # loads the kernel and allocates scratch before the capture
+        stream.synchronize()
+        stream.begin_capture()
+        for _ in range(steps):
+            call()
+        graph = stream.end_capture()
+        graph.launch(stream)
+        stream.synchronize()
+        times = []
+        for _ in range(repeats):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / steps)
+    return _median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--with-cupy", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.steps, args.repeats, args.with_cupy)))
+        return 0
+
+    runs = {}
+    for label, flags in (("default", None), ("command_buffers", CB_FLAGS)):
+        env = dict(os.environ)
+        env.pop("XLA_FLAGS", None)
+        if flags:
+            env["XLA_FLAGS"] = flags
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--steps", str(args.steps), "--repeats",
+               str(args.repeats)] + (["--with-cupy"] if label == "default" else [])
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if res.returncode != 0:
+            print(res.stderr[-6000:], file=sys.stderr)
+            return res.returncode
+        runs[label] = json.loads(res.stdout.strip().splitlines()[-1])
+
+    head = ("| case | XLA flags | cupygemm.jax us/step | kernel us (CuPy graph) | jnp.dot BF16 us | JAX FP8 dot us | "
+            "handler host us/call |")
+    print(head)
+    print("|---" * 7 + "|")
+    kernel = {c["case"]: c.get("kernel_us") for c in runs["default"]["cases"]}
+    for label, run in runs.items():
+        for c in run["cases"]:
+            handler = c["handler_host_us"] if label == "default" else None
+            cells = [c["case"], label, f"{c['cupygemm_jax_us']:.1f}",
+                     f"{kernel[c['case']]:.1f}" if kernel.get(c["case"]) else "-",
+                     f"{c['jnp_dot_bf16_us']:.1f}", f"{c['jax_fp8_dot_us']:.1f}",
+                     f"{handler:.1f}" if handler else f"- ({c['handler_calls_per_scan']} calls/scan)"]
+            print("| " + " | ".join(cells) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command_buffer_flags": CB_FLAGS, "runs": runs}, f, indent=1)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,547 @@
+"""The XLA FFI handler on the CPU: struct layouts, the metadata handshake, call-frame parsing, the error path and
+the dtype map against call frames and an FFI API table built here with ctypes (no JAX needed); then, when JAX is
+installed (CPU is enough), cupygemm.jax end to end on XLA's CPU platform with a host-side stand-in for the GPU
+plans: jit, scan, vmap, traced masked_m / m_indices, trace-time validation, the no-derivative rule, errors raised
+inside the handler, and the jnp FP8 casts against cupygemm.reference."""
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cupygemm import reference as ref
+from cupygemm import xla_ffi as ffi
+from cupygemm.config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
+
+
+# --- layouts: the offsets checked with offsetof against jaxlib 0.10.2 (API 0.3) and 0.11.2 (API 0.4) ---------
+
+def test_struct_offsets_match_the_header():
+    cf = ffi.CallFrame
+    assert (cf.api.offset, cf.ctx.offset, cf.stage.offset, cf.args.offset, cf.rets.offset, cf.attrs.offset,
+            cf.future.offset, ctypes.sizeof(cf)) == (16, 24, 32, 40, 80, 120, 168, 176)
+    for s, last in ((ffi.Args, "args"), (ffi.Rets, "rets")):
+        assert (s.size.offset, s.types.offset, getattr(s, last).offset) == (16, 24, 32)
+    b = ffi.Buffer
+    assert (b.dtype.offset, b.data.offset, b.rank.offset, b.dims.offset) == (16, 24, 32, 40)
+    api = ffi.Api
+    assert (api.api_version.offset, api.Error_Create.offset, api.Stream_Get.offset,
+            api.DeviceOrdinal_Get.offset) == (16, 48, 80, 184)
+    assert ctypes.sizeof(api) == 192  # API 0.3's table; 0.4 appends (200 bytes): only struct_size tells
+    md = ffi.Metadata
+    assert (md.api_version.offset, md.traits.offset) == (8, 32)
+    assert (ffi.ApiVersion.major_version.offset, ffi.ApiVersion.minor_version.offset) == (16, 20)
+    assert ffi.MetadataExtension.metadata.offset == 24 and ctypes.sizeof(ffi.ExtensionBase) == 24
+    # XLA_FFI_STRUCT_SIZE: without trailing padding.
+    assert ffi.ERROR_CREATE_ARGS_SIZE == 28 and ffi.STREAM_GET_ARGS_SIZE == 32
+    assert ffi.DEVICE_ORDINAL_GET_ARGS_SIZE == 28 and ffi.CALL_FRAME_SIZE == 168
+
+
+def test_dtype_map():
+    assert ffi.ffi_dtype(np.float32) == 11 and ffi.ffi_dtype(np.dtype(np.float32)) == 11
+    assert ffi.ffi_dtype(ml_dtypes.bfloat16) == 16
+    assert ffi.ffi_dtype(np.dtype(ml_dtypes.float8_e4m3fn)) == 20
+    assert ffi.ffi_dtype(np.uint8) == 6 and ffi.ffi_dtype("int32") == 4 and ffi.ffi_dtype(np.uint32) == 8
+    with pytest.raises(TypeError, match="complex64"):
+        ffi.ffi_dtype(np.complex64)
+
+
+def test_header_api_version(tmp_path):
+    d = tmp_path / "xla" / "ffi" / "api"
+    d.mkdir(parents=True)
+    (d / "c_api.h").write_text("#define XLA_FFI_API_MAJOR 0\n// x\n#define XLA_FFI_API_MINOR 4\n")
+    assert ffi.header_api_version(str(tmp_path)) == (0, 4)
+    with pytest.raises(RuntimeError, match="cannot read"):
+        ffi.header_api_version(str(tmp_path / "nowhere"))
+
+
+def test_unknown_major_version_is_refused():
+    with pytest.raises(RuntimeError, match="major version 0"):
+        ffi.FfiHandler("t", (1, 0))
+
+
+# --- a fake XLA: API table, execution context, call frames --------------------------------------------------
+
+class FakeXla:
+    """An XLA_FFI_Api table whose Error_Create / Stream_Get / DeviceOrdinal_Get are ctypes callbacks."""
+
+    STREAM = 0xABC0
+
+    def __init__(self, major: int = 0, minor: int = 4, table_size: int = 200, ordinal: int = 0):
+        self.errors: list[tuple[str, int]] = []
+        self.stream_ctx: list[int] = []
+        self.stream_error = 0
+        self.ordinal = ordinal
+        self._error_objs = []
+        self._callbacks = [ffi.API_FN(self._error_create), ffi.API_FN(self._stream_get),
+                           ffi.API_FN(self._device_ordinal_get)]
+        raw = (ctypes.c_char * max(table_size, ctypes.sizeof(ffi.Api)))()
+        self._raw = raw
+        api = ffi.Api.from_buffer(raw)
+        api.struct_size = table_size
+        api.api_version = ffi.ApiVersion(ffi.API_VERSION_SIZE, None, major, minor)
+        api.Error_Create, api.Stream_Get, api.DeviceOrdinal_Get = (ctypes.cast(c, ctypes.c_void_p).value
+                                                                    for c in self._callbacks)
+        self.api = ctypes.addressof(raw)
+        self.ctx = ctypes.create_string_buffer(16)  # opaque to the handler
+
+    def _error_create(self, args_ptr):
+        args = ffi.ErrorCreateArgs.from_address(args_ptr)
+        assert args.struct_size == ffi.ERROR_CREATE_ARGS_SIZE
+        self.errors.append((args.message.decode(), args.errc))
+        obj = ctypes.create_string_buffer(8)  # a stand-in XLA_FFI_Error*
+        self._error_objs.append(obj)
+        return ctypes.addressof(obj)
+
+    def _stream_get(self, args_ptr):
+        args = ffi.StreamGetArgs.from_address(args_ptr)
+        assert args.struct_size == ffi.STREAM_GET_ARGS_SIZE
+        self.stream_ctx.append(args.ctx)
+        if self.stream_error:
+            return self.stream_error
+        args.stream = self.STREAM
+        return None
+
+    def _device_ordinal_get(self, args_ptr):
+        ffi.DeviceOrdinalGetArgs.from_address(args_ptr).device_ordinal = self.ordinal
+        return None
+
+
+class Frame:
+    """An execute call frame: buffers (dtype, dims, data address) for args and rets, an int64 entry_id attribute."""
+
+    def __init__(self, xla: FakeXla, args, rets, entry_id: int = 0, attr_dtype: int = 5, nattrs: int = 1):
+        self._keep = []
+        self.frame = ffi.CallFrame()
+        f = self.frame
+        f.struct_size = ffi.CALL_FRAME_SIZE
+        f.api = xla.api
+        f.ctx = ctypes.addressof(xla.ctx)
+        f.stage = ffi.EXECUTE
+        for part, field, bufs in ((f.args, "args", args), (f.rets, "rets", rets)):
+            part.struct_size = ctypes.sizeof(type(part))
+            part.size = len(bufs)
+            ptrs = (ctypes.c_void_p * max(len(bufs), 1))(*[self._buffer(*b) for b in bufs])
+            types = (ctypes.c_int * max(len(bufs), 1))(*([1] * len(bufs)))
+            self._keep += [ptrs, types]
+            setattr(part, field, ctypes.cast(ptrs, ctypes.POINTER(ctypes.c_void_p)))
+            part.types = ctypes.cast(types, ctypes.POINTER(ctypes.c_int))
+        value = ctypes.c_int64(entry_id)
+        scalar = ffi.Scalar(attr_dtype, ctypes.addressof(value))
+        attr_ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(scalar))
+        attr_types = (ctypes.c_int * 1)(ffi.ATTR_SCALAR)
+        self._keep += [value, scalar, attr_ptrs, attr_types]
+        f.attrs.size = nattrs
+        f.attrs.attrs = ctypes.cast(attr_ptrs, ctypes.POINTER(ctypes.c_void_p))
+        f.attrs.types = ctypes.cast(attr_types, ctypes.POINTER(ctypes.c_int))
+
+    def _buffer(self, dtype: int, dims: tuple, data: int) -> int:
+        d = (ctypes.c_int64 * max(len(dims), 1))(*dims)
+        b = ffi.Buffer(ctypes.sizeof(ffi.Buffer), None, dtype, data, len(dims), ctypes.cast(d, ctypes.POINTER(ctypes.c_int64)))
+        self._keep += [d, b]
+        return ctypes.addressof(b)
+
+    @property
+    def address(self) -> int:
+        return ctypes.addressof(self.frame)
+
+
+def call_through_c(handler: ffi.FfiHandler, frame_address: int) -> int | None:
+    """Call the handler as XLA does: through its C function pointer."""
+    return ffi.HANDLER_FN(handler.address)(frame_address)
+
+
+ARGS = [(20, (64, 256), 0x1000), (11, (2, 64), 0x2000), (20, (128, 256), 0x3000), (11, (1, 2), 0x4000)]
+RETS = [(16, (64, 128), 0x5000), (11, (32,), 0x6000), (8, (4,), 0x7000)]
+
+
+def recording_entry(name="normal GEMM", expected=None, fail=None):
+    seen = []
+
+    def launch(stream, args, rets):
+        if fail is not None:
+            raise fail
+        seen.append((stream, list(args), list(rets)))
+    return ffi.FfiEntry(name, len(ARGS), len(RETS), {0: launch}, expected), seen
+
+
+def test_handshake_writes_version_and_traits_and_does_not_run():
+    h = ffi.FfiHandler("t", (0, 4))
+    entry, seen = recording_entry()
+    h.add(entry)
+    md = ffi.Metadata(ctypes.sizeof(ffi.Metadata), ffi.ApiVersion(ffi.API_VERSION_SIZE))
+    other = ffi.ExtensionBase(ctypes.sizeof(ffi.ExtensionBase), 99, None)  # an extension we do not know comes first
+    ext = ffi.MetadataExtension(ffi.ExtensionBase(ctypes.sizeof(ffi.MetadataExtension), ffi.EXTENSION_METADATA),
+                                ctypes.pointer(md))
+    other.next = ctypes.cast(ctypes.pointer(ext), ctypes.POINTER(ffi.ExtensionBase))
+    frame = ffi.CallFrame(ffi.CALL_FRAME_SIZE, ctypes.pointer(other))  # api = NULL, as XLA sends it
+    frame.stage = ffi.EXECUTE
+    assert call_through_c(h, ctypes.addressof(frame)) is None
+    assert (md.api_version.major_version, md.api_version.minor_version) == (0, 4)
+    assert md.traits == ffi.TRAIT_COMMAND_BUFFER_COMPATIBLE
+    assert seen == [] and h.handshakes == 1
+
+
+def test_execute_reads_pointers_and_xla_stream():
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4))
+    entry, seen = recording_entry()
+    eid = h.add(entry)
+    fr = Frame(xla, ARGS, RETS, entry_id=eid)
+    assert call_through_c(h, fr.address) is None
+    assert seen == [(FakeXla.STREAM, [0x1000, 0x2000, 0x3000, 0x4000], [0x5000, 0x6000, 0x7000])]
+    assert xla.stream_ctx == [ctypes.addressof(xla.ctx)] and xla.errors == []
+    assert call_through_c(h, fr.address) is None and len(seen) == 2  # the bound API table is reused
+
+
+def test_cpu_handler_passes_stream_zero():
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4), use_stream=False)
+    entry, seen = recording_entry()
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry)).address) is None
+    assert seen[0][0] == 0 and xla.stream_ctx == []
+
+
+@pytest.mark.parametrize("exc, code", [(ValueError("bad masked_m"), ffi.INVALID_ARGUMENT),
+                                       (TypeError("bad dtype"), ffi.INVALID_ARGUMENT),
+                                       (RuntimeError("cuLaunchKernel failed"), ffi.INTERNAL)])
+def test_launch_errors_become_ffi_errors(exc, code):
+    xla = FakeXla()
+    h = ffi.FfiHandler("cupygemm_fp8_gemm", (0, 4))
+    entry, _ = recording_entry(fail=exc)
+    err = call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry)).address)
+    assert err  # a non-NULL XLA_FFI_Error*
+    (message, errc), = xla.errors
+    assert errc == code and str(exc) in message and "cupygemm (cupygemm_fp8_gemm)" in message
+
+
+def test_frame_mismatches_are_invalid_argument():
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4))
+    entry, seen = recording_entry()
+    eid = h.add(entry)
+    cases = [(Frame(xla, ARGS, RETS, entry_id=eid + 5), "unknown entry_id"),
+             (Frame(xla, ARGS[:3], RETS, entry_id=eid), "expected 4 operands and 3 results, XLA passed 3 and 3"),
+             (Frame(xla, ARGS, RETS, entry_id=eid, attr_dtype=4), "int64 scalar"),
+             (Frame(xla, ARGS, RETS, entry_id=eid, nattrs=2), "one attribute")]
+    for fr, why in cases:
+        assert call_through_c(h, fr.address)
+        assert xla.errors[-1][1] == ffi.INVALID_ARGUMENT and why in xla.errors[-1][0], xla.errors[-1]
+    assert seen == []
+
+
+def test_buffer_check_names_the_operand():
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4))
+    expected = tuple((d, dims) for d, dims, _ in ARGS + RETS)
+    entry, seen = recording_entry(expected=expected)
+    eid = h.add(entry)
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=eid).address) is None and len(seen) == 1
+    bad = list(ARGS)
+    bad[1] = (11, (2, 60), 0x2000)
+    assert call_through_c(h, Frame(xla, bad, RETS, entry_id=eid).address)
+    assert "operand 1: expected dtype 11 with shape (2, 64), XLA passed dtype 11 with shape (2, 60)" in xla.errors[-1][0]
+
+
+def test_unknown_api_major_in_the_frame_is_an_error():
+    xla = FakeXla(major=1, minor=0)
+    h = ffi.FfiHandler("t", (0, 4))
+    entry, seen = recording_entry()
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry)).address)
+    assert xla.errors[-1][1] == ffi.INTERNAL and "API version 1.0" in xla.errors[-1][0] and seen == []
+
+
+def test_stream_get_error_is_passed_back():
+    xla = FakeXla()
+    sentinel = ctypes.create_string_buffer(8)
+    xla.stream_error = ctypes.addressof(sentinel)
+    h = ffi.FfiHandler("t", (0, 4))
+    entry, seen = recording_entry()
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry)).address) == ctypes.addressof(sentinel)
+    assert seen == []
+
+
+def test_device_ordinal_picks_the_plan():
+    xla = FakeXla(ordinal=1)
+    h = ffi.FfiHandler("t", (0, 4))
+    ran = []
+    entry = ffi.FfiEntry("e", len(ARGS), len(RETS), {0: lambda *a: ran.append(0), 1: lambda *a: ran.append(1)})
+    eid = h.add(entry)
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=eid).address) is None and ran == [1]
+    xla.ordinal = 3
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=eid).address)
+    assert "no kernel was planned for XLA device 3" in xla.errors[-1][0]
+
+
+def test_import_cupygemm_imports_no_framework():
+    code = ("import sys, cupygemm, cupygemm.xla_ffi; "
+            "bad = [m for m in ('jax', 'torch') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- cupygemm.jax on XLA's CPU platform, with host-side plans ------------------------------------------------
+
+def _host(ptr: int, dtype, shape) -> np.ndarray:
+    count = int(np.prod(shape))
+    raw = (ctypes.c_char * max(count * np.dtype(dtype).itemsize, 1)).from_address(ptr)
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
+
+
+class HostPlan:
+    """Does what the GPU plan's launch does, on host buffers, from the same pointers and layouts (SFA M-major,
+    padded to sfa_m_pad), including rows the kernel skips and the scratch counters' zeroing."""
+
+    def __init__(self, kind, m, n, k, g, expected_m, floats=0, counters=0, fail=None):
+        self.kind, self.m, self.n, self.k, self.g, self.expected_m = kind, m, n, k, g, expected_m
+        self.sfa_m_pad = (m + 3) // 4 * 4
+        self.scratch_floats, self.scratch_counters = floats, counters
+        self.fail = fail
+        self.calls = 0
+
+    def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, zero_counters=False):
+        if self.fail is not None:
+            raise self.fail
+        self.calls += 1
+        kind, m, n, k, g = self.kind, self.m, self.n, self.k, self.g
+        kb, nb = -(-k // 128), -(-n // 128)
+        ga = g if kind == KIND_MASKED else 1
+        A = _host(a, np.uint8, (ga, m, k))
+        SFA = _host(sfa, np.float32, (ga, kb, self.sfa_m_pad))[:, :, :m].transpose(0, 2, 1)
+        B, SFB = _host(b, np.uint8, (g, n, k)), _host(sfb, np.float32, (g, nb, kb))
+        D = _host(d, ml_dtypes.bfloat16, (ga, m, n))
+        assert bool(partials) == bool(self.scratch_floats) and bool(counters) == bool(self.scratch_counters)
+        if counters:
+            assert zero_counters
+        if kind == KIND_NORMAL:
+            D[0] = ref.gemm_reference(A[0], SFA[0], B[0], SFB[0])
+        elif kind == KIND_MASKED:
+            mm = _host(layout, np.int32, (g,))
+            for i in range(g):
+                r = int(np.clip(mm[i], 0, m))
+                D[i, :r] = ref.gemm_reference(A[i, :r], SFA[i, :r], B[i], SFB[i])
+        else:
+            idx = _host(layout, np.int32, (m,))
+            for r in np.nonzero((idx >= 0) & (idx < g))[0]:
+                D[0, r] = ref.gemm_reference(A[0, r:r + 1], SFA[0, r:r + 1], B[idx[r]], SFB[idx[r]])[0]
+
+
+class HostPlanner:
+    def __init__(self, **kw):
+        self.kw, self.plans = kw, []
+
+    def __call__(self, kind, m, n, k, g, expected_m):
+        p = HostPlan(kind, m, n, k, g, expected_m, **self.kw)
+        self.plans.append(p)
+        return {0: p}
+
+
+@pytest.fixture
+def cj():
+    pytest.importorskip("jax")
+    import cupygemm.jax as cj
+
+    with cj._use_backend("cpu", HostPlanner(floats=64, counters=4)):
+        yield cj
+
+
+def _operands(m, n, k, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    a, sfa = ref.per_token_cast_to_fp8_reference(x)
+    b, sfb = ref.per_block_cast_to_fp8_reference(w)
+    return a.view(ml_dtypes.float8_e4m3fn), sfa, b.view(ml_dtypes.float8_e4m3fn), sfb
+
+
+def _close(d, r, tol=1e-5):
+    got = np.asarray(d).astype(np.float64)
+    assert ref.calc_diff(got, r) < tol
+
+
+def test_jax_dense_eager_jit_scan(cj):
+    import jax
+
+    a, sfa, b, sfb = _operands(72, 136, 272)  # M not a multiple of 4 (SFA padding), N and K ragged vs 128
+    r = ref.gemm_reference(a.view(np.uint8), sfa, b.view(np.uint8), sfb)
+    d = cj.gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb)
+    assert d.shape == (72, 136) and d.dtype == np.dtype(ml_dtypes.bfloat16)
+    _close(d, r)
+    # uint8 bits are accepted as well
+    _close(cj.gemm_fp8_fp8_bf16_nt(a.view(np.uint8), sfa, b.view(np.uint8), sfb), r)
+
+    plan = cj._backend.plan.plans[0]
+    before = plan.calls
+
+    @jax.jit
+    def scanned(a3, sfa, b, sfb):
+        # Per-step operands: XLA hoists a loop-invariant custom call out of the loop.
+        return jax.lax.scan(lambda c, a: (c, cj.gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb)), 0, a3)[1]
+    ds = scanned(np.stack([a] * 3), sfa, b, sfb)
+    assert ds.shape == (3, 72, 136)
+    for i in range(3):
+        _close(ds[i], r)
+    assert plan.calls == before + 3
+
+
+def test_jax_vmap_dense(cj):
+    import jax
+    import jax.numpy as jnp
+
+    ops = [_operands(40, 128, 256, seed=s) for s in range(3)]
+    A, SA, B, SB = (jnp.stack([o[i] for o in ops]) for i in range(4))
+    a0, sa0, b0, sb0 = ops[0]
+    shared = jax.vmap(cj.gemm_fp8_fp8_bf16_nt, in_axes=(0, 0, None, None))(A, SA, b0, sb0)
+    per = jax.vmap(cj.gemm_fp8_fp8_bf16_nt)(A, SA, B, SB)
+    for i, (a, sa, b, sb) in enumerate(ops):
+        _close(shared[i], ref.gemm_reference(a.view(np.uint8), sa, b0.view(np.uint8), sb0))
+        _close(per[i], ref.gemm_reference(a.view(np.uint8), sa, b.view(np.uint8), sb))
+    kinds = [(p.kind, p.m, p.g) for p in cj._backend.plan.plans]
+    assert (KIND_NORMAL, 120, 1) in kinds  # the mapped axis folded into M
+    assert (KIND_MASKED, 40, 3) in kinds  # per-element weights: one masked grouped GEMM
+
+
+def _masked_operands(g, m, n, k, seed=0):
+    rng = np.random.default_rng(seed)
+    xs = [ref.per_token_cast_to_fp8_reference(rng.standard_normal((m, k)).astype(np.float32)) for _ in range(g)]
+    ws = [ref.per_block_cast_to_fp8_reference(rng.standard_normal((n, k)).astype(np.float32)) for _ in range(g)]
+    a = np.stack([x[0] for x in xs]).view(ml_dtypes.float8_e4m3fn)
+    b = np.stack([w[0] for w in ws]).view(ml_dtypes.float8_e4m3fn)
+    return a, np.stack([x[1] for x in xs]), b, np.stack([w[1] for w in ws])
+
+
+def test_jax_masked_traced_masked_m(cj):
+    import jax
+    import jax.numpy as jnp
+
+    a, sfa, b, sfb = _masked_operands(3, 64, 128, 256)
+    f = jax.jit(lambda mm, out: cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, mm, 32, out=out))
+    for mm in ([64, 0, 17], [5, 64, 33]):
+        mm = jnp.asarray(mm, jnp.int32)
+        filler = jnp.full((3, 64, 128), 7.0, jnp.bfloat16)
+        d = np.asarray(f(mm, filler)).astype(np.float64)
+        full = ref.grouped_masked_reference(a.view(np.uint8), sfa, b.view(np.uint8), sfb, np.full(3, 64))
+        for g in range(3):
+            r = int(mm[g])
+            if r:
+                assert ref.calc_diff(d[g, :r], full[g, :r]) < 1e-5
+            assert (d[g, r:] == 7.0).all()  # rows past masked_m keep `out`
+    d0 = np.asarray(cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, jnp.asarray([1, 2, 3], jnp.int32), 2))
+    assert (d0[0, 1:].astype(np.float32) == 0).all()  # default out: zeros
+    assert len({id(p) for p in cj._backend.plan.plans}) == 2  # one plan per static problem, not per masked_m
+    assert cj._backend.plan.plans[0].expected_m == 32
+
+
+def test_jax_contiguous_traced_m_indices_and_vmap(cj):
+    import jax
+    import jax.numpy as jnp
+
+    a, sfa, _, _ = _operands(256, 128, 256, seed=1)
+    _, _, b, sfb = _masked_operands(2, 1, 128, 256, seed=2)
+    f = jax.jit(cj.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous)
+    for idx in (np.repeat([0, 1], 128), np.concatenate([np.full(128, 1), np.full(100, 0), np.full(28, -1)])):
+        idx = idx.astype(np.int32)
+        d = np.asarray(f(a, sfa, b, sfb, jnp.asarray(idx))).astype(np.float64)
+        r = ref.grouped_contiguous_reference(a.view(np.uint8), sfa, b.view(np.uint8), sfb, idx)
+        ok = idx >= 0
+        assert ref.calc_diff(d[ok], r[ok]) < 1e-5 and (d[~ok] == 0).all()
+    idx = jnp.asarray(np.stack([np.repeat([0, 1], 128), np.repeat([1, 0], 128)]).astype(np.int32))
+    dv = jax.vmap(cj.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, in_axes=(None, None, None, None, 0))(a, sfa, b, sfb, idx)
+    for i in range(2):
+        r = ref.grouped_contiguous_reference(a.view(np.uint8), sfa, b.view(np.uint8), sfb, np.asarray(idx[i]))
+        assert ref.calc_diff(np.asarray(dv[i]).astype(np.float64), r) < 1e-5
+
+
+def test_jax_trace_time_validation(cj):
+    import jax.numpy as jnp
+
+    a, sfa, b, sfb = _operands(64, 128, 256)
+    with pytest.raises(ValueError, match=r"sfa: expected shape \(64, 2\), got \(64, 1\)"):
+        cj.gemm_fp8_fp8_bf16_nt(a, sfa[:, :1], b, sfb)
+    with pytest.raises(TypeError, match="a: expected float8_e4m3fn .* got float32"):
+        cj.gemm_fp8_fp8_bf16_nt(a.astype(np.float32), sfa, b, sfb)
+    with pytest.raises(ValueError, match="K differs"):
+        cj.gemm_fp8_fp8_bf16_nt(a, sfa, b[:, :128], sfb[:, :1])
+    with pytest.raises(ValueError, match="N must be a multiple of 8"):
+        cj.gemm_fp8_fp8_bf16_nt(a, sfa, b[:100], sfb)
+    ga, gsa, gb, gsb = _masked_operands(2, 16, 128, 256)
+    with pytest.raises(TypeError, match="masked_m: expected int32, got float32"):
+        cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(ga, gsa, gb, gsb, jnp.zeros(2, jnp.float32), 8)
+    with pytest.raises(TypeError, match="expected_m"):
+        cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(ga, gsa, gb, gsb, jnp.zeros(2, jnp.int32), 8.0)
+    with pytest.raises(ValueError, match=r"m_indices: expected shape \(64,\)"):
+        cj.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, gb, gsb, jnp.zeros(63, jnp.int32))
+    assert cj._backend.plan.plans == []  # nothing was planned for a bad call
+
+
+def test_jax_grad_is_a_clear_error(cj):
+    import jax
+
+    a, sfa, b, sfb = _operands(64, 128, 256)
+    with pytest.raises(TypeError, match="has no derivative"):
+        jax.grad(lambda s: cj.gemm_fp8_fp8_bf16_nt(a, s, b, sfb).astype(np.float32).sum())(sfa)
+
+
+def test_jax_error_inside_the_handler(cj):
+    import jax
+
+    a, sfa, b, sfb = _operands(64, 128, 256)
+    with cj._use_backend("cpu", HostPlanner(fail=ValueError("the test hook refused this launch"))):
+        with pytest.raises(Exception, match="INVALID_ARGUMENT: cupygemm .*the test hook refused this launch") as e:
+            jax.block_until_ready(cj.gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb))
+        assert type(e.value).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
+
+
+def test_jax_handler_checks_buffers_when_asked(cj, monkeypatch):
+    monkeypatch.setenv("CUPYGEMM_CHECK_INPUTS", "1")
+    a, sfa, b, sfb = _operands(64, 128, 256)
+    r = ref.gemm_reference(a.view(np.uint8), sfa, b.view(np.uint8), sfb)
+    _close(cj.gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb), r)
+    entry = cj._handlers["cpu"].entry(cj._backend.entries[next(iter(cj._backend.entries))][0])
+    assert entry.expected is not None and entry.expected[1] == (11, (2, 64))  # SFA as the kernel reads it
+
+
+def test_jax_empty_problems(cj):
+    a, sfa, b, sfb = _operands(64, 128, 256)
+    d = cj.gemm_fp8_fp8_bf16_nt(a[:0], sfa[:0], b, sfb)
+    assert d.shape == (0, 128)
+    assert cj._backend.plan.plans == []
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 200), (130, 128), (257, 300)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_jax_casts_bit_exact(shape, dtype):
+    jax = pytest.importorskip("jax")
+    import cupygemm.jax as cj
+
+    rng = np.random.default_rng(sum(shape))
+    spread = 6 if dtype == "float16" else 12  # float16 overflows past 65504
+    x = (rng.standard_normal(shape) * np.exp(rng.uniform(-spread, spread, shape))).astype(np.float32)
+    x[0, :min(shape[1], 5)] = 0  # all-zero groups take the 1e-4 floor
+    if shape[1] > 100:
+        x[-1, 90:] = rng.uniform(-3e-4, 3e-4, shape[1] - 90)  # small values: e4m3 subnormals after scaling
+    x = x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    for ours, theirs in ((cj.per_token_cast_to_fp8, ref.per_token_cast_to_fp8_reference),
+                         (cj.per_block_cast_to_fp8, ref.per_block_cast_to_fp8_reference)):
+        q, s = ours(jax.numpy.asarray(x))
+        rq, rs = theirs(x)
+        assert q.dtype == np.dtype(ml_dtypes.float8_e4m3fn) and s.dtype == np.float32
+        np.testing.assert_array_equal(np.asarray(q).view(np.uint8), rq)
+        np.testing.assert_array_equal(np.asarray(s).view(np.uint32), rs.view(np.uint32))
+
+
+def test_jax_e4m3_rounding_every_float_pattern():
+    """The integer rounding against ml_dtypes on every e4m3 value, midpoints between them and their neighbours."""
+    jax = pytest.importorskip("jax")
+    import cupygemm.jax as cj
+
+    vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    vals = np.unique(np.abs(vals[np.isfinite(vals)]))
+    mids = (vals[:-1] + vals[1:]) / 2
+    probe = np.concatenate([vals, mids, np.nextafter(mids, 0), np.nextafter(mids, 1000), [448.0]]).astype(np.float32)
+    probe = np.concatenate([probe, -probe])
+    got = np.asarray(jax.jit(cj._f32_to_e4m3fn)(probe)).view(np.uint8)
+    np.testing.assert_array_equal(got, ref.float32_to_fp8(probe))
