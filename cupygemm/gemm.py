@@ -214,6 +214,22 @@ def _torch_ops():
     return torch_ops
 
 
+def _jax_ops(stream: Any, *tensors: Any):
+    """cupygemm.jax for an eager JAX call: XLA's stream orders it like any JAX computation."""
+    if stream is not None:
+        raise TypeError("stream: JAX calls run on XLA's stream, in JAX's order; stream= is for CuPy and torch")
+    _same_framework(*tensors)
+    from . import jax as jax_ops
+
+    return jax_ops
+
+
+def _no_jax_out(out: Any) -> None:
+    if out is not None:
+        raise TypeError("out: JAX arrays are immutable, so a dense GEMM cannot write into one; call without out "
+                        "and use the result")
+
+
 def gemm_fp8_fp8_bf16_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any = None, *, stream: Any = None) -> Any:
     """D = A @ B.T with DeepSeek-V3 fine-grained FP8 scaling, BF16 output.
 
@@ -232,6 +248,10 @@ def gemm_fp8_fp8_bf16_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any = 
     Returns:
         ``out`` if given, else a new bfloat16 array of the caller's framework (CuPy, torch or JAX).
 
+    JAX arrays (eager) go through :mod:`cupygemm.jax`, XLA's custom call: ordered on XLA's stream like any JAX
+    computation; use ``cupygemm.jax`` directly inside ``jax.jit``. torch tensors go through the ``cupygemm::*``
+    torch operators (:mod:`cupygemm.torch`).
+
     Constraints: K % 16 == 0 and N % 8 == 0 (16-byte aligned rows for TMA), unit inner strides, all operands
     on one Hopper GPU, from one framework. K need not be a multiple of 128. M == 0 returns at once. NaN/Inf
     scales propagate.
@@ -240,8 +260,10 @@ def gemm_fp8_fp8_bf16_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any = 
     b, sfb = validate.pair(rhs, "rhs")
     framework = framework_of(a)
     if framework is Framework.TORCH:
-        _same_framework(a, sfa, b, sfb, out)
         return _torch_ops().gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb, out, stream)
+    if framework is Framework.JAX:
+        _no_jax_out(out)
+        return _jax_ops(stream, a, sfa, b, sfb).gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb)
     return run(KIND_NORMAL, a, sfa, b, sfb, out, None, None, stream, framework)
 
 
@@ -262,10 +284,13 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs: tuple[Any, Any], rhs: tuple[A
     """
     a, sfa = validate.pair(lhs, "lhs")
     b, sfb = validate.pair(rhs, "rhs")
-    if is_torch_tensor(a):
-        _same_framework(a, sfa, b, sfb, out, m_indices)
+    framework = framework_of(a)
+    if framework is Framework.TORCH:
         return _torch_ops().m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, b, sfb, out, m_indices, stream)
-    return run(KIND_CONTIGUOUS, a, sfa, b, sfb, out, m_indices, None, stream, framework_of(a))
+    if framework is Framework.JAX:
+        return _jax_ops(stream, a, sfa, b, sfb, out, m_indices).m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(
+            a, sfa, b, sfb, m_indices, out)
+    return run(KIND_CONTIGUOUS, a, sfa, b, sfb, out, m_indices, None, stream, framework)
 
 
 def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any, masked_m: Any,
@@ -286,9 +311,12 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[Any, Any], rhs: tuple[Any, 
     a, sfa = validate.pair(lhs, "lhs")
     b, sfb = validate.pair(rhs, "rhs")
     validate.check_expected_m(expected_m)
-    if is_torch_tensor(a):
-        _same_framework(a, sfa, b, sfb, out, masked_m)
+    framework = framework_of(a)
+    if framework is Framework.TORCH:
         return _torch_ops().m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, out, masked_m, int(expected_m),
                                                                   stream)
-    return run(KIND_MASKED, a, sfa, b, sfb, out, masked_m, int(expected_m), stream, framework_of(a))
+    if framework is Framework.JAX:
+        return _jax_ops(stream, a, sfa, b, sfb, out, masked_m).m_grouped_gemm_fp8_fp8_bf16_nt_masked(
+            a, sfa, b, sfb, masked_m, int(expected_m), out)
+    return run(KIND_MASKED, a, sfa, b, sfb, out, masked_m, int(expected_m), stream, framework)
 

@@ -159,11 +159,7 @@ def per_token_cast_to_fp8(x: Any, *, stream: Any = None) -> tuple[Any, Any]:
     row-major, made by the framework of ``x``, on the caller's stream (``stream=`` overrides it). Bit-exact with
     :func:`cupygemm.reference.per_token_cast_to_fp8_reference`.
     """
-    if is_torch_tensor(x):
-        from . import torch as torch_ops
-
-        return torch_ops.per_token_cast_to_fp8(x, stream)
-    return run_cast("per_token_cast_to_fp8", x, stream, framework_of(x))
+    return _route("per_token_cast_to_fp8", x, stream)
 
 
 def per_block_cast_to_fp8(x: Any, *, stream: Any = None) -> tuple[Any, Any]:
@@ -173,8 +169,21 @@ def per_block_cast_to_fp8(x: Any, *, stream: Any = None) -> tuple[Any, Any]:
     [ceil(m/128), ceil(n/128)] row-major, made by the framework of ``x``, on the caller's stream (``stream=``
     overrides it). Bit-exact with :func:`cupygemm.reference.per_block_cast_to_fp8_reference`.
     """
-    if is_torch_tensor(x):
+    return _route("per_block_cast_to_fp8", x, stream)
+
+
+def _route(entry: str, x: Any, stream: Any) -> tuple[Any, Any]:
+    """torch tensors go through the cupygemm torch operators, JAX arrays through cupygemm.jax's jittable casts
+    (bit-exact with these kernels), the rest straight to the kernels."""
+    framework = framework_of(x)
+    if framework is Framework.TORCH:
         from . import torch as torch_ops
 
-        return torch_ops.per_block_cast_to_fp8(x, stream)
-    return run_cast("per_block_cast_to_fp8", x, stream, framework_of(x))
+        return getattr(torch_ops, entry)(x, stream)
+    if framework is Framework.JAX:
+        if stream is not None:
+            raise TypeError("stream: JAX calls run on XLA's stream, in JAX's order; stream= is for CuPy and torch")
+        from . import jax as jax_ops
+
+        return getattr(jax_ops, entry)(x)
+    return run_cast(entry, x, stream, framework)
