@@ -82,7 +82,7 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
             if layout is not None:
                 views += (read_cupy(layout) if framework is Framework.CUPY else read_torch(layout, "layout"),)
         except AttributeError:  # an operand of another kind: say which
-            _same_framework(a, sfa, b, sfb, out, layout)
+            same_framework(a, sfa, b, sfb, out, layout)
             raise
         launch_stream = None
     else:  # DLPack producers order their pending writes before the stream we launch on
@@ -144,7 +144,7 @@ def _data_ptr(x: Any) -> int:
     return x.data_ptr() if is_torch_tensor(x) else x.data.ptr
 
 
-def _same_framework(*tensors: Any) -> None:
+def same_framework(*tensors: Any) -> None:
     """One call, one framework: a torch stream and a CuPy stream are not ordered with each other, so mixing would
     leave the result's ordering to chance. (Objects read through DLPack are capsules: not checked.)"""
     names = _NAMES + ("m_indices/masked_m",)
@@ -218,7 +218,7 @@ def _jax_ops(stream: Any, *tensors: Any):
     """cupygemm.jax for an eager JAX call: XLA's stream orders it like any JAX computation."""
     if stream is not None:
         raise TypeError("stream: JAX calls run on XLA's stream, in JAX's order; stream= is for CuPy and torch")
-    _same_framework(*tensors)
+    same_framework(*tensors)
     from . import jax as jax_ops
 
     return jax_ops

@@ -559,8 +559,7 @@ def _cast_input(x: Any, name: str = "x") -> jax.Array:
     return jnp.asarray(x).astype(jnp.float32)  # exact for all three
 
 
-@jax.jit
-def per_token_cast_to_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _per_token_jnp(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """1x128 FP8 cast of ``x`` [m, n] (bf16/f16/f32), jittable: ``(q float8_e4m3fn [m, n], s float32 [m, ceil(n/128)])``.
 
     Per row and 128 columns: ``amax = max(max|x|, 1e-4)`` (float32), ``q = e4m3fn(x * (448 / amax))`` rounded to
@@ -574,8 +573,7 @@ def per_token_cast_to_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return q.reshape(m, nb * _GROUP)[:, :n], s.reshape(m, nb)
 
 
-@jax.jit
-def per_block_cast_to_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _per_block_jnp(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """128x128 FP8 cast of ``x`` [m, n] (bf16/f16/f32), jittable: ``(q float8_e4m3fn [m, n], s float32 [ceil(m/128),
     ceil(n/128)])``, bit-exact with :func:`cupygemm.reference.per_block_cast_to_fp8_reference`."""
     x32 = _cast_input(x)
@@ -584,3 +582,74 @@ def per_block_cast_to_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     g = jnp.pad(x32, ((0, mb * _GROUP - m), (0, nb * _GROUP - n))).reshape(mb, _GROUP, nb, _GROUP)
     q, s = _quantize_groups(g, jnp.max(jnp.abs(g), axis=(1, 3), keepdims=True, initial=0.0))
     return q.reshape(mb * _GROUP, nb * _GROUP)[:m, :n], s.reshape(mb, nb)
+
+
+def _cast_plan_cuda(entry: str, dtype: np.dtype, m: int, n: int) -> dict[int, Callable]:
+    """Per local GPU, the launch of the CUDA cast kernel (the one the CuPy and torch paths run), loaded now."""
+    from . import quantization
+
+    launches = {}
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:  # traced for CUDA where JAX has none (platform_dependent traces every branch)
+        gpus = []
+    for dev in gpus:
+        if dev.process_index != jax.process_index():
+            continue
+        ordinal = int(getattr(dev, "local_hardware_id", None) or dev.id)
+        quantization._get_kernel(dtype, entry, ordinal)
+
+        def launch(stream: int, a: list[int], r: list[int], ordinal: int = ordinal) -> None:
+            quantization.launch_cast(entry, dtype, a[0], r[0], r[1], m, n, n, stream, ordinal)
+
+        launches[ordinal] = launch
+    return launches
+
+
+_cast_entries: dict[tuple, int] = {}
+
+
+def _ffi_cast(entry: str, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The cast as an XLA custom call of cupygemm's CUDA kernel: bit-exact with the CuPy/torch paths (XLA's own
+    float division on the GPU is not IEEE-exact, so a jnp version can differ in the last bit of a scale)."""
+    from . import quantization
+
+    m, n = x.shape
+    dtype = np.dtype(x.dtype)
+    key = (entry, str(dtype), m, n)
+    eid = _cast_entries.get(key)
+    if eid is None:
+        handler = _handler(_cuda_backend)
+        eid = handler.add(xla_ffi.FfiEntry(f"{entry} {m}x{n} {dtype}", 1, 2, _cast_plan_cuda(entry, dtype, m, n)))
+        _cast_entries[key] = eid
+    results = [jax.ShapeDtypeStruct((m, n), jnp.float8_e4m3fn),
+               jax.ShapeDtypeStruct((quantization.scale_rows(entry, m), _ceil_div(n, _GROUP)), jnp.float32)]
+    q, s = jax.ffi.ffi_call(TARGET, results, vmap_method="sequential")(x, entry_id=np.int64(eid))
+    return q, s
+
+
+def _cast(entry: str, jnp_impl: Callable, x: Any) -> tuple[jax.Array, jax.Array]:
+    x = jnp.asarray(x) if not isinstance(x, jax.Array) else x
+    _cast_input(x)  # trace-time checks
+    if _backend is not _cuda_backend or 0 in x.shape:
+        return jnp_impl(x)
+    return lax.platform_dependent(x, cuda=functools.partial(_ffi_cast, entry), default=jnp_impl)
+
+
+@jax.jit
+def per_token_cast_to_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """1x128 FP8 cast of ``x`` [m, n] (bf16/f16/f32), jittable: ``(q float8_e4m3fn [m, n], s float32 [m, ceil(n/128)])``.
+
+    Per row and 128 columns: ``amax = max(max|x|, 1e-4)`` (float32), ``q = e4m3fn(x * (448 / amax))`` rounded to
+    nearest even, ``s = amax / 448``; bit-exact with :func:`cupygemm.reference.per_token_cast_to_fp8_reference`.
+    On CUDA it runs cupygemm's cast kernel as a custom call; elsewhere the same arithmetic in ``jnp``.
+    """
+    return _cast("per_token_cast_to_fp8", _per_token_jnp, x)
+
+
+@jax.jit
+def per_block_cast_to_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """128x128 FP8 cast of ``x`` [m, n] (bf16/f16/f32), jittable: ``(q float8_e4m3fn [m, n], s float32 [ceil(m/128),
+    ceil(n/128)])``, bit-exact with :func:`cupygemm.reference.per_block_cast_to_fp8_reference`. On CUDA it runs
+    cupygemm's cast kernel as a custom call; elsewhere the same arithmetic in ``jnp``."""
+    return _cast("per_block_cast_to_fp8", _per_block_jnp, x)

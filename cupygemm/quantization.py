@@ -117,35 +117,38 @@ def _prepare(x: Any, name: str = "x") -> tuple[View, int, int, int]:
 
 
 def run_cast(entry: str, x: Any, stream: Any, framework: Framework) -> tuple[Any, Any]:
-    """One cast on the caller's tensor (any framework's); returns (q, s) made by that framework."""
-    cupy = require_cupy()
+    """One cast on the caller's tensor (CuPy, torch, or another DLPack producer, whose results are CuPy arrays);
+    returns (q, s) made by that framework."""
     if framework in (Framework.TORCH, Framework.CUPY):
         v, m, n, ld = _prepare(x)
         launch_stream = resolve(stream, framework, v.device)
     else:  # DLPack producers order their pending writes before the stream we launch on
         launch_stream = resolve(stream, framework, gpu_device_of(x, "x"))
         v, m, n, ld = _prepare(read(x, "x", launch_stream))
-    nb = (n + _GROUP - 1) // _GROUP
-    rows = m if entry == "per_token_cast_to_fp8" else (m + _GROUP - 1) // _GROUP
     q = empty(framework, (m, n), FP8_E4M3, v.device)
-    s = empty(framework, (rows, nb), F32, v.device)
-    items = rows * nb
-    if items:
-        if entry == "per_token_cast_to_fp8":
-            warps = _THREADS // 32
-            grid = (items + warps - 1) // warps
-        else:
-            grid = items
-        fn = _get_kernel(v.dtype, entry, v.device)
-        with on_device(v.device):
-            fn((grid,), (_THREADS,), (np.uint64(v.ptr), np.uint64(_ptr(q)), np.uint64(_ptr(s)), np.int64(m),
-                                      np.int64(n), np.int64(ld), np.int64(nb)),
-               stream=cupy_stream(launch_stream, v.device))
-    if framework is Framework.JAX:
-        jax = sys.modules["jax"]
-        return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(q), jax.numpy.float8_e4m3fn), \
-            jax.dlpack.from_dlpack(s)
+    s = empty(framework, (scale_rows(entry, m), (n + _GROUP - 1) // _GROUP), F32, v.device)
+    launch_cast(entry, v.dtype, v.ptr, _ptr(q), _ptr(s), m, n, ld, launch_stream, v.device)
     return q, s
+
+
+def scale_rows(entry: str, m: int) -> int:
+    """Rows of the scales a cast of ``m`` rows returns."""
+    return m if entry == "per_token_cast_to_fp8" else (m + _GROUP - 1) // _GROUP
+
+
+def launch_cast(entry: str, dtype: np.dtype, x: int, q: int, s: int, m: int, n: int, ld: int, stream: int,
+                device: int) -> None:
+    """Launch a cast kernel over device pointers on ``stream`` (x [m, n] with row stride ``ld`` elements; q and s
+    dense). Loads the kernel on first use."""
+    nb = (n + _GROUP - 1) // _GROUP
+    items = scale_rows(entry, m) * nb
+    if not items:
+        return
+    grid = (items + _THREADS // 32 - 1) // (_THREADS // 32) if entry == "per_token_cast_to_fp8" else items
+    fn = _get_kernel(dtype, entry, device)
+    with on_device(device):
+        fn((grid,), (_THREADS,), (np.uint64(x), np.uint64(q), np.uint64(s), np.int64(m), np.int64(n), np.int64(ld),
+                                  np.int64(nb)), stream=cupy_stream(stream, device))
 
 
 def _ptr(x: Any) -> int:

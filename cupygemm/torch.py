@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
-from .gemm import run
+from .gemm import same_framework, run
 from .layout import ceil_div
 from .quantization import run_cast
 from .streams import stream_handle
@@ -125,6 +125,13 @@ _dispatch_modes = torch._C._len_torch_dispatch_stack
 _functorch_active = torch._C._are_functorch_transforms_active
 
 
+def _check_torch(*tensors: Any) -> None:
+    """Before the dispatcher (whose message would not say what to do): every operand a torch tensor."""
+    for t in tensors:
+        if t is not None and not isinstance(t, _Tensor):
+            same_framework(*tensors)
+
+
 def _plain_eager(*tensors: Any) -> bool:
     """Nothing but plain eager execution would see the operator: no torch.compile tracing, no dispatch mode (fake
     tensors, opcheck, make_fx), no functorch transform, no tensor subclass or meta tensor, no autograd. Then the operator's body
@@ -139,6 +146,7 @@ def gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb, out=None, stream=None):
     """The torch route of :func:`cupygemm.gemm_fp8_fp8_bf16_nt`."""
     if _plain_eager(a, sfa, b, sfb, out):
         return run(KIND_NORMAL, a, sfa, b, sfb, out, None, None, stream, Framework.TORCH)
+    _check_torch(a, sfa, b, sfb, out)
     if out is None:
         return ops.gemm_fp8_fp8_bf16_nt.default(a, sfa, b, sfb, _handle(stream))
     ops.gemm_fp8_fp8_bf16_nt_out.default(a, sfa, b, sfb, out, _handle(stream))
@@ -149,6 +157,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, b, sfb, out, m_indices, st
     """The torch route of :func:`cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`."""
     if _plain_eager(a, sfa, b, sfb, out, m_indices):
         return run(KIND_CONTIGUOUS, a, sfa, b, sfb, out, m_indices, None, stream, Framework.TORCH)
+    _check_torch(a, sfa, b, sfb, out, m_indices)
     if out is None:
         return ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous.default(a, sfa, b, sfb, m_indices, _handle(stream))
     ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_out.default(a, sfa, b, sfb, m_indices, out, _handle(stream))
@@ -159,6 +168,7 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, out, masked_m, expecte
     """The torch route of :func:`cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked`."""
     if _plain_eager(a, sfa, b, sfb, out, masked_m):
         return run(KIND_MASKED, a, sfa, b, sfb, out, masked_m, expected_m, stream, Framework.TORCH)
+    _check_torch(a, sfa, b, sfb, out, masked_m)
     if out is None:
         return ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked.default(a, sfa, b, sfb, masked_m, expected_m,
                                                                  _handle(stream))
