@@ -43,12 +43,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(f"GPU {i}         {d.name}, compute capability {cc}, {d.num_sms} SMs{note}")
     else:
         print("GPU           no GPU")
-    from cupygemm.config import B_EVICT_FIRST_ENV
+    from cupygemm import env
 
     n, size = cache.disk_usage()
     print(f"cache         {cache.cache_dir()} ({n} kernels, {size / 1e6:.1f} MB)")
-    print(f"interleave    CUPYGEMM_FFMA_INTERLEAVE={os.environ.get('CUPYGEMM_FFMA_INTERLEAVE', 'auto')}")
-    print(f"B in L2       {B_EVICT_FIRST_ENV}={os.environ.get(B_EVICT_FIRST_ENV, 'auto')}")
+    print(f"interleave    {env.FFMA_INTERLEAVE}={env.ffma_interleave_mode()}")
+    print(f"B in L2       {env.B_EVICT_FIRST}={env.b_evict_first_mode()}")
     return 0
 
 

@@ -34,7 +34,9 @@ _COMPLETED = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.POI
 
 def _candidate_paths() -> list[str]:
     paths = []
-    env = os.environ.get("CUPYGEMM_CUPTI")
+    from .env import cupti_path
+
+    env = cupti_path()
     if env:
         paths.append(env)
     for base in sys.path:
