@@ -5,6 +5,7 @@ Entry points (DeepGEMM-compatible names and semantics):
 - :func:`gemm_fp8_fp8_bf16_nt` - D = A @ B.T
 - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous` - MoE grouped GEMM, contiguous layout
 - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked` - MoE grouped GEMM, masked layout
+- :func:`warmup` - build ahead of time the kernels a range of M needs (serving)
 
 Inputs are CuPy arrays or any DLPack GPU tensor (torch, JAX, ...); results follow the caller's framework.
 """
@@ -28,6 +29,7 @@ from .layout import (
 )
 from .quantization import per_block_cast_to_fp8, per_token_cast_to_fp8
 from .reference import calc_diff
+from .serving import WarmupReport, warmup
 
 __all__ = [
     "__version__",
@@ -48,6 +50,8 @@ __all__ = [
     "choose_config",
     "make_config",
     "override_config",
+    "warmup",
+    "WarmupReport",
     "CupygemmError",
     "CupygemmCompileError",
     "CupygemmDeviceError",
