@@ -5,8 +5,13 @@ Entry points (DeepGEMM-compatible names and semantics):
 - :func:`gemm_fp8_fp8_bf16_nt` - D = A @ B.T
 - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous` - MoE grouped GEMM, contiguous layout
 - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked` - MoE grouped GEMM, masked layout
+- :func:`fp8_gemm_nt`, :func:`m_grouped_fp8_gemm_nt_contiguous`, :func:`m_grouped_fp8_gemm_nt_masked` - the same
+  under DeepGEMM 2.x's names
+- :func:`warmup` - build ahead of time the kernels a range of M needs (serving)
 
-Inputs are CuPy arrays or any DLPack GPU tensor (torch, JAX, ...); results follow the caller's framework.
+Inputs are CuPy arrays, torch CUDA tensors, JAX arrays or any DLPack GPU tensor; results follow the caller's
+framework, and calls run on the caller's stream (see :mod:`cupygemm.streams`). ``cupygemm.jax`` runs the GEMMs
+inside ``jax.jit``; ``cupygemm.torch`` holds the torch operators. Neither is imported by ``import cupygemm``.
 """
 from __future__ import annotations
 
@@ -16,7 +21,10 @@ from .config import GemmConfig, choose_config, make_config, override_config
 from .device import get_num_sms, reset_num_sms, set_num_sms
 from .errors import CupygemmCompileError, CupygemmDeviceError, CupygemmError, CupygemmToolchainError
 from .gemm import (
+    fp8_gemm_nt,
     gemm_fp8_fp8_bf16_nt,
+    m_grouped_fp8_gemm_nt_contiguous,
+    m_grouped_fp8_gemm_nt_masked,
     m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
     m_grouped_gemm_fp8_fp8_bf16_nt_masked,
 )
@@ -28,12 +36,16 @@ from .layout import (
 )
 from .quantization import per_block_cast_to_fp8, per_token_cast_to_fp8
 from .reference import calc_diff
+from .serving import WarmupReport, warmup
 
 __all__ = [
     "__version__",
     "gemm_fp8_fp8_bf16_nt",
     "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
     "m_grouped_gemm_fp8_fp8_bf16_nt_masked",
+    "fp8_gemm_nt",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
     "per_token_cast_to_fp8",
     "per_block_cast_to_fp8",
     "calc_diff",
@@ -48,6 +60,8 @@ __all__ = [
     "choose_config",
     "make_config",
     "override_config",
+    "warmup",
+    "WarmupReport",
     "CupygemmError",
     "CupygemmCompileError",
     "CupygemmDeviceError",

@@ -260,7 +260,7 @@ def match_total(rows: Sequence[int], total: int, expected: int) -> list[int]:
 
 
 def peer_valid_rows(path: str | os.PathLike) -> dict[tuple[str, tuple[int, ...]], int]:
-    """Valid rows of each grouped shape in a peer table (../shared/peers/*.json), from its DeepGEMM rows:
+    """Valid rows of each grouped shape in a peer table (benchmarks/peers/*.json), from its DeepGEMM rows:
     rows = TFLOPS x time / (2 N K). Keys are (kind, dims) as in :class:`Shape`."""
     with open(path) as f:
         table = json.load(f)
@@ -789,6 +789,8 @@ def command_line(args: argparse.Namespace) -> str:
     parts += ["--peers", args.peers, "--iters", str(args.iters), "--seed", str(args.seed)]
     if getattr(args, "match_rows", None):
         parts += ["--match-rows", str(args.match_rows)]
+    if getattr(args, "timing", "cupti") != "cupti":
+        parts += ["--timing", args.timing]
     if getattr(args, "json", None):
         parts += ["--json", str(args.json)]
     if getattr(args, "markdown", False):
@@ -1130,13 +1132,14 @@ def _noop_call() -> Callable[[], None]:
     return call
 
 
-def open_cupti_timer() -> tuple[Any, str]:
-    """A CUPTI kernel timer checked on an empty kernel, or None and why not."""
+def open_cupti_timer(backend: str = "ctypes") -> tuple[Any, str]:
+    """A CUPTI kernel timer (``backend``: see kernel_timer.open_kernel_timer) checked on an empty kernel, or None
+    and why not."""
     import cupy
 
     from .kernel_timer import open_kernel_timer
 
-    return open_kernel_timer(_noop_call(), _NOOP_NAME, cupy.cuda.get_current_stream().synchronize)
+    return open_kernel_timer(_noop_call(), _NOOP_NAME, cupy.cuda.get_current_stream().synchronize, backend)
 
 
 def measure_copy_bandwidth(nbytes: int = COPY_BYTES, reps: int = 10) -> float:
@@ -1350,7 +1353,8 @@ def _run(args: argparse.Namespace, shapes: Sequence[Shape], sizes: dict[Shape, S
     meta["flush_bytes"] = max(FLUSH_BYTES, 2 * info.l2_bytes)
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s (device-to-device, read + write); "
           f"floor = max(bytes / copy bandwidth, FLOPs / {FP8_DENSE_FLOPS / 1e12:.0f} TFLOPS)")
-    kernel_timer, why = open_cupti_timer() if args.timing == "cupti" else (None, "--timing events")
+    kernel_timer, why = ((None, "--timing events") if args.timing == "events"
+                         else open_cupti_timer("python" if args.timing == "cupti-python" else "ctypes"))
     timer = Timer(meta["flush_bytes"], kernel_timer)
     meta["timing"] = f"cupti ({why})" if kernel_timer is not None else "events"
     meta["method"] = timing_method(kernel_timer is not None, meta["flush_bytes"])
@@ -1441,11 +1445,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the inputs and the group sizes (default: %(default)s)")
     p.add_argument("--match-rows", default=None, metavar="PEERS.json",
                    help="grouped shapes: draw group sizes that sum to the valid rows the peer table measured "
-                        "(e.g. ../shared/peers/h200-2026-11-21.json), so both runs do the same work")
-    p.add_argument("--timing", choices=("cupti", "events"), default="cupti",
+                        "(e.g. benchmarks/peers/h200-2026-11-21.json in the source tree), so both runs do the same work")
+    p.add_argument("--timing", choices=("cupti", "cupti-python", "events"), default="cupti",
                    help="cupti: kernel time from CUPTI activity records, falling back to events when libcupti "
-                        "is missing (CUPYGEMM_CUPTI names the library); events: CUDA events around each call "
-                        "(default: %(default)s)")
+                        "is missing (CUPYGEMM_CUPTI names the library); cupti-python: the same records through "
+                        "NVIDIA's cupti-python package (pip install cupti-python); events: CUDA events around each "
+                        "call (default: %(default)s)")
     p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, help="parallel kernel compilations (default: the CPU count, %(default)s here)")
     p.set_defaults(func=run_bench)
     return p

@@ -1,12 +1,9 @@
-"""The ``cupygemm`` command: ``info``, ``warmup`` and ``bench``."""
+"""The ``cupygemm`` command: ``info``, ``warmup``, ``cache export|import`` and ``bench``."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-import time
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor, as_completed
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -43,12 +40,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
             print(f"GPU {i}         {d.name}, compute capability {cc}, {d.num_sms} SMs{note}")
     else:
         print("GPU           no GPU")
-    from cupygemm.config import B_EVICT_FIRST_ENV
+    from cupygemm import env
 
     n, size = cache.disk_usage()
     print(f"cache         {cache.cache_dir()} ({n} kernels, {size / 1e6:.1f} MB)")
-    print(f"interleave    CUPYGEMM_FFMA_INTERLEAVE={os.environ.get('CUPYGEMM_FFMA_INTERLEAVE', 'auto')}")
-    print(f"B in L2       {B_EVICT_FIRST_ENV}={os.environ.get(B_EVICT_FIRST_ENV, 'auto')}")
+    print(f"interleave    {env.FFMA_INTERLEAVE}={env.ffma_interleave_mode()}")
+    print(f"B in L2       {env.B_EVICT_FIRST}={env.b_evict_first_mode()}")
     return 0
 
 
@@ -69,70 +66,97 @@ def warmup_configs(kind: str, shapes: list[tuple[int, ...]], num_sms: int):
     Grouped shapes are GxMxNxK: contiguous = G groups of M rows, each padded to 128 as the layout requires;
     masked = G groups with expected_m = M (max_m = M).
     """
-    from cupygemm.config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, choose_config, model_rows
+    from cupygemm.serving import plan, problems_from_shapes
 
-    kid = {"normal": KIND_NORMAL, "contiguous": KIND_CONTIGUOUS, "masked": KIND_MASKED}[kind]
-    cfgs = []
-    for s in shapes:
-        if kid == KIND_NORMAL:
-            if len(s) != 3:
-                raise SystemExit(f"normal shapes are MxNxK, got {'x'.join(map(str, s))}")
-            m, n, k = s
-            g = 1
-        else:
-            if len(s) != 4:
-                raise SystemExit(f"grouped shapes are GxMxNxK (M = rows per group), got {'x'.join(map(str, s))}")
-            g, m, n, k = s
-            if kid == KIND_CONTIGUOUS:
-                m = g * (-(-m // 128) * 128)
-        cfgs.append(choose_config(kid, model_rows(kid, max(m, 1)), n, k, g, num_sms))
-    return cfgs
+    try:
+        return plan(problems_from_shapes(kind, shapes), num_sms)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def compile_all(cfgs, jobs: int, progress: bool = True) -> float:
-    """Compile the configs into the disk cache in worker processes (NVRTC holds the GIL, so threads would
-    not run in parallel); returns the seconds taken."""
-    from cupygemm.kernels import compile_gemm, precompile_gemm
+    """Compile the distinct kernels of ``cfgs`` into the disk cache in worker processes; returns the seconds."""
+    from cupygemm.serving import build_kernels, kernel_keys
 
-    unique = list(dict.fromkeys(cfgs))
-    t0 = time.time()
-    done = 0
-    if len(unique) <= 1 or jobs <= 1:
-        for c in unique:
-            compile_gemm(c)
-        return time.time() - t0
-    ctx = multiprocessing.get_context("spawn")  # workers need no CUDA context; never fork one
-    with ProcessPoolExecutor(max_workers=min(jobs, len(unique)), mp_context=ctx) as pool:
-        futures = [pool.submit(precompile_gemm, c) for c in unique]
-        for f in as_completed(futures):
-            f.result()
-            done += 1
-            if progress:
-                print(f"\r[cupygemm] compiled {done}/{len(unique)} kernels, {time.time() - t0:.1f}s",
-                      end="", file=sys.stderr, flush=True)
-    if progress and unique:
-        print(file=sys.stderr)
-    return time.time() - t0
+    return build_kernels(list(kernel_keys(cfgs).values()), jobs, progress)
+
+
+def parse_nk(text: str) -> list[tuple[int, int]]:
+    """'2112x7168,24576x1536' -> [(2112, 7168), (24576, 1536)]."""
+    out = []
+    for tok in text.replace(" ", "").split(","):
+        if not tok:
+            continue
+        parts = tok.lower().split("x")
+        try:
+            n, k = (int(t) for t in parts)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--nk {tok!r}: expected NxK (comma-separated)") from None
+        if n < 1 or k < 1:
+            raise argparse.ArgumentTypeError(f"--nk {tok!r}: N and K must be positive")
+        out.append((n, k))
+    return out
+
+
+def _m_ranges_arg(text: str) -> list[tuple[int, int]]:
+    from cupygemm.serving import parse_m_ranges
+
+    try:
+        return parse_m_ranges(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("m: ", "--m: ", 1)) from None
 
 
 def _cmd_warmup(args: argparse.Namespace) -> int:
+    from cupygemm.errors import CupygemmError
+    from cupygemm.serving import warmup
+
     if args.arch != "sm_90a":
         print(f"only --arch sm_90a is supported, got {args.arch}", file=sys.stderr)
         return 2
-    num_sms = args.num_sms
-    if num_sms is None:
-        from cupygemm.device import get_num_sms, gpu_available
+    nk = [p for group in (args.nk or []) for p in group]
+    ranges = [r for group in (args.m or []) for r in group] or None
+    if not (args.shapes or nk or args.preset):
+        print("cupygemm warmup: give SHAPES, or --nk / --preset (with --m)", file=sys.stderr)
+        return 2
+    try:
+        report = warmup(nk, ranges, kind=args.kind, groups=args.groups, shapes=args.shapes or (),
+                        preset=args.preset, num_sms=args.num_sms, jobs=args.jobs, progress=not args.quiet,
+                        dry_run=args.dry_run)
+    except ValueError as e:
+        print(f"cupygemm warmup: {e}", file=sys.stderr)
+        return 2
+    except CupygemmError as e:
+        print(f"cupygemm warmup: {e}", file=sys.stderr)
+        return 1
+    if args.list:
+        for d in report.descriptions:
+            print(d)
+    from cupygemm.jit import cache
 
-        if not gpu_available():
-            print("no GPU: give --num-sms (e.g. 132 for H100/H200 SXM)", file=sys.stderr)
-            return 2
-        num_sms = get_num_sms()
-    cfgs = warmup_configs(args.kind, args.shapes, num_sms)
-    for c in cfgs:
-        print(c.describe())
-    secs = compile_all(cfgs, args.jobs)
-    print(f"{len(set(cfgs))} kernels ready in the cache ({secs:.1f}s)")
+    print(report.summary() + ("" if args.dry_run else f"; cache {cache.cache_dir()}"))
     return 0
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from cupygemm.errors import CupygemmError
+    from cupygemm.jit import portable
+
+    try:
+        if args.cache_cmd == "export":
+            n = portable.export_cache(args.file, num_sms=args.num_sms)
+            print(f"exported {n} kernels to {args.file}")
+        else:
+            res = portable.import_cache(args.file, num_sms=args.num_sms)
+            print(f"imported {res.added} kernels into {res.cache_dir} ({res.present} already there)"
+                  + (f"; {res.note}" if res.note else ""))
+    except (ValueError, CupygemmError, OSError) as e:
+        print(f"cupygemm cache {args.cache_cmd}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+PRESET_NAMES = ("deepseek-v3", "deepseek-r1")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,13 +164,42 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     sp = sub.add_parser("info", help="versions, GPU, cache directory")
     sp.set_defaults(func=_cmd_info)
-    sp = sub.add_parser("warmup", help="pre-compile kernels for shapes into the cache (works without a GPU)")
-    sp.add_argument("shapes", nargs="+", type=parse_shape, help="MxNxK (normal) or GxMxNxK (grouped)")
+    sp = sub.add_parser(
+        "warmup", help="pre-compile the kernels for shapes or M ranges into the cache (works without a GPU)",
+        description="Build into the disk cache exactly the distinct kernels the config chooser picks for every M of "
+                    "the given ranges (per (N, K)) and for explicit shapes, in parallel processes. Prints the "
+                    "count: problems -> configs -> kernels, already cached, built. Example: cupygemm warmup "
+                    "--preset deepseek-v3 --m 1:4096 --num-sms 132")
+    sp.add_argument("shapes", nargs="*", type=parse_shape, help="MxNxK (normal) or GxMxNxK (grouped)")
     sp.add_argument("--kind", choices=["normal", "contiguous", "masked"], default="normal")
+    sp.add_argument("--nk", action="append", type=parse_nk, metavar="NxK[,NxK...]",
+                    help="(N, K) pairs to warm for every M of --m (repeatable)")
+    sp.add_argument("--preset", choices=sorted(PRESET_NAMES), default=None,
+                    help="a model's (N, K) pairs for --kind (deepseek-v3 = deepseek-r1: the seed shapes' pairs)")
+    sp.add_argument("--m", action="append", type=_m_ranges_arg, metavar="LO:HI[,...]",
+                    help="inclusive M ranges for --nk/--preset (default 1:4096 for normal GEMMs); contiguous: total "
+                         "rows of A (the multiples of 128 in the range), masked: expected_m")
+    sp.add_argument("--groups", type=int, default=1, help="groups of grouped kinds with --nk/--preset (default 1)")
     sp.add_argument("--arch", default="sm_90a", help="target architecture (only sm_90a)")
     sp.add_argument("--num-sms", type=int, default=None, help="SM count of the target GPU (needed without a GPU)")
-    sp.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compilations")
+    sp.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="parallel compile processes (default: the CPU count)")
+    sp.add_argument("--dry-run", action="store_true", help="plan and count only; build nothing")
+    sp.add_argument("--list", action="store_true", help="print one config per kernel")
+    sp.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sp.set_defaults(func=_cmd_warmup)
+    sp = sub.add_parser("cache", help="export or import the kernel cache as one file (e.g. to ship to GPU hosts)",
+                        description="Cache directory: $CUPYGEMM_CACHE_DIR, else $XDG_CACHE_HOME/cupygemm, else "
+                                    "~/.cache/cupygemm. An archive's manifest records the cupygemm version, NVRTC "
+                                    "version, architecture, SM count and CUDA-source hash; import refuses a mismatch.")
+    csub = sp.add_subparsers(dest="cache_cmd", required=True)
+    for name, what in (("export", "write every cached kernel and a manifest to FILE (.tar.gz)"),
+                       ("import", "verify FILE's manifest and checksums, then add its kernels to the cache")):
+        cp = csub.add_parser(name, help=what, description=what)
+        cp.add_argument("file", metavar="FILE")
+        cp.add_argument("--num-sms", type=int, default=None,
+                        help="SM count of the target GPU (default: this GPU's; needed for export without a GPU)")
+        cp.set_defaults(func=_cmd_cache)
     from cupygemm.overhead import add_parser as add_overhead_parser
 
     add_overhead_parser(sub)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import sys
 import threading
 from dataclasses import dataclass
 
+from . import env
 from .device import SM90_MAX_SMEM_PER_BLOCK
 from .layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
 
@@ -472,21 +472,81 @@ _overrides: dict[tuple, dict] = {}
 _override_version = 0  # bumped on every override change; part of the choice memo's key
 
 
-def override_config(kind: int | str, n: int, k: int, **fields: int) -> None:
+_BOOL_FIELDS = ("double_acc", "split_k", "serial_m", "stream_k")
+_OVERRIDE_FIELDS = ("block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "multicast", "k_slices",
+                    *_BOOL_FIELDS)
+
+
+def _check_override(kind: int, n: int, k: int, fields: dict) -> dict:
+    """``fields`` checked one by one (type and range) and, where the tile is forced, together through make_config;
+    returns them with booleans normalized. Refusing here, not at the first GEMM, names the bad field at its source
+    (block_m=100 used to pass here and fail later as a KeyError)."""
+    def need_int(name: str, value: object, ok: bool, expected: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"override_config: {name}: expected {expected}, got {type(value).__name__} {value!r}")
+        if not ok:
+            raise ValueError(f"override_config: {name}: expected {expected}, got {value}")
+
+    out = dict(fields)
+    for name, v in fields.items():
+        if name in _BOOL_FIELDS:
+            if not (isinstance(v, bool) or (isinstance(v, int) and v in (0, 1))):
+                raise TypeError(f"override_config: {name}: expected a bool, got {type(v).__name__} {v!r}")
+            out[name] = bool(v)
+            continue
+        isint = isinstance(v, int) and not isinstance(v, bool)
+        if name == "block_m":
+            legal = (64, 128, 192, 256) if kind == KIND_NORMAL else (64, 128, 256)
+            need_int(name, v, isint and v in legal, f"one of {', '.join(map(str, legal))} for {KIND_NAMES[kind]} GEMMs")
+        elif name in ("block_n", "wgmma_n"):
+            need_int(name, v, isint and v % 8 == 0 and 8 <= v <= 256, "a multiple of 8 in [8, 256]")
+        elif name == "num_stages":
+            need_int(name, v, isint and 1 <= v <= _MAX_STAGES_SPLIT_K, f"an int in [1, {_MAX_STAGES_SPLIT_K}]")
+        elif name in ("num_sms", "raster_n"):
+            need_int(name, v, isint and v >= 1, "a positive int")
+        elif name == "multicast":
+            need_int(name, v, isint and v in (0, 1, 2), "0 (off), 1 (share A) or 2 (share B)")
+        elif name == "k_slices":
+            kb = ceil_div(k, BLOCK_K)
+            need_int(name, v, isint and 1 <= v <= min(kb, 64), f"an int in [1, {min(kb, 64)}] (K blocks of 128)")
+            if v > 1 and kind != KIND_NORMAL:
+                raise ValueError(f"override_config: k_slices > 1 (split-K across CTAs) needs a normal GEMM, "
+                                 f"got {KIND_NAMES[kind]}")
+    if out.get("stream_k") and kind not in STREAM_K_KINDS:
+        # Refused here: choose_config prices a forced tail before make_config would refuse it.
+        raise ValueError(f"override_config: stream_k needs a normal or masked GEMM, got {KIND_NAMES[kind]}")
+    if "block_m" in out and "block_n" in out:
+        # The whole tile is forced: make_config's combination rules apply now. (With only one of the two, the other
+        # comes from the model for each M, so those rules run at the GEMM.)
+        trial = {f: out[f] for f in ("wgmma_n", "num_stages", "raster_n", "double_acc", "multicast", "split_k",
+                                       "serial_m", "k_slices", "stream_k") if f in out}
+        sms = out.get("num_sms", 132)
+        if out.get("multicast"):
+            sms -= sms % 2
+        try:
+            make_config(kind, n, k, out["block_m"], out["block_n"], max(sms, 2), **trial)
+        except ValueError as e:
+            raise ValueError(f"override_config: {e}") from None
+    return out
+
+
+def override_config(kind: int | str, n: int, k: int, **fields: int | bool) -> None:
     """Force config fields (block_m, block_n, wgmma_n, num_stages, num_sms, raster_n, double_acc, multicast,
     split_k, serial_m, k_slices, stream_k) for a (kind, N, K).
 
-    For tuning; ``fields`` empty removes the override. Unknown fields raise ValueError.
+    For tuning; ``fields`` empty removes the override. Every field is checked here (unknown names, types, ranges,
+    and with block_m and block_n both given the combination), raising ValueError or TypeError that names it.
     """
     kind = kind_id(kind)
-    allowed = {"block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "double_acc", "multicast",
-               "split_k", "serial_m", "k_slices", "stream_k"}
-    bad = set(fields) - allowed
+    for name, value in (("n", n), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"override_config: {name}: expected a positive int, got {type(value).__name__} {value!r}")
+        if value < 1:
+            raise ValueError(f"override_config: {name}: expected a positive int, got {value}")
+    bad = set(fields) - set(_OVERRIDE_FIELDS)
     if bad:
-        raise ValueError(f"override_config: unknown fields {sorted(bad)}; allowed: {sorted(allowed)}")
-    if fields.get("stream_k") and kind not in STREAM_K_KINDS:
-        # Refused here: choose_config prices a forced tail before make_config would refuse it.
-        raise ValueError(f"override_config: stream_k needs a normal or masked GEMM, got {KIND_NAMES[kind]}")
+        raise ValueError(f"override_config: unknown fields {sorted(bad)}; allowed: {sorted(_OVERRIDE_FIELDS)}")
+    fields = _check_override(kind, n, k, fields)
     global _override_version
     with _override_lock:
         if fields:
@@ -552,18 +612,62 @@ def model_rows(kind: int, rows: int, expected_m: int | None = None) -> int:
     return rows
 
 
+def _check_problem(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int) -> None:
+    """ValueError/TypeError naming the first argument of choose_config that is not a positive int."""
+    kind_id(kind)
+    for name, value in (("m_rows", m_rows), ("n", n), ("k", k), ("num_groups", num_groups), ("num_sms", num_sms)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"choose_config: {name}: expected a positive int, got {type(value).__name__} {value!r}")
+        if value < 1:
+            raise ValueError(f"choose_config: {name}: expected a positive int, got {value}")
+
+
+#: Rows per memo class: see m_class.
+M_CLASS_ROWS = 64
+
+
+def m_class(kind: int, m_rows: int) -> int:
+    """The memo class of ``m_rows``: problems of one class get the same config.
+
+    For normal and contiguous GEMMs the search reads M only through ceil_div(M, b) for the tile heights b in
+    {64, 128, 192, 256} (tile counts, multicast pairs along M, the sliced-tile rule) and the tests M <= 64 and
+    M <= 128, which are ceil_div(M, 64) <= 1 and ceil_div(M, 128) <= 1. Since ceil_div(ceil_div(M, 64), j) =
+    ceil_div(M, 64 j), all of them are functions of ceil_div(M, 64): that is the class (tests/test_config.py checks
+    the memoized choice against the search for a grid of M). Masked GEMMs average over group sizes drawn from the
+    exact expected_m, so there the class is M itself.
+    """
+    if kind == KIND_MASKED:
+        return m_rows
+    return -(-m_rows // M_CLASS_ROWS)
+
+
 def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int,
                   smem_limit: int = SM90_MAX_SMEM_PER_BLOCK) -> GemmConfig:
     """Pick the config for a GEMM. ``m_rows``: M (normal), total rows (contiguous), expected rows per group (masked).
 
-    Memoized: the search runs once per distinct problem, so the GEMM call's host overhead stays small.
+    Memoized by :func:`m_class` (every M = 1..4096 of six (N, K) pairs is 6 x 64 entries, not 24,576), so a
+    serving loop over varying M searches once per class and the GEMM call's host overhead stays small.
+    Non-positive dimensions, groups or SM counts raise ValueError (TypeError for non-ints).
     """
+    if (type(m_rows) is not int or type(n) is not int or type(k) is not int or type(num_groups) is not int
+            or type(num_sms) is not int or m_rows < 1 or n < 1 or k < 1 or num_groups < 1 or num_sms < 1
+            or kind not in KIND_NAMES):
+        _check_problem(kind, m_rows, n, k, num_groups, num_sms)
+    if kind != KIND_MASKED:
+        # The class's largest M stands for all of it, so the memo's key is a function of the class alone.
+        m_rows = m_class(kind, m_rows) * M_CLASS_ROWS
     return _choose_memo(kind, m_rows, n, k, num_groups, num_sms, smem_limit, _override_version)
 
 
-@functools.lru_cache(maxsize=8192)
+def memo_info():
+    """Hits, misses and size of the config memo (functools' CacheInfo)."""
+    return _choose_memo.cache_info()
+
+
+@functools.lru_cache(maxsize=16384)
 def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int, smem_limit: int,
                  override_version: int) -> GemmConfig:
+    """The search itself (unmemoized as ``_choose_memo.__wrapped__``), for exactly ``m_rows``."""
     best = None
 
     def consider(bm: int, bn: int, serial: bool) -> None:
@@ -650,15 +754,17 @@ def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sm
                       serial_m=serial, k_slices=ks, stream_k=sk, tile_rounds=est.waves)
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if mc else 0))
-    if os.environ.get("CUPYGEMM_PRINT_CONFIGS", "0") not in ("0", "", "false"):
+    if env.print_configs():
         with _print_lock:
-            print(f"[cupygemm] M={m_rows} G={num_groups} -> {cfg.describe()} "
+            rows = (f"M={m_rows}" if kind == KIND_MASKED
+                    else f"M={m_rows - M_CLASS_ROWS + 1}..{m_rows}")  # the memo class this choice serves
+            print(f"[cupygemm] {rows} G={num_groups} -> {cfg.describe()} "
                   f"(est {est.seconds * 1e6:.1f} us, {est.waves} waves, last wave {est.last_wave_util:.0%})",
                   file=sys.stderr)
     return cfg
 
 
-B_EVICT_FIRST_ENV = "CUPYGEMM_B_EVICT_FIRST"
+B_EVICT_FIRST_ENV = env.B_EVICT_FIRST
 
 
 def b_evict_first(num_groups: int, n: int, k: int, l2_bytes: int) -> bool:
@@ -671,12 +777,10 @@ def b_evict_first(num_groups: int, n: int, k: int, l2_bytes: int) -> bool:
     groups) is larger than L2 and so cannot stay cached between calls anyway; ``1`` always (B read once per step,
     as weights in inference); ``0`` never.
     """
-    mode = os.environ.get(B_EVICT_FIRST_ENV, "auto").strip().lower()
-    if mode in ("auto", ""):
+    mode = env.b_evict_first_mode()
+    if mode == "auto":
         return num_groups * n * k > l2_bytes
-    if mode in ("1", "0"):
-        return mode == "1"
-    raise ValueError(f"{B_EVICT_FIRST_ENV}: expected auto, 0 or 1, got {mode!r}")
+    return mode == "1"
 
 
 def make_config(kind: int, n: int, k: int, block_m: int, block_n: int, num_sms: int,

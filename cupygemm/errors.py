@@ -25,3 +25,7 @@ class CupygemmDeviceError(CupygemmError):
 
 class CupygemmToolchainError(CupygemmError):
     """NVRTC (or another CUDA library we load) is missing or unusable."""
+
+
+class CupygemmCacheError(CupygemmError):
+    """A cache archive does not match this installation (version, NVRTC, arch, SM count, sources) or is damaged."""

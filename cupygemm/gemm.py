@@ -10,12 +10,12 @@ come back here: so ``torch.compile`` sees one opaque operator, and eager calls t
 """
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any, Callable
 
 from . import validate
-from .config import B_EVICT_FIRST_ENV, KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, config_version
+from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, config_version
+from .env import B_EVICT_FIRST, setting_key
 from .device import num_sms_override, on_device, single_gpu
 from .plan import GemmPlan, plan_gemm
 from .streams import cupy_stream, resolve, torch_stream
@@ -29,17 +29,11 @@ _lock = threading.Lock()
 _calls: dict[tuple, tuple[validate.Problem, GemmPlan | None]] = {}
 
 
-# os.environ.get encodes the name on every call; its bytes mapping answers the same in a tenth of the time.
-_ENVIRON = getattr(os.environ, "_data", None)
-_EVICT_KEY = os.environ.encodekey(B_EVICT_FIRST_ENV) if _ENVIRON is not None else None
-
-
 def _signature(kind: int, views: tuple[View | None, ...], expected_m: int | None) -> tuple:
     """Everything validation and planning read besides the pointers: each tensor's shape, strides, dtype and
     device, and the settings the config choice depends on. SFA's alignment decides whether it is used in place,
     so it is part of the signature too. (The framework is not: a plan does not depend on it.)"""
-    evict = _ENVIRON.get(_EVICT_KEY) if _ENVIRON is not None else os.environ.get(B_EVICT_FIRST_ENV)
-    return (kind, expected_m, views[1].ptr & 15, num_sms_override(), config_version(), evict,
+    return (kind, expected_m, views[1].ptr & 15, num_sms_override(), config_version(), setting_key(B_EVICT_FIRST),
             *[None if v is None else v[1:5] for v in views])
 
 
@@ -320,3 +314,51 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[Any, Any], rhs: tuple[Any, 
             a, sfa, b, sfb, masked_m, int(expected_m), out)
     return run(KIND_MASKED, a, sfa, b, sfb, out, masked_m, int(expected_m), stream, framework)
 
+
+
+# ---- DeepGEMM 2.x names ----------------------------------------------------------------------------------------
+
+def _dg2_args(c: Any, recipe: Any, extra: dict[str, Any]) -> None:
+    """The DeepGEMM 2.x options these kernels implement: no C accumulator, the 1x128 / 128x128 recipe only."""
+    if c is not None:
+        raise ValueError("c: D = C + A @ B.T (an accumulator input) is not supported on this path; pass c=None")
+    if recipe is not None and tuple(recipe) != (1, 128, 128):
+        raise ValueError(f"recipe: only (1, 128, 128) (A per 1x128, B per 128x128) is supported, got {recipe!r}")
+    allowed = {"recipe_a", "recipe_b", "compiled_dims", "disable_ue8m0_cast", "use_psum_layout",
+               "ensure_zero_padding", "expected_m_for_psum_layout"}
+    unknown = set(extra) - allowed
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
+    if extra.get("use_psum_layout"):
+        raise ValueError("use_psum_layout: the prefix-sum grouped layout is not supported; pass m_indices rows")
+
+
+def fp8_gemm_nt(a: tuple[Any, Any], b: tuple[Any, Any], d: Any, c: Any = None, recipe: Any = None, *,
+                stream: Any = None, **options: Any) -> Any:
+    """DeepGEMM 2.x name of :func:`gemm_fp8_fp8_bf16_nt`: ``d = a @ b.T`` with ``a = (A, SFA)``, ``b = (B, SFB)``.
+
+    Differences from DeepGEMM 2.x: ``c`` (accumulate into D) is not supported (ValueError unless None); ``recipe``
+    must be None or (1, 128, 128); SFA may be row-major or M-major, FP32 (no UE8M0 packing); ``d`` may be None
+    (a new array is returned); ``compiled_dims`` and ``disable_ue8m0_cast`` are accepted and have no effect (every
+    kernel is specialized on N and K). Returns ``d`` (or the new output).
+    """
+    _dg2_args(c, recipe, options)
+    return gemm_fp8_fp8_bf16_nt(a, b, d, stream=stream)
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a: tuple[Any, Any], b: tuple[Any, Any], d: Any, grouped_layout: Any,
+                                     *, stream: Any = None, **options: Any) -> Any:
+    """DeepGEMM 2.x name of :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous` (``grouped_layout`` = m_indices).
+
+    Differences: only the per-row layout (``use_psum_layout=False``); rows with index -1 are left untouched in
+    ``d`` whatever ``ensure_zero_padding`` says (pass zeros in ``d`` to get zeros there); FP32 scales only."""
+    _dg2_args(None, options.pop("recipe", None), options)
+    return m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, b, d, grouped_layout, stream=stream)
+
+
+def m_grouped_fp8_gemm_nt_masked(a: tuple[Any, Any], b: tuple[Any, Any], d: Any, masked_m: Any, expected_m: int,
+                                 *, stream: Any = None, **options: Any) -> Any:
+    """DeepGEMM 2.x name of :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked`. Differences: FP32 scales only (no
+    UE8M0), ``recipe`` None or (1, 128, 128); ``expected_m`` only picks the kernel config, as in DeepGEMM."""
+    _dg2_args(None, options.pop("recipe", None), options)
+    return m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, b, d, masked_m, expected_m, stream=stream)

@@ -163,7 +163,9 @@ def _handler(backend: _Backend) -> xla_ffi.FfiHandler:
 
 
 def _check_inputs() -> bool:
-    return os.environ.get("CUPYGEMM_CHECK_INPUTS", "0") not in ("0", "", "false")
+    from .env import check_inputs_enabled
+
+    return check_inputs_enabled()
 
 
 def _entry(kind: int, m: int, n: int, k: int, g: int, expected_m: int | None,

@@ -1,6 +1,6 @@
 """Kernel time as a profiler reports it, through CUPTI's activity API (ctypes; benchmark use only).
 
-The published peer tables (../shared/peers) sum the durations of every kernel a call launches, as the CUDA
+The published peer tables (benchmarks/peers) sum the durations of every kernel a call launches, as the CUDA
 profiler records them; CUDA events around a call add launch gaps (~3.5 us on an H200). This module records
 CONCURRENT_KERNEL activity records (start/end timestamps written by the GPU) and sums them per call.
 
@@ -34,7 +34,9 @@ _COMPLETED = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.POI
 
 def _candidate_paths() -> list[str]:
     paths = []
-    env = os.environ.get("CUPYGEMM_CUPTI")
+    from .env import cupti_path
+
+    env = cupti_path()
     if env:
         paths.append(env)
     for base in sys.path:
@@ -133,9 +135,78 @@ class KernelTimer:
             return [name for _, _, name in self._drain()]
 
 
-def open_kernel_timer(probe: Callable[[], Any], probe_name: str, sync: Callable[[], Any]) -> tuple[KernelTimer | None, str]:
+class CuptiPythonTimer(KernelTimer):
+    """The same timer through NVIDIA's ``cupti-python`` (``from cupti import cupti``): CUPTI's activity records as
+    Python objects, instead of driver structs read at fixed offsets. Selected with ``backend="python"``
+    (``cupygemm bench --timing cupti-python``) until scripts/compare_timers.py has shown it times like the ctypes
+    path on the GPU; then it can become the default and the offsets go."""
+
+    def __init__(self, cupti_mod: Any):
+        self.cupti, self.lib = cupti_mod, None
+        self.path = "cupti-python"
+        self._records = []
+        self._lock = threading.Lock()
+        self._kind = cupti_mod.ActivityKind.CONCURRENT_KERNEL
+        cupti_mod.activity_register_callbacks(self._on_request_py, self._on_complete_py)
+
+    def _on_request_py(self) -> tuple[int, int]:
+        return _BUFFER_BYTES, 0  # 0: as many records as fit (a limit made CUPTI ask for buffers repeatedly)
+
+    def _on_complete_py(self, activities: list) -> None:
+        got = []
+        for a in activities:
+            if a.kind == self._kind:
+                name = a.name
+                got.append((a.start, a.end, name.decode(errors="replace") if isinstance(name, bytes) else str(name)))
+        with self._lock:
+            self._records += got
+
+    def _drain(self) -> list[tuple[int, int, str]]:
+        self.cupti.activity_flush_all(_FLUSH_FORCED)
+        with self._lock:
+            out, self._records = self._records, []
+        return out
+
+    @contextlib.contextmanager
+    def _recording(self):
+        self.cupti.activity_enable(self._kind)
+        try:
+            self._drain()
+            yield
+        finally:
+            self.cupti.activity_disable(self._kind)
+
+
+def _checked(timer: KernelTimer, probe: Callable[[], Any], probe_name: str, sync: Callable[[], Any]) -> str | None:
+    """None when ``timer`` records ``probe`` as one kernel named ``probe_name`` with a plausible time, else why not."""
+    names = timer.names(probe, sync)
+    us = timer.time(probe, 3, sync=sync)
+    if names != [probe_name] or not all(0 < t < 1e5 for t in us):
+        return f"records do not parse as expected ({names}, {us})"
+    return None
+
+
+BACKENDS = ("ctypes", "python")
+
+
+def open_kernel_timer(probe: Callable[[], Any], probe_name: str, sync: Callable[[], Any],
+                      backend: str = "ctypes") -> tuple[KernelTimer | None, str]:
     """A working KernelTimer, checked on ``probe`` (a call launching one kernel named ``probe_name``), or None
-    and the reason."""
+    and the reason. ``backend``: ``"ctypes"`` (libcupti through ctypes, the default) or ``"python"``
+    (NVIDIA's cupti-python package)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "python":
+        try:
+            from cupti import cupti as cupti_mod
+        except ImportError as e:
+            return None, f"cupti-python is not installed ({e}): pip install cupti-python"
+        try:
+            timer = CuptiPythonTimer(cupti_mod)
+            why = _checked(timer, probe, probe_name, sync)
+        except Exception as e:  # CUPTI present but unusable (version, permissions, another profiler)
+            return None, f"cupti-python: {e}"
+        return (None, f"cupti-python: {why}") if why else (timer, "cupti-python")
     reasons = []
     for path in _candidate_paths():
         try:
@@ -145,13 +216,12 @@ def open_kernel_timer(probe: Callable[[], Any], probe_name: str, sync: Callable[
             continue
         try:
             timer = KernelTimer(lib, path)
-            names = timer.names(probe, sync)
-            us = timer.time(probe, 3, sync=sync)
+            why = _checked(timer, probe, probe_name, sync)
         except Exception as e:  # CUPTI present but unusable (version, permissions, another profiler)
             reasons.append(f"{path}: {e}")
             continue
-        if names != [probe_name] or not all(0 < t < 1e5 for t in us):
-            reasons.append(f"{path}: records do not parse as expected ({names}, {us})")
+        if why:
+            reasons.append(f"{path}: {why}")
             continue
         return timer, path
     return None, "; ".join(reasons) or "no libcupti found"

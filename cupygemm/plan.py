@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from dataclasses import dataclass, field
 
 from . import tma
-from .config import B_EVICT_FIRST_ENV, KIND_MASKED, KIND_NORMAL, GemmConfig, b_evict_first, choose_config, config_version, model_rows
+from .config import KIND_MASKED, KIND_NORMAL, GemmConfig, b_evict_first, choose_config, config_version, model_rows
 from .device import get_num_sms, require_hopper
+from .env import B_EVICT_FIRST, setting_key
 from .errors import CupygemmDeviceError
 from .jit.build import LoadedKernel
 from .kernels import get_gemm_kernel
@@ -123,9 +123,9 @@ def plan_gemm(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int
                  get_num_sms(), config_version(), b_evict_first_mode())
 
 
-def b_evict_first_mode() -> str:
+def b_evict_first_mode() -> object:
     """The setting :func:`cupygemm.config.b_evict_first` reads (part of a plan's key)."""
-    return os.environ.get(B_EVICT_FIRST_ENV, "auto")
+    return setting_key(B_EVICT_FIRST)
 
 
 def _strides(given: tuple[int, ...] | None, shape: tuple[int, ...], item: int) -> tuple[int, ...]:

@@ -8,12 +8,12 @@ depends on besides the pointers (shapes, strides, dtypes, devices) is part of th
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
+from .env import check_inputs_enabled  # noqa: F401 - the entry points ask validate whether to check on the host
 from .layout import ceil_div, get_tma_aligned_size
 from .tensors import BF16, F32, FP8_E4M3, I32, U8, View
 
@@ -114,11 +114,6 @@ def _check_k_n(k: int, n: int) -> None:
         raise ValueError(f"K must be a multiple of 16 (16-byte aligned FP8 rows for TMA), got K = {k}")
     if n % 8:
         raise ValueError(f"N must be a multiple of 8 (16-byte aligned BF16 output rows for TMA), got N = {n}")
-
-
-def check_inputs_enabled() -> bool:
-    """``CUPYGEMM_CHECK_INPUTS=1``: verify m_indices / masked_m on the host (synchronizes)."""
-    return os.environ.get("CUPYGEMM_CHECK_INPUTS", "0") not in ("0", "", "false")
 
 
 def _rows_tma_unless_empty(v: View, name: str) -> None:

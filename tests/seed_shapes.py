@@ -1,4 +1,4 @@
-"""The seed shapes of ../shared/peers/README.md, shared by the tests."""
+"""The seed shapes of the peer tables (benchmarks/peers), shared by the tests."""
 NORMAL_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 NORMAL = [(m, n, k) for m in (64, 128, 4096) for n, k in NORMAL_NK] + [(4096, 7168, 576)]
 GROUPED_NK = [(4096, 7168), (7168, 2048)]

@@ -194,7 +194,7 @@ def test_print_configs(monkeypatch, capsys):
     monkeypatch.setenv("CUPYGEMM_PRINT_CONFIGS", "1")
     C.choose_config(C.KIND_NORMAL, 333, 4096, 7168, 1, 77)
     err = capsys.readouterr().err
-    assert "[cupygemm] M=333" in err and "block" in err and "waves" in err
+    assert "[cupygemm] M=321..384" in err and "block" in err and "waves" in err
 
 
 def test_defines_cover_every_template_constant():
@@ -238,8 +238,14 @@ def test_b_evict_first_rule(monkeypatch):
     assert C.b_evict_first(1, 32768, 512, l2)
     monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "0")
     assert not C.b_evict_first(1, 7168, 16384, l2)
-    monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "yes")
-    with pytest.raises(ValueError, match="CUPYGEMM_B_EVICT_FIRST: expected auto, 0 or 1"):
+    monkeypatch.setenv(C.B_EVICT_FIRST_ENV, " Yes ")  # the boolean spellings of 1/0 (cupygemm.env)
+    assert C.b_evict_first(1, 32768, 512, l2)
+    monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "off")
+    assert not C.b_evict_first(1, 7168, 16384, l2)
+    monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "")  # empty = the default
+    assert C.b_evict_first(1, 7168, 16384, l2) and not C.b_evict_first(1, 32768, 512, l2)
+    monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "maybe")
+    with pytest.raises(ValueError, match="CUPYGEMM_B_EVICT_FIRST: expected one of auto, 1, 0"):
         C.b_evict_first(1, 7168, 16384, l2)
 
 
@@ -495,5 +501,118 @@ def test_split_k_refused_where_it_cannot_run():
     try:  # the model's split-K wish gives way to forced fields that exclude it
         cfg = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
         assert cfg.double_acc and not cfg.split_k
+    finally:
+        C.override_config("normal", 4096, 7168)
+
+
+# ---- issue 32: memo by M class, degenerate inputs, override checks ---------------------------------------------------
+
+SERVING_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+
+
+def _grid_ms(limit: int) -> list[int]:
+    """Every class boundary (64j, 64j + 1) and a few inner points up to ``limit``, plus 1..130 exhaustively."""
+    ms = set(range(1, 131))
+    for j in range(1, limit // 64 + 1):
+        ms.update((64 * j - 1, 64 * j, 64 * j + 1, 64 * j - 32))
+    return sorted(m for m in ms if 1 <= m <= limit)
+
+
+def test_memoized_choice_equals_the_search():
+    """choose_config (memoized by m_class) returns what the unmemoized search returns for the exact M: normal over a
+    grid of M up to 8192 on the six serving (N, K) pairs and at 78 SMs, contiguous over total rows, masked exact."""
+    search = C._choose_memo.__wrapped__
+    for n, k in SERVING_NK:
+        for m in _grid_ms(8192)[::3] + [4095, 4096, 4097]:
+            assert C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132) == search(C.KIND_NORMAL, m, n, k, 1, 132,
+                                                                             C.SM90_MAX_SMEM_PER_BLOCK, 0), (m, n, k)
+    for m in _grid_ms(2048)[::5]:
+        assert C.choose_config(C.KIND_NORMAL, m, 4096, 7168, 1, 78) == search(C.KIND_NORMAL, m, 4096, 7168, 1, 78,
+                                                                            C.SM90_MAX_SMEM_PER_BLOCK, 0), m
+    for rows in range(128, 8 * 4096 + 1, 128 * 37):
+        for g in (4, 8):
+            assert C.choose_config(C.KIND_CONTIGUOUS, rows, 7168, 2048, g, 132) == search(
+                C.KIND_CONTIGUOUS, rows, 7168, 2048, g, 132, C.SM90_MAX_SMEM_PER_BLOCK, 0), (rows, g)
+    for m in (1, 17, 64, 65, 200, 256):
+        assert C.choose_config(C.KIND_MASKED, m, 4096, 7168, 4, 132) == search(
+            C.KIND_MASKED, m, 4096, 7168, 4, 132, C.SM90_MAX_SMEM_PER_BLOCK, 0)
+
+
+def test_m_class_matches_every_ceil_div_the_search_reads():
+    """The proof behind m_class, checked: equal classes imply equal ceil_div(M, b) for every tile height."""
+    for m in range(1, 4 * 4096):
+        c = C.m_class(C.KIND_NORMAL, m)
+        for b in (64, 128, 192, 256):
+            assert C.ceil_div(c, b // 64) == C.ceil_div(m, b)
+        assert (m <= 64) == (c <= 1) and (m <= 128) == (c <= 2)
+    assert C.m_class(C.KIND_MASKED, 77) == 77
+
+
+def test_memo_serving_loop_has_no_misses_after_the_first_pass():
+    """M = 1..4096 over six (N, K) pairs: the first pass misses once per class (6 x 64), the second never."""
+    C._choose_memo.cache_clear()
+    for n, k in SERVING_NK:
+        for m in range(1, 4097):
+            C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
+    first = C.memo_info()
+    assert first.misses == 6 * 64 and first.currsize == 6 * 64
+    for n, k in SERVING_NK:
+        for m in range(1, 4097):
+            C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
+    assert C.memo_info().misses == first.misses
+
+
+@pytest.mark.parametrize("args,name,exc", [
+    ((C.KIND_NORMAL, 0, 4096, 7168, 1, 132), "m_rows", ValueError),
+    ((C.KIND_NORMAL, -5, 4096, 7168, 1, 132), "m_rows", ValueError),
+    ((C.KIND_NORMAL, 64, 0, 7168, 1, 132), "n", ValueError),
+    ((C.KIND_NORMAL, 64, 4096, 0, 1, 132), "k", ValueError),
+    ((C.KIND_MASKED, 64, 4096, 7168, 0, 132), "num_groups", ValueError),
+    ((C.KIND_NORMAL, 64, 4096, 7168, 1, 0), "num_sms", ValueError),
+    ((C.KIND_NORMAL, 64.0, 4096, 7168, 1, 132), "m_rows", TypeError),
+    ((C.KIND_NORMAL, 64, 4096, 7168, 1, True), "num_sms", TypeError),
+    ((7, 64, 4096, 7168, 1, 132), "kind", ValueError),
+])
+def test_choose_config_rejects_degenerate_problems(args, name, exc):
+    with pytest.raises(exc, match=name):
+        C.choose_config(*args)
+
+
+@pytest.mark.parametrize("fields,match,exc", [
+    (dict(block_m=100), r"block_m: expected one of 64, 128, 192, 256 for normal GEMMs, got 100", ValueError),
+    (dict(block_m="128"), "block_m", TypeError),
+    (dict(block_n=100), r"block_n: expected a multiple of 8 in \[8, 256\], got 100", ValueError),
+    (dict(block_n=264), "block_n", ValueError),
+    (dict(wgmma_n=12), "wgmma_n", ValueError),
+    (dict(num_stages=0), "num_stages", ValueError),
+    (dict(num_stages=2.0), "num_stages", TypeError),
+    (dict(num_sms=0), "num_sms", ValueError),
+    (dict(raster_n=-1), "raster_n", ValueError),
+    (dict(multicast=3), "multicast", ValueError),
+    (dict(k_slices=0), "k_slices", ValueError),
+    (dict(k_slices=99), r"k_slices: expected an int in \[1, 56\]", ValueError),
+    (dict(split_k="yes"), "split_k", TypeError),
+    (dict(double_acc=2), "double_acc", TypeError),
+    (dict(block_m=256, block_n=256), "accumulators do not fit", ValueError),  # the combination, via make_config
+    (dict(block_m=128, block_n=128, split_k=True), "split_k needs block_m == 64", ValueError),
+])
+def test_override_config_rejects_bad_fields_at_once(fields, match, exc):
+    with pytest.raises(exc, match=match):
+        C.override_config("normal", 4096, 7168, **fields)
+    assert (C.KIND_NORMAL, 4096, 7168) not in C._overrides  # nothing half-applied
+
+
+def test_override_config_grouped_block_m_and_bad_dims():
+    with pytest.raises(ValueError, match="block_m: expected one of 64, 128, 256 for contiguous GEMMs, got 192"):
+        C.override_config("contiguous", 4096, 7168, block_m=192)
+    with pytest.raises(ValueError, match="k_slices > 1"):
+        C.override_config("masked", 4096, 7168, k_slices=2)
+    with pytest.raises(ValueError, match="n: expected a positive int"):
+        C.override_config("normal", 0, 7168, block_m=64)
+    with pytest.raises(TypeError, match="k: expected a positive int"):
+        C.override_config("normal", 4096, "7168", block_m=64)
+    C.override_config("normal", 4096, 7168, split_k=1)  # 0/1 stand for booleans
+    try:
+        assert C._overrides[(C.KIND_NORMAL, 4096, 7168)] == {"split_k": True}
     finally:
         C.override_config("normal", 4096, 7168)

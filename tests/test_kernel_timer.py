@@ -79,3 +79,52 @@ def test_cupti_kernel_time_on_the_gpu():
     kernel_us = sorted(t.time(call, 9))[4]
     event_us = sorted(t.time_events(call, 9))[4]
     assert 0 < kernel_us <= event_us * 1.05
+
+
+def test_cupti_python_backend_parses_records(monkeypatch):
+    """The cupti-python path (NVIDIA's package), on a stand-in module: kernel records summed per call, other
+    activity kinds ignored, the probe check applied; without the package the reason says how to get it."""
+    import enum
+    import sys
+    import types
+
+    from cupygemm import kernel_timer as KT
+
+    class Kind(enum.IntEnum):
+        MEMCPY = 1
+        CONCURRENT_KERNEL = 10
+
+    state = {"enabled": False, "pending": []}
+    fake = types.SimpleNamespace(ActivityKind=Kind)
+
+    def register(req, done):
+        state["req"], state["done"] = req, done
+
+    fake.activity_register_callbacks = register
+    fake.activity_enable = lambda kind: state.update(enabled=True)
+    fake.activity_disable = lambda kind: state.update(enabled=False)
+
+    def flush(flag):
+        assert state["req"]() == (KT._BUFFER_BYTES, 0)
+        recs, state["pending"] = state["pending"], []
+        state["done"](recs)
+
+    fake.activity_flush_all = flush
+    rec = lambda kind, start, end, name: types.SimpleNamespace(kind=kind, start=start, end=end, name=name)  # noqa: E731
+
+    def probe():
+        if state["enabled"]:
+            state["pending"] += [rec(Kind.CONCURRENT_KERNEL, 1000, 3500, b"noop"), rec(Kind.MEMCPY, 0, 99, "x")]
+
+    monkeypatch.setitem(sys.modules, "cupti", types.SimpleNamespace(cupti=fake))
+    monkeypatch.setitem(sys.modules, "cupti.cupti", fake)
+    timer, why = KT.open_kernel_timer(probe, "noop", lambda: None, backend="python")
+    assert timer is not None and why == "cupti-python", why
+    assert timer.time(probe, 2) == [2.5, 2.5]
+    _, why = KT.open_kernel_timer(probe, "other", lambda: None, backend="python")
+    assert "records do not parse" in why
+    monkeypatch.setitem(sys.modules, "cupti", None)
+    timer, why = KT.open_kernel_timer(probe, "noop", lambda: None, backend="python")
+    assert timer is None and "pip install cupti-python" in why
+    with pytest.raises(ValueError, match="backend: expected one of ctypes, python"):
+        KT.open_kernel_timer(probe, "noop", lambda: None, backend="nvtx")

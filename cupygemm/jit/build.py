@@ -5,11 +5,11 @@ The in-process memo is keyed by (device, source digest, options) so the GEMM hot
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from dataclasses import dataclass
 
 from . import cache
+from .. import env
 from ..errors import CupygemmToolchainError
 from .compiler import BASE_OPTIONS, compile_cubin, nvrtc_version
 from .source import KernelSource
@@ -20,11 +20,8 @@ _build_locks: dict[str, threading.Lock] = {}
 
 
 def ffma_interleave_mode() -> str:
-    """``CUPYGEMM_FFMA_INTERLEAVE``: auto (default), on or off."""
-    mode = os.environ.get("CUPYGEMM_FFMA_INTERLEAVE", "auto").strip().lower()
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"CUPYGEMM_FFMA_INTERLEAVE must be auto, on or off, got {mode!r}")
-    return mode
+    """``CUPYGEMM_FFMA_INTERLEAVE``: auto (default), on or off (see cupygemm.env)."""
+    return env.ffma_interleave_mode()
 
 
 def _interleave_decision(post_process: bool) -> str:

@@ -13,6 +13,8 @@ import threading
 import warnings
 from pathlib import Path
 
+from ..env import cache_dir_override, cache_disabled
+
 _MAGIC = b"CUPYGEMM-CUBIN-1\n"
 _lock = threading.Lock()
 _memory: dict[str, bytes] = {}
@@ -20,13 +22,22 @@ _warned_dirs: set[str] = set()
 
 
 def cache_dir() -> Path:
-    """``$CUPYGEMM_CACHE_DIR``, else ``~/.cache/cupygemm``."""
-    env = os.environ.get("CUPYGEMM_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "cupygemm"
+    """``$CUPYGEMM_CACHE_DIR``, else ``$XDG_CACHE_HOME/cupygemm``, else ``~/.cache/cupygemm``.
+
+    The XDG base-directory spec says a relative ``XDG_CACHE_HOME`` is invalid and must be ignored.
+    """
+    env = cache_dir_override()
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "cupygemm"
+    return Path.home() / ".cache" / "cupygemm"
 
 
 def cache_enabled() -> bool:
-    return os.environ.get("CUPYGEMM_DISABLE_CACHE", "0") not in ("1", "true", "yes")
+    """False when ``CUPYGEMM_DISABLE_CACHE`` is set true (kernels then live in memory only)."""
+    return not cache_disabled()
 
 
 def entry_path(key: str) -> Path:

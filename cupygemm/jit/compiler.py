@@ -11,6 +11,13 @@ BASE_OPTIONS: tuple[str, ...] = ("-arch=sm_90a", "-std=c++17", "-default-device"
 
 
 def _nvrtc():
+    # CuPy's private binding, on purpose. The public cupy.cuda.compiler.compile_using_nvrtc (CuPy 14) cannot build
+    # our kernels: it picks the architecture from the current device (memoized per device, so it needs a GPU and a
+    # driver, and warm-up runs on CPU boxes), formats it as -arch=sm_<int> (no "90a", which wgmma and setmaxnreg
+    # need), takes no in-memory headers unless through the deprecated jitify, and adds its own options
+    # (--device-as-default-execution-space, --pch). NVIDIA's cuda-bindings nvrtc would do, but is one more
+    # dependency for no measurable gain (compile time is NVRTC's own); revisit if CuPy drops this module. The cache
+    # key does not depend on the binding: source digest, options, NVRTC version, SASS-pass decision (build.py).
     try:
         from cupy_backends.cuda.libs import nvrtc
     except ImportError as e:  # pragma: no cover - CuPy is a hard requirement of the JIT

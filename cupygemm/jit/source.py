@@ -32,6 +32,17 @@ def cuda_src_dir() -> Path:
     raise FileNotFoundError("cupygemm cannot find its CUDA sources (cuda_src/fp8_gemm.cu); reinstall the package")
 
 
+@functools.lru_cache(maxsize=1)
+def source_hash() -> str:
+    """sha256 over every CUDA source file (name and bytes, sorted by name): identifies the kernels' sources as a
+    whole, for cache archives (each cache key already covers the files its kernel reads)."""
+    h = hashlib.sha256()
+    root = cuda_src_dir()
+    for p in sorted(list(root.glob("*.cu")) + list(root.glob("*.cuh"))):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 @functools.lru_cache(maxsize=None)
 def _read(name: str) -> str:
     return (cuda_src_dir() / name).read_text()

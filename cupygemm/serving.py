@@ -1,0 +1,278 @@
+"""Warm-up for serving: build, ahead of time, exactly the kernels the chooser picks for ranges of M.
+
+A serving process sees every M from 1 to its batch limit; each M the chooser maps to a kernel not yet compiled costs
+seconds of NVRTC at the first call. :func:`warmup` plans every problem of the given (N, K) pairs and M ranges with
+:func:`cupygemm.config.choose_config` (the call the GEMM makes), reduces the picks to distinct kernels (configs that
+differ only in their grid share one cubin: the cache key), and compiles the missing ones in parallel processes into
+the disk cache. Needs no GPU: give ``num_sms``.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, GemmConfig, choose_config, kind_id, model_rows
+from .errors import CupygemmError
+from .layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
+
+#: (N, K) pairs per kind of model presets. DeepSeek-V3 and R1 share their GEMM shapes: the seed shapes of the
+#: benchmark (cupygemm.bench.NORMAL_NK / GROUPED_NK, tests/seed_shapes.py).
+PRESETS: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {
+    "deepseek-v3": {
+        "normal": ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)),
+        "contiguous": ((4096, 7168), (7168, 2048)),
+        "masked": ((4096, 7168), (7168, 2048)),
+    },
+}
+PRESETS["deepseek-r1"] = PRESETS["deepseek-v3"]
+#: The M range a preset warms by default for normal GEMMs (grouped kinds need an explicit range and group count).
+DEFAULT_M_RANGE = (1, 4096)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One call the chooser is asked about: kind, rows (M, contiguous total rows, or masked expected_m), N, K, G."""
+
+    kind: int
+    m: int
+    n: int
+    k: int
+    groups: int = 1
+
+
+@dataclass
+class WarmupReport:
+    """What a warm-up planned and did. ``kernels`` = ``cached`` + ``built`` (+ the failures in ``errors``)."""
+
+    problems: int = 0  # (kind, M, N, K, G) problems planned
+    configs: int = 0  # distinct configs the chooser picked for them
+    kernels: int = 0  # distinct kernels (cubins) those configs need
+    cached: int = 0  # of them already in the cache
+    built: int = 0  # compiled now
+    seconds: float = 0.0  # wall time of the whole warm-up
+    build_seconds: float = 0.0  # of which compiling
+    jobs: int = 1
+    keys: list[str] = field(default_factory=list)  # the kernels' cache keys
+    descriptions: list[str] = field(default_factory=list)  # one config per kernel, described
+    errors: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    def summary(self) -> str:
+        head = f"{self.problems} problems -> {self.configs} configs -> {self.kernels} kernels: {self.cached} already cached, "
+        if self.dry_run:
+            return head + f"{self.kernels - self.cached} to build (dry run); planned in {self.seconds:.1f}s"
+        return head + (f"{self.built} built ({self.build_seconds:.1f}s with {self.jobs} processes), "
+                       f"{len(self.errors)} failed; {self.seconds:.1f}s in all")
+
+
+def parse_m_ranges(text: str) -> list[tuple[int, int]]:
+    """``'1:4096'``, ``'64'`` or a comma list (``'1:128,4096'``) -> inclusive (lo, hi) pairs; ValueError otherwise."""
+    out = []
+    for tok in text.replace(" ", "").split(","):
+        if not tok:
+            continue
+        lo_s, sep, hi_s = tok.partition(":")
+        try:
+            lo, hi = int(lo_s), int(hi_s if sep else lo_s)
+        except ValueError:
+            raise ValueError(f"m: expected LO:HI or M (comma-separated), got {text!r}") from None
+        if lo < 1 or hi < lo:
+            raise ValueError(f"m: expected 1 <= LO <= HI, got {tok!r}")
+        out.append((lo, hi))
+    if not out:
+        raise ValueError(f"m: expected LO:HI or M (comma-separated), got {text!r}")
+    return out
+
+
+def _m_values(kind: int, ranges: Sequence[tuple[int, int]]) -> list[int]:
+    """Every M of ``ranges``; for the contiguous layout the total rows, which are whole 128-row groups."""
+    ms: set[int] = set()
+    for lo, hi in ranges:
+        if kind == KIND_CONTIGUOUS:
+            first = -(-lo // M_ALIGNMENT) * M_ALIGNMENT
+            ms.update(range(first, hi + 1, M_ALIGNMENT))
+        else:
+            ms.update(range(lo, hi + 1))
+    return sorted(ms)
+
+
+def problems_for(kind: int | str, nk: Iterable[tuple[int, int]], m_ranges: Sequence[tuple[int, int]],
+                 groups: int = 1) -> list[Problem]:
+    """Every problem of ``nk`` x the M ranges. M is M (normal), the total rows of A (contiguous: the multiples of
+    128 in the range, groups being padded to 128) or expected_m (masked, with max_m >= expected_m)."""
+    kid = kind_id(kind)
+    if kid == KIND_NORMAL and groups != 1:
+        raise ValueError(f"groups: normal GEMMs have 1 group, got {groups}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups: expected a positive int, got {groups!r}")
+    ms = _m_values(kid, m_ranges)
+    if not ms:
+        raise ValueError(f"m: no M in {m_ranges} (contiguous total rows are multiples of {M_ALIGNMENT})")
+    return [Problem(kid, m, n, k, groups) for n, k in nk for m in ms]
+
+
+def problems_from_shapes(kind: int | str, shapes: Iterable[Sequence[int]]) -> list[Problem]:
+    """Explicit shapes: MxNxK (normal) or GxMxNxK (grouped: contiguous = G groups of M rows, each padded to 128;
+    masked = G groups with expected_m = max_m = M)."""
+    kid = kind_id(kind)
+    out = []
+    for s in shapes:
+        s = tuple(s)
+        text = "x".join(map(str, s))
+        if kid == KIND_NORMAL:
+            if len(s) != 3:
+                raise ValueError(f"shapes: normal shapes are MxNxK, got {text}")
+            (m, n, k), g = s, 1
+        else:
+            if len(s) != 4:
+                raise ValueError(f"shapes: grouped shapes are GxMxNxK (M = rows per group), got {text}")
+            g, m, n, k = s
+            if kid == KIND_CONTIGUOUS:
+                m = g * (-(-m // M_ALIGNMENT) * M_ALIGNMENT)
+        out.append(Problem(kid, model_rows(kid, max(m, 1)), n, k, g))
+    return out
+
+
+def plan(problems: Iterable[Problem], num_sms: int) -> list[GemmConfig]:
+    """The config the chooser picks for each problem (in order)."""
+    return [choose_config(p.kind, p.m, p.n, p.k, p.groups, num_sms) for p in problems]
+
+
+def kernel_keys(cfgs: Iterable[GemmConfig]) -> dict[str, GemmConfig]:
+    """Distinct kernels of ``cfgs``: {cache key: first config needing it}. Configs differing only in their grid (or
+    anything else the kernel source does not see) share one cubin."""
+    from .jit.build import cache_key
+    from .kernels import gemm_source
+
+    out: dict[str, GemmConfig] = {}
+    by_cfg: dict[GemmConfig, str] = {}
+    for c in cfgs:
+        if c not in by_cfg:
+            by_cfg[c] = cache_key(gemm_source(c))
+            out.setdefault(by_cfg[c], c)
+    return out
+
+
+def _progress(text: str, end: str = "\n") -> None:
+    print(text, end=end, file=sys.stderr, flush=True)
+
+
+def build_kernels(cfgs: Sequence[GemmConfig], jobs: int, progress: bool = False,
+                  errors: list[str] | None = None) -> float:
+    """Compile ``cfgs`` (one per kernel) into the disk cache in ``jobs`` worker processes; returns the seconds.
+
+    Processes, not threads: NVRTC holds the GIL. Workers are spawned, never forked, so no CUDA context is copied.
+    A failing kernel is reported in ``errors`` when given (the others still build), else raised.
+    """
+    from .kernels import compile_gemm, precompile_gemm
+
+    t0 = time.time()
+    total = len(cfgs)
+
+    def report(done: int) -> None:
+        if progress:
+            _progress(f"\r[cupygemm] built {done}/{total} kernels, {time.time() - t0:.1f}s", end="")
+
+    if jobs <= 1 or total <= 1:
+        for i, c in enumerate(cfgs):
+            try:
+                compile_gemm(c)
+            except Exception as e:
+                if errors is None:
+                    raise
+                errors.append(f"{c.describe()}: {e}")
+            report(i + 1)
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(jobs, total), mp_context=ctx) as pool:
+            futures = {pool.submit(precompile_gemm, c): c for c in cfgs}
+            for done, f in enumerate(as_completed(futures), 1):
+                try:
+                    f.result()
+                except Exception as e:
+                    if errors is None:
+                        raise
+                    errors.append(f"{futures[f].describe()}: {e}")
+                report(done)
+    if progress and total:
+        _progress("")
+    return time.time() - t0
+
+
+def resolve_nk(preset: str | None, kind: str, nk: Iterable[tuple[int, int]] | None) -> list[tuple[int, int]]:
+    """The (N, K) pairs of ``nk`` and of ``preset`` for ``kind``, without repeats."""
+    pairs = list(nk or [])
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {preset!r}")
+        pairs += list(PRESETS[preset][kind])
+    for n, k in pairs:
+        if min(n, k) < 1:
+            raise ValueError(f"nk: N and K must be positive, got {n}x{k}")
+    return list(dict.fromkeys(pairs))
+
+
+def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[int, int]] | None = None, *,
+           kind: int | str = "normal", groups: int = 1, shapes: Iterable[Sequence[int]] = (),
+           preset: str | None = None, num_sms: int | None = None, jobs: int | None = None,
+           progress: bool = False, dry_run: bool = False) -> WarmupReport:
+    """Build into the disk cache every kernel the chooser picks for ``nk`` x ``m`` (and ``shapes``).
+
+    ``nk``: (N, K) pairs; ``preset``: a model's pairs for ``kind`` (see :data:`PRESETS`: ``"deepseek-v3"``);
+    ``m``: inclusive ranges, ``"1:4096"`` or ``[(1, 4096)]`` (default 1:4096 for normal GEMMs; grouped kinds need
+    it: contiguous = total rows of A, masked = expected_m, with ``groups`` groups); ``shapes``: explicit MxNxK /
+    GxMxNxK tuples. ``num_sms``: the target GPU's SM count (default: this GPU's). ``jobs``: worker processes
+    (default: the CPU count). ``dry_run``: plan and count, build nothing. Returns a :class:`WarmupReport`;
+    raises CupygemmError when kernels fail to build or the disk cache is disabled.
+    """
+    from .jit import cache
+
+    t0 = time.time()
+    kname = KIND_NAMES[kind_id(kind)]
+    pairs = resolve_nk(preset, kname, nk)
+    problems: list[Problem] = []
+    if pairs:
+        if m is None:
+            if kname != "normal":
+                raise ValueError(f"m: give the M range for {kname} GEMMs (contiguous: total rows, masked: expected_m)")
+            m = [DEFAULT_M_RANGE]
+        ranges = parse_m_ranges(m) if isinstance(m, str) else [tuple(r) for r in m]
+        problems += problems_for(kname, pairs, ranges, groups)
+    elif m is not None:
+        raise ValueError("m: give the (N, K) pairs it applies to (nk or preset)")
+    problems += problems_from_shapes(kname, shapes)
+    if not problems:
+        raise ValueError("warmup: nothing to plan: give nk/preset with m, or shapes")
+    if num_sms is None:
+        from .device import get_num_sms, gpu_available
+
+        if not gpu_available():
+            raise ValueError("num_sms: no GPU here; give the target GPU's SM count (132 for H100/H200 SXM)")
+        num_sms = get_num_sms()
+    if not cache.cache_enabled() and not dry_run:
+        raise CupygemmError("warm-up fills the disk cache, but CUPYGEMM_DISABLE_CACHE is set")
+    cfgs = plan(problems, num_sms)
+    kernels = kernel_keys(cfgs)
+    report = WarmupReport(problems=len(problems), configs=len(set(cfgs)), kernels=len(kernels),
+                          jobs=max(1, jobs if jobs is not None else os.cpu_count() or 1),
+                          keys=list(kernels), descriptions=[c.describe() for c in kernels.values()],
+                          dry_run=dry_run)
+    missing = [c for key, c in kernels.items() if cache.load(key) is None]
+    report.cached = report.kernels - len(missing)
+    if progress:
+        _progress(f"[cupygemm] planned {report.problems} problems -> {report.configs} configs -> {report.kernels} "
+                  f"kernels ({report.cached} already cached)"
+                  + ("" if dry_run or not missing else f"; building {len(missing)} with {min(report.jobs, len(missing))} processes"))
+    if not dry_run and missing:
+        report.build_seconds = build_kernels(missing, report.jobs, progress, report.errors)
+        report.built = len(missing) - len(report.errors)
+    report.seconds = time.time() - t0
+    if report.errors:
+        raise CupygemmError(f"warm-up: {len(report.errors)} of {report.kernels} kernels failed to build:\n"
+                            + "\n".join(report.errors))
+    return report

@@ -1,0 +1,174 @@
+"""The call path on CPU: what ``import cupygemm`` pulls in, ``stream=`` parsing, the call signature a launch plan is
+cached under, and that a repeated call never launches a plan made for other strides or an unaligned pointer.
+
+The GEMM calls here run on CuPy array headers over memory that does not exist, with the planner and the stream
+look-up replaced by stand-ins that record what would be launched: everything the host does before the kernel
+launch is real."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+import cupygemm  # noqa: E402
+from cupygemm import gemm as gemm_mod  # noqa: E402
+from cupygemm import streams  # noqa: E402
+from cupygemm.tensors import BF16  # noqa: E402
+
+
+def test_import_cupygemm_pulls_in_neither_torch_nor_jax():
+    code = ("import sys, cupygemm, cupygemm.xla_ffi, cupygemm.plan, cupygemm.streams, cupygemm.overhead; "
+            "bad = [m for m in ('torch', 'jax', 'jaxlib') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+class _TorchStream:
+    cuda_stream = 0x1234
+
+
+class _CupyStream:
+    ptr = 0x5678
+
+
+class _Protocol:
+    def __cuda_stream__(self):
+        return (0, 0x9ABC)
+
+
+@pytest.mark.parametrize("arg,want", [(0, 0), (7, 7), (_TorchStream(), 0x1234), (_CupyStream(), 0x5678),
+                                      (_Protocol(), 0x9ABC)])
+def test_stream_argument_forms(arg, want):
+    assert streams.stream_handle(arg) == want
+
+
+@pytest.mark.parametrize("arg,exc", [(True, TypeError), (-1, ValueError), ("default", TypeError), (1.0, TypeError),
+                                     (SimpleNamespace(ptr="x"), TypeError)])
+def test_bad_stream_arguments(arg, exc):
+    with pytest.raises(exc, match="stream"):
+        streams.stream_handle(arg)
+
+
+# ---- the cached call path, with a recording planner -------------------------------------------------------------
+
+_MEM = cupy.cuda.memory.UnownedMemory(0x10000000, 1 << 30, None, device_id=0)
+
+
+def _fake(shape, dtype, offset=0, strides=None):
+    return cupy.ndarray(shape, dtype=dtype, memptr=cupy.cuda.memory.MemoryPointer(_MEM, offset), strides=strides)
+
+
+class _Plan:
+    scratch_floats = scratch_counters = 0
+
+    def __init__(self, log):
+        self.log = log
+
+    def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0):
+        self.log.append(("launch", a, sfa, b, d))
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    log = []
+
+    def plan_gemm(kind, m, n, k, g, device, **kw):
+        log.append(("plan", kind, m, n, k, kw["a_strides"]))
+        return _Plan(log)
+
+    monkeypatch.setattr(gemm_mod, "plan_gemm", plan_gemm)
+    monkeypatch.setattr(gemm_mod, "resolve", lambda stream, framework, device: 0)
+    monkeypatch.setattr(gemm_mod, "single_gpu", lambda: True)
+    monkeypatch.setattr(gemm_mod, "_calls", {})
+    return log
+
+
+def _operands(m=64, n=256, k=512, a_offset=0, a_strides=None):
+    kb = k // 128
+    a = _fake((m, k), np.uint8, a_offset, a_strides)
+    sfa = _fake((m, kb), np.float32, 1 << 26, (4, 4 * m))  # already M-major: used in place
+    b = _fake((n, k), np.uint8, 1 << 24)
+    sfb = _fake((n // 128, kb), np.float32, 1 << 25)
+    out = _fake((m, n), BF16, 1 << 27)
+    return (a, sfa), (b, sfb), out
+
+
+def test_repeated_call_reuses_its_plan(recorder):
+    lhs, rhs, out = _operands()
+    for _ in range(3):
+        assert cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out) is out
+    assert [e[0] for e in recorder] == ["plan", "launch", "launch", "launch"]
+    assert recorder[1][1:] == (lhs[0].data.ptr, lhs[1].data.ptr, rhs[0].data.ptr, out.data.ptr)
+
+
+def test_other_strides_get_their_own_validation_and_plan(recorder):
+    lhs, rhs, out = _operands()
+    cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+    padded, _, _ = _operands(a_strides=(512 + 64, 1))  # same shape, rows 64 bytes apart more
+    cupygemm.gemm_fp8_fp8_bf16_nt(padded, rhs, out)
+    plans = [e for e in recorder if e[0] == "plan"]
+    assert [p[5] for p in plans] == [(512, 1), (576, 1)]
+    # A transposed view of the same shape has strides the validation refuses: never launched on the old plan.
+    square_lhs, square_rhs, square_out = _operands(m=512, n=256, k=512)
+    cupygemm.gemm_fp8_fp8_bf16_nt(square_lhs, square_rhs, square_out)
+    launches = len([e for e in recorder if e[0] == "launch"])
+    transposed = (square_lhs[0].T, square_lhs[1])
+    with pytest.raises(ValueError, match="unit stride"):
+        cupygemm.gemm_fp8_fp8_bf16_nt(transposed, square_rhs, square_out)
+    assert len([e for e in recorder if e[0] == "launch"]) == launches
+
+
+def test_unaligned_pointer_with_a_known_signature_is_refused(recorder):
+    lhs, rhs, out = _operands(a_strides=(512 + 64, 1))
+    cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+    shifted, _, _ = _operands(a_offset=8, a_strides=(512 + 64, 1))  # same shape and strides, base 8 bytes off
+    with pytest.raises(ValueError, match="16-byte aligned base"):
+        cupygemm.gemm_fp8_fp8_bf16_nt(shifted, rhs, out)
+    assert len([e for e in recorder if e[0] == "launch"]) == 1
+
+
+def test_signature_follows_settings(recorder, monkeypatch):
+    lhs, rhs, out = _operands()
+    cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+    monkeypatch.setenv("CUPYGEMM_B_EVICT_FIRST", "1")
+    cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+    cupygemm.override_config("normal", 256, 512, block_m=64, block_n=128)
+    try:
+        cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+    finally:
+        cupygemm.override_config("normal", 256, 512)
+    assert len([e for e in recorder if e[0] == "plan"]) == 3
+
+
+def test_mixed_frameworks_are_named(recorder):
+    lhs, rhs, out = _operands()
+    with pytest.raises(TypeError, match=r"rhs\[0\] \(B\).*numpy.*one framework"):
+        cupygemm.gemm_fp8_fp8_bf16_nt(lhs, (np.zeros((256, 512), np.uint8), rhs[1]), out)
+
+
+def test_empty_problem_with_fresh_empty_arrays(recorder):
+    """CuPy gives fresh empty arrays zero strides (and no memory): M = 0 returns an empty result, no launch."""
+    a = cupy.ndarray((0, 512), np.uint8, memptr=cupy.cuda.MemoryPointer(_MEM, 0), strides=(0, 0))
+    sfa = cupy.ndarray((0, 4), np.float32, memptr=cupy.cuda.MemoryPointer(_MEM, 0), strides=(0, 0))
+    out = cupy.ndarray((0, 256), BF16, memptr=cupy.cuda.MemoryPointer(_MEM, 0), strides=(0, 0))
+    _, rhs, _ = _operands()
+    assert cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), rhs, out) is out
+    assert recorder == []
+
+
+def test_deepgemm2_names(recorder):
+    lhs, rhs, out = _operands()
+    assert cupygemm.fp8_gemm_nt(lhs, rhs, out, compiled_dims="nk") is out
+    assert [e[0] for e in recorder] == ["plan", "launch"]
+    with pytest.raises(ValueError, match="c: D = C"):
+        cupygemm.fp8_gemm_nt(lhs, rhs, out, c=out)
+    with pytest.raises(ValueError, match="recipe"):
+        cupygemm.fp8_gemm_nt(lhs, rhs, out, recipe=(1, 1, 128))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        cupygemm.m_grouped_fp8_gemm_nt_masked(lhs, rhs, out, None, 1, bogus=1)

@@ -1,0 +1,242 @@
+"""Warm-up by M range (cupygemm.warmup / `cupygemm warmup`) and the portable cache (`cupygemm cache export|import`)."""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import cupygemm
+from cupygemm import config as C
+from cupygemm import serving
+from cupygemm.errors import CupygemmCacheError, CupygemmError
+from cupygemm.jit import cache, portable
+from cupygemm.jit.build import cache_key
+from cupygemm.kernels import gemm_source
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPYGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    cache.clear_memory()
+    yield tmp_path / "cache"
+    cache.clear_memory()
+
+
+def _expected(kind, nk, ms, groups=1, sms=132):
+    """Configs and kernels from the unmemoized search, problem by problem."""
+    search = C._choose_memo.__wrapped__
+    cfgs = {search(kind, m, n, k, groups, sms, C.SM90_MAX_SMEM_PER_BLOCK, 0) for n, k in nk for m in ms}
+    return cfgs, {cache_key(gemm_source(c)) for c in cfgs}
+
+
+def test_warmup_plans_exactly_what_the_chooser_picks(fresh_cache):
+    nk = [(2112, 7168), (7168, 2048)]
+    report = cupygemm.warmup(nk, "1:300", num_sms=132, dry_run=True)
+    cfgs, keys = _expected(C.KIND_NORMAL, nk, range(1, 301))
+    assert report.problems == 600 and report.configs == len(cfgs) and set(report.keys) == keys
+    assert report.kernels == len(keys) <= len(cfgs)
+    assert report.cached == 0 and report.built == 0 and "to build (dry run)" in report.summary()
+    # contiguous: total rows, the multiples of 128 in the range; masked: every expected_m
+    rep = cupygemm.warmup([(4096, 7168)], [(1, 1024)], kind="contiguous", groups=4, num_sms=132, dry_run=True)
+    cfgs, keys = _expected(C.KIND_CONTIGUOUS, [(4096, 7168)], range(128, 1025, 128), groups=4)
+    assert rep.problems == 8 and set(rep.keys) == keys
+    rep = cupygemm.warmup([(7168, 2048)], "1:40", kind="masked", groups=2, num_sms=132, dry_run=True)
+    cfgs, keys = _expected(C.KIND_MASKED, [(7168, 2048)], range(1, 41), groups=2)
+    assert rep.problems == 40 and rep.configs == len(cfgs) and set(rep.keys) == keys
+
+
+def test_warmup_preset_and_shapes(fresh_cache):
+    rep = cupygemm.warmup(preset="deepseek-v3", m="64,4096", num_sms=132, dry_run=True)
+    assert rep.problems == 12
+    full = cupygemm.warmup(preset="deepseek-v3", num_sms=132, dry_run=True)  # M 1..4096 by default
+    assert full.problems == 6 * 4096 and full.kernels < full.configs  # configs differing in their grid share a kernel
+    seed = [(m, n, k) for m in (64, 4096) for n, k in serving.PRESETS["deepseek-v3"]["normal"]]
+    by_shapes = cupygemm.warmup(shapes=seed, num_sms=132, dry_run=True)
+    assert set(by_shapes.keys) == set(rep.keys)
+    assert serving.PRESETS["deepseek-r1"] == serving.PRESETS["deepseek-v3"]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(nk=[(4096, 7168)], m="0:10"), "m: expected 1 <= LO <= HI"),
+    (dict(nk=[(4096, 7168)], m="5:a"), "m: expected LO:HI"),
+    (dict(nk=[(4096, 7168)], kind="masked", groups=4), "m: give the M range for masked"),
+    (dict(m="1:10"), "m: give the .N, K. pairs"),
+    (dict(preset="llama"), "preset: expected one of"),
+    (dict(nk=[(4096, 7168)], groups=0, kind="masked", m="1:2"), "groups: expected a positive int"),
+    (dict(), "nothing to plan"),
+    (dict(shapes=[(4, 64, 4096, 7168)]), "normal shapes are MxNxK"),
+])
+def test_warmup_rejects_bad_requests(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cupygemm.warmup(num_sms=132, dry_run=True, **kwargs)
+
+
+def test_warmup_builds_only_what_is_missing(fresh_cache, monkeypatch):
+    """Counts are true: a second warm-up finds everything cached and builds nothing (compile faked for speed; the
+    real, parallel build is the next test)."""
+    import cupygemm.kernels as K
+
+    built = []
+
+    def fake_compile(cfg):
+        built.append(cfg)
+        cache.store(cache_key(gemm_source(cfg)), b"cubin " + repr(cfg).encode())
+
+    monkeypatch.setattr(K, "compile_gemm", fake_compile)
+    first = cupygemm.warmup([(7168, 2048)], "1:512", num_sms=132, jobs=1)
+    assert first.built == first.kernels == len(built) >= 2 and first.cached == 0
+    cache.clear_memory()
+    second = cupygemm.warmup([(7168, 2048)], "1:1024", num_sms=132, jobs=1)
+    assert second.cached == first.kernels and second.built == second.kernels - first.kernels
+    assert len(built) == second.kernels
+
+
+def test_warmup_cli_builds_in_parallel_processes(fresh_cache):
+    """`cupygemm warmup` with two processes really compiles (NVRTC) the planned kernels into the cache."""
+    args = ["--nk", "1024x1024", "--m", "1:64,4096", "--num-sms", "132"]
+    env = dict(os.environ, CUPYGEMM_CACHE_DIR=str(fresh_cache))
+    res = subprocess.run([sys.executable, "-m", "cupygemm", "warmup", *args, "--jobs", "2"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    plan = cupygemm.warmup([(1024, 1024)], "1:64,4096", num_sms=132, dry_run=True)
+    assert plan.kernels == 2 and plan.cached == 2  # built by the subprocess: on disk now
+    assert f"65 problems -> {plan.configs} configs -> 2 kernels: 0 already cached, 2 built" in res.stdout
+    assert "built 2/2 kernels" in res.stderr
+    again = subprocess.run([sys.executable, "-m", "cupygemm", "warmup", *args, "--quiet"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "2 already cached, 0 built" in again.stdout and not again.stderr
+
+
+def test_warmup_cli_usage_errors():
+    for args in (["warmup", "--num-sms", "132"], ["warmup", "--nk", "4096x7168", "--m", "9:3", "--num-sms", "132"]):
+        res = subprocess.run([sys.executable, "-m", "cupygemm", *args], cwd=REPO, capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 2 and res.stderr
+
+
+def test_warmup_refuses_a_disabled_cache(monkeypatch):
+    monkeypatch.setenv("CUPYGEMM_DISABLE_CACHE", "1")
+    with pytest.raises(CupygemmError, match="CUPYGEMM_DISABLE_CACHE"):
+        cupygemm.warmup([(4096, 7168)], "1", num_sms=132)
+
+
+# ---- portable cache ---------------------------------------------------------------------------------------------
+
+def _fill(n=3):
+    blobs = {hashlib.sha256(bytes([i])).hexdigest(): os.urandom(64) for i in range(n)}
+    for k, b in blobs.items():
+        cache.store(k, b)
+    return blobs
+
+
+def _rewrite(src: Path, dst: Path, manifest_edit=None, blob_edit=None, extra=None):
+    """Copy an archive, altering its manifest / one cubin / adding a member."""
+    with tarfile.open(src, "r:gz") as tin, tarfile.open(dst, "w:gz") as tout:
+        for m in tin.getmembers():
+            data = tin.extractfile(m).read()
+            if m.name == portable.MANIFEST and manifest_edit:
+                man = json.loads(data)
+                manifest_edit(man)
+                data = json.dumps(man).encode()
+            elif m.name != portable.MANIFEST and blob_edit:
+                data, blob_edit = blob_edit(data), None
+            info = tarfile.TarInfo(m.name)
+            info.size = len(data)
+            tout.addfile(info, io.BytesIO(data))
+        if extra:
+            info = tarfile.TarInfo(extra)
+            info.size = 1
+            tout.addfile(info, io.BytesIO(b"x"))
+
+
+def test_export_import_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPYGEMM_CACHE_DIR", str(tmp_path / "a"))
+    cache.clear_memory()
+    blobs = _fill()
+    archive = tmp_path / "kernels.tar.gz"
+    assert portable.export_cache(archive, num_sms=132) == 3
+    manifest, got = portable.read_archive(archive)
+    assert got == blobs and manifest["num_sms"] == 132 and manifest["arch"] == "sm_90a"
+    assert manifest["cupygemm"] == cupygemm.__version__ and len(manifest["source_hash"]) == 64
+    monkeypatch.setenv("CUPYGEMM_CACHE_DIR", str(tmp_path / "b"))
+    cache.clear_memory()
+    res = portable.import_cache(archive, num_sms=132)
+    assert (res.added, res.present, res.cache_dir) == (3, 0, tmp_path / "b")
+    cache.clear_memory()
+    assert {k: cache.load(k) for k in blobs} == blobs  # read back from disk
+    assert portable.import_cache(archive, num_sms=132).present == 3
+    cache.clear_memory()
+
+
+@pytest.mark.parametrize("field,value", [("nvrtc", [11, 0]), ("cupygemm", "0.0.1"), ("arch", "sm_100a"),
+                                         ("source_hash", "0" * 64), ("format", "other/9")])
+def test_import_refuses_a_tampered_or_foreign_manifest(tmp_path, monkeypatch, field, value):
+    monkeypatch.setenv("CUPYGEMM_CACHE_DIR", str(tmp_path / "a"))
+    cache.clear_memory()
+    _fill()
+    archive, bad = tmp_path / "k.tar.gz", tmp_path / "bad.tar.gz"
+    portable.export_cache(archive, num_sms=132)
+    _rewrite(archive, bad, manifest_edit=lambda m: m.__setitem__(field, value))
+    monkeypatch.setenv("CUPYGEMM_CACHE_DIR", str(tmp_path / "b"))
+    cache.clear_memory()
+    with pytest.raises(CupygemmCacheError, match=f"refused.*\n  {field}: archive"):
+        portable.import_cache(bad, num_sms=132)
+    assert not (tmp_path / "b").exists()  # nothing written
+    cache.clear_memory()
+
+
+def test_import_refuses_damage_and_other_sm_counts(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPYGEMM_CACHE_DIR", str(tmp_path / "a"))
+    cache.clear_memory()
+    _fill()
+    archive = tmp_path / "k.tar.gz"
+    portable.export_cache(archive, num_sms=132)
+    monkeypatch.setenv("CUPYGEMM_CACHE_DIR", str(tmp_path / "b"))
+    cache.clear_memory()
+    flipped = tmp_path / "flipped.tar.gz"
+    _rewrite(archive, flipped, blob_edit=lambda d: bytes([d[0] ^ 1]) + d[1:])
+    with pytest.raises(CupygemmCacheError, match="does not match its checksum"):
+        portable.import_cache(flipped, num_sms=132)
+    sneaky = tmp_path / "sneaky.tar.gz"
+    _rewrite(archive, sneaky, extra="../../etc/evil")
+    with pytest.raises(CupygemmCacheError, match="not listed in the manifest"):
+        portable.import_cache(sneaky, num_sms=132)
+    with pytest.raises(CupygemmCacheError, match="num_sms: archive 132, here 114"):
+        portable.import_cache(archive, num_sms=114)
+    (tmp_path / "junk").write_bytes(b"not a tar")
+    with pytest.raises(CupygemmCacheError, match="not a cupygemm cache archive"):
+        portable.import_cache(tmp_path / "junk", num_sms=132)
+    assert not (tmp_path / "b").exists()
+    if not cupygemm.device.gpu_available():
+        res = portable.import_cache(archive)  # no GPU, no num_sms: imported, and the note says what was not checked
+        assert res.added == 3 and "SM count not checked" in res.note
+        with pytest.raises(ValueError, match="num_sms: no GPU here"):
+            portable.export_cache(tmp_path / "x.tar.gz")
+    cache.clear_memory()
+
+
+def test_cache_cli_round_trip_and_refusal(tmp_path):
+    env = dict(os.environ, CUPYGEMM_CACHE_DIR=str(tmp_path / "a"))
+    subprocess.run([sys.executable, "-c", "from cupygemm.jit import cache; cache.store('ab' * 32, b'cubin')"],
+                   env=env, check=True, timeout=120)
+    archive = tmp_path / "k.tar.gz"
+    out = subprocess.run([sys.executable, "-m", "cupygemm", "cache", "export", str(archive), "--num-sms", "132"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "exported 1 kernels" in out.stdout, out.stderr
+    env["CUPYGEMM_CACHE_DIR"] = str(tmp_path / "b")
+    bad = subprocess.run([sys.executable, "-m", "cupygemm", "cache", "import", str(archive), "--num-sms", "78"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "refused" in bad.stderr and "num_sms" in bad.stderr
+    ok = subprocess.run([sys.executable, "-m", "cupygemm", "cache", "import", str(archive), "--num-sms", "132"],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "imported 1 kernels" in ok.stdout, ok.stderr
+    assert (tmp_path / "b" / "ab" / f"{'ab' * 32}.cubin").is_file()
