@@ -120,10 +120,12 @@ def _torch_dtype_map(torch: Any) -> dict[Any, np.dtype]:
 
 
 def read_torch(t: Any, name: str) -> View:
-    if not t.is_cuda:
-        raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {t.device}; move it to the GPU first")
-    dtype = _torch_dtype_map(sys.modules["torch"]).get(t.dtype)
-    if dtype is None:
+    device = t.get_device()  # -1: not a CUDA tensor
+    dtype = _torch_dtypes.get(t.dtype) if _torch_dtypes else _torch_dtype_map(sys.modules["torch"]).get(t.dtype)
+    if device < 0 or dtype is None:
+        if device < 0:
+            raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {t.device}; move it to the GPU "
+                            "first")
         raise TypeError(f"{name}: unsupported dtype {t.dtype}")
     item = dtype.itemsize
     st = t.stride()
@@ -131,7 +133,7 @@ def read_torch(t: Any, name: str) -> View:
         strides = (st[0] * item, st[1] * item)
     else:
         strides = tuple([s * item for s in st])
-    return _new_view(View, (t.data_ptr(), tuple(t.shape), strides, dtype, t.get_device(), t))
+    return _new_view(View, (t.data_ptr(), t.shape, strides, dtype, device, t))
 
 
 # ---- CuPy -------------------------------------------------------------------------------------

@@ -9,10 +9,10 @@ The memory comes from the caller's framework, allocated in the stream's order:
 
 * torch callers: torch's caching allocator. While the stream is being captured into a CUDA graph, each launch
   gets a fresh set from the graph's private pool (counters zeroed by a captured memset), which the graph owns.
-* everyone else: CuPy's pool. Sets are freed least recently used first beyond ``MAX_SETS`` streams. A set used
-  while its stream is being captured is kept for the life of the process (the graph holds its addresses), as are
-  the arrays it outgrows; CuPy callers must run a call once before capturing it, so that nothing is allocated
-  during capture.
+* everyone else: CuPy's pool. A set is never freed, also when it is outgrown or beyond ``MAX_SETS`` streams,
+  since a CUDA graph captured on its stream may hold its addresses (checking for a capture on every call would
+  cost a microsecond of the call's host time); CuPy callers must run a call once before capturing it, so that
+  nothing is allocated during capture.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ class _Scratch:
     partials: Any  # float32 array (CuPy or torch)
     counters: Any  # uint32 (CuPy) or int32 (torch) array, all zero between kernels
     ptrs: tuple[int, int]
-    pinned: bool = False  # captured into a CUDA graph: never freed
+    pinned: bool = False  # may be captured into a CUDA graph: never freed
     outgrown: list = field(default_factory=list)  # pinned arrays this set has replaced
 
 
@@ -84,16 +84,15 @@ def scratch(floats: int, counters: int, device: int, stream: int, framework: Fra
     """Device pointers (partials, counters) of at least ``floats`` FP32 partials and ``counters`` zeroed counters
     for a launch on ``stream``, and an object to keep alive until the launch is queued."""
     torch_memory = framework is Framework.TORCH
-    capturing = is_capturing(stream)
-    if torch_memory and capturing:
-        s = _alloc_torch(floats, counters, device, stream)
-        return s.ptrs[0], s.ptrs[1], s
+    if torch_memory:
+        capturing = is_capturing(stream)
+        if capturing:
+            s = _alloc_torch(floats, counters, device, stream)
+            return s.ptrs[0], s.ptrs[1], s
     key = (torch_memory, device, stream)
     s = _sets.get(key)
     if s is None or _len(s.partials) < floats or _len(s.counters) < counters:
         s = _grow(key, floats, counters, torch_memory)
-    if capturing:
-        s.pinned = True
     return s.ptrs[0], s.ptrs[1], s
 
 
@@ -105,8 +104,8 @@ def _grow(key: tuple[bool, int, int], floats: int, counters: int, torch_memory: 
         new = (_alloc_torch if torch_memory else _alloc_cupy)(
             max(floats, _len(s.partials) if s else 0) * 5 // 4, max(counters, _len(s.counters) if s else 0) * 5 // 4,
             device, stream)
+        new.pinned = not torch_memory  # see the module docstring
         if s is not None and s.pinned:
-            new.pinned = True
             new.outgrown = s.outgrown + [s.partials, s.counters]
         _sets.pop(key, None)
         _sets[key] = new
