@@ -38,12 +38,18 @@ def _raw(name: str) -> str | None:
 _ENVIRON_BYTES = getattr(os.environ, "_data", None)
 
 
+_ENCODED_NAMES: dict[str, object] = {}
+
+
 def setting_key(name: str) -> object:
     """The unparsed value of ``name`` (None when unset), cheaply: a cache key that changes when the variable does.
     Parsing (and rejecting a bad value) is left to the code that uses the value."""
-    if _ENVIRON_BYTES is not None:
-        return _ENVIRON_BYTES.get(os.environ.encodekey(name))
-    return os.environ.get(name)
+    if _ENVIRON_BYTES is None:
+        return os.environ.get(name)
+    key = _ENCODED_NAMES.get(name)
+    if key is None:
+        key = _ENCODED_NAMES[name] = os.environ.encodekey(name)
+    return _ENVIRON_BYTES.get(key)
 
 
 def parse_bool(name: str, value: str) -> bool:

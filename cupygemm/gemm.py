@@ -33,8 +33,10 @@ def _signature(kind: int, views: tuple[View | None, ...], expected_m: int | None
     """Everything validation and planning read besides the pointers: each tensor's shape, strides, dtype and
     device, and the settings the config choice depends on. SFA's alignment decides whether it is used in place,
     so it is part of the signature too. (The framework is not: a plan does not depend on it.)"""
-    return (kind, expected_m, views[1].ptr & 15, num_sms_override(), config_version(), setting_key(B_EVICT_FIRST),
-            *[None if v is None else v[1:5] for v in views])
+    a, sfa, b, sfb, out = views[:5]
+    key = (kind, expected_m, sfa.ptr & 15, num_sms_override(), config_version(), setting_key(B_EVICT_FIRST),
+           a[1:5], sfa[1:5], b[1:5], sfb[1:5], None if out is None else out[1:5])
+    return key if len(views) == 5 else key + (views[5][1:5],)
 
 
 _VALIDATORS: dict[int, Callable[..., validate.Problem]] = {

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
-# Usage (from the repo root on the GPU machine): bash scripts/device_check.sh [tests] [bench] [overhead] [sanitize] [pytest args...]
+# Usage (from the repo root on the GPU machine): bash scripts/device_check.sh [tests] [bench] [overhead] [jax] [timers] [sanitize] [pytest args...]
 set -uo pipefail
 OUT=${OUT:-/tmp/cupygemm-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 export CUPYGEMM_CACHE_DIR=${CUPYGEMM_CACHE_DIR:-/tmp/cupygemm-cache}
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX shares the GPU with CuPy and torch in the tests
 # Leading words are steps; everything from the first option on goes to pytest (e.g. tests -k two_acc).
 steps=(); pytest_args=()
 for a in "$@"; do
@@ -26,6 +27,16 @@ for s in "${steps[@]}"; do
       python3 -m cupygemm bench --match-rows "$peers" --json "$OUT/bench.json" --markdown --plot "$OUT/bench.png" 2>&1 \
         | tee "$OUT/bench.log" ;;
     overhead) python3 -m cupygemm overhead --markdown --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
+    jax)  # cupygemm.jax in a lax.scan, with and without XLA command buffers; the FP8 MLP example
+      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 benchmarks/jax_scan_bench.py --json "$OUT/jax_scan.json" 2>&1 \
+        | tee "$OUT/jax_scan.log"
+      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 examples/jax_fp8_mlp.py 2>&1 | tee -a "$OUT/jax_scan.log" ;;
+    timers)  # CUPTI through ctypes vs cupti-python vs CUDA events (carry cupti-python's wheel in .whl/)
+      if ls .whl/cupti_python-*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+      fi
+      python3 scripts/compare_timers.py --out "$OUT/timers" --shapes 64x2112x7168 128x7168x2048 4096x7168x2048 \
+        2>&1 | tee "$OUT/timers.log" ;;
     sanitize) bash scripts/sanitize.sh 2>&1 | tee "$OUT/sanitize.log" | tail -n 40 ;;
     *) echo "unknown step $s" ;;
   esac
