@@ -5,7 +5,7 @@ import ctypes
 import threading
 
 from .config import GemmConfig
-from .jit.build import LoadedKernel, build_cubin, load_kernel
+from .jit.build import LoadedKernel, build_cubin, load_kernel, relaxed_capture
 from .jit.source import KernelSource, render
 from .launch import DESC, PTR, U32, make_launcher
 
@@ -68,7 +68,8 @@ def get_gemm_kernel(cfg: GemmConfig, device_id: int) -> LoadedKernel:
         if k.launcher is None:
             k.launcher = make_launcher(k.function, GEMM_PARAMS)
         if cfg.multicast and not k.max_clusters:
-            k.max_clusters = max_active_clusters(k, cfg) or cfg.num_sms // 2
+            with relaxed_capture():
+                k.max_clusters = max_active_clusters(k, cfg) or cfg.num_sms // 2
         with _lock:
             _by_config[key] = k
     return k

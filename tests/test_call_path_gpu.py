@@ -191,6 +191,19 @@ def test_torch_cuda_graph_capture_and_replay(kind):
                     assert (arr[gi, :r] == want.view(cp.int16)[gi, :r]).all(), f"replay {step} group {gi}"
 
 
+def _forget_loaded_kernels() -> None:
+    """Drop cupygemm's in-process memos of loaded modules and plans (the disk cache stays): the next call of any
+    shape loads its module again, as a process's first call does."""
+    from cupygemm import gemm, kernels, plan, quantization
+    from cupygemm.jit import build
+
+    gemm._calls.clear()
+    plan.clear()
+    kernels._by_config.clear()
+    quantization._kernels.clear()
+    build._loaded.clear()
+
+
 def test_torch_graph_capture_of_first_call_and_casts():
     """A shape never called before, captured directly (kernel build happens before the launch), with the casts
     and a split-K (scratch-using) shape."""
@@ -199,6 +212,7 @@ def test_torch_graph_capture_of_first_call_and_casts():
     w = torch.randn(2112, 7168, device="cuda", dtype=torch.bfloat16)
     b, sfb = cupygemm.per_block_cast_to_fp8(w)
     torch.cuda.synchronize()
+    _forget_loaded_kernels()  # so the capture below loads modules, whatever ran before in this process
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         a, sfa = cupygemm.per_token_cast_to_fp8(x)

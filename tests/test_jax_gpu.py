@@ -208,22 +208,23 @@ _COMMAND_BUFFER_SCRIPT = textwrap.dedent("""
     B = jnp.asarray(np.stack([x[0] for x in w]).view(F8)); SB = jnp.asarray(np.stack([x[1] for x in w]))
 
     @jax.jit
-    def f(mm):
+    def f(mm, sa_steps):
         dense = cj.gemm_fp8_fp8_bf16_nt(A[0], SA[0], B[0], SB[0])
         masked = cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(A, SA, B, SB, mm, 64)
-        steps = (jnp.tile(A, (STEPS // g, 1, 1)), jnp.tile(SA, (STEPS // g, 1, 1)))
-        # The GEMM's result is the loop carry (as a layer's activations are): its buffer does not move from step to
-        # step, so XLA replays the recorded graph. (Stacking every step's result as the scan's ys would give each
-        # step a new output address, and XLA records again each step.)
-        last = jax.lax.scan(lambda c, x: (cj.gemm_fp8_fp8_bf16_nt(x[0], x[1], B[1], SB[1]), None),
-                            jnp.zeros((max_m, n), jnp.bfloat16), steps)[0]
+        # The GEMM's result is the loop carry (as a layer's activations are) and each step reads its own A scales
+        # (a jit argument, so XLA cannot hoist the call as loop-invariant): buffers keep their addresses from step to
+        # step and XLA replays the recorded graph. Stacking every step's result as the scan's ys, or slicing each
+        # step's A out of a stacked array, measured a new recording on every step.
+        last = jax.lax.scan(lambda c, sa: (cj.gemm_fp8_fp8_bf16_nt(A[1], sa, B[1], SB[1]), None),
+                            jnp.zeros((max_m, n), jnp.bfloat16), sa_steps)[0]
         return dense, masked, last
 
     STEPS, CALLS = 100, 5
+    sa_steps = jnp.asarray(np.broadcast_to(np.asarray(SA[1]), (STEPS,) + SA.shape[1:]).copy())
     outs = []
     for i in range(CALLS):
         mm = jnp.asarray([(i * 7 + j * 31) % (max_m + 1) for j in range(g)], jnp.int32)
-        d, m_, s = f(mm)
+        d, m_, s = f(mm, sa_steps)
         outs.append([np.asarray(x).view(np.uint16).tolist() for x in (d, m_, s)] + [np.asarray(mm).tolist()])
     h = cj._handlers["cuda"]
     digest = [hash(json.dumps(o)) for o in outs]

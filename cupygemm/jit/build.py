@@ -4,9 +4,12 @@ The in-process memo is keyed by (device, source digest, options) so the GEMM hot
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import threading
 from dataclasses import dataclass
+from typing import Iterator
 
 from . import cache
 from .. import env
@@ -63,6 +66,41 @@ def build_cubin(src: KernelSource, options: tuple[str, ...] = (), post_process: 
     return key, cubin
 
 
+_CAPTURE_MODE_RELAXED = 2  # CUstreamCaptureMode: global 0, thread-local 1, relaxed 2
+
+
+@contextlib.contextmanager
+def relaxed_capture() -> Iterator[None]:
+    """Let this thread load modules and set function attributes while a stream is being captured.
+
+    A first call made inside ``torch.cuda.graph`` (global capture mode) loads its kernel during the capture; module
+    loading counts as a potentially unsafe call there and would invalidate the caller's capture. The loads are not
+    stream work, so they may run outside the graph: switch this thread to relaxed mode for them, then back.
+    """
+    fn = _exchange_capture_mode()
+    if fn is None:
+        yield
+        return
+    mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+    swapped = fn(ctypes.byref(mode)) == 0
+    try:
+        yield
+    finally:
+        if swapped:
+            fn(ctypes.byref(mode))
+
+
+@functools.lru_cache(maxsize=1)
+def _exchange_capture_mode():
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.POINTER(ctypes.c_int)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
 @dataclass
 class LoadedKernel:
     """A kernel loaded into one device's context."""
@@ -79,7 +117,8 @@ class LoadedKernel:
             import cupy
 
             # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-            cupy.cuda.driver.funcSetAttribute(self.function.ptr, 8, nbytes)
+            with relaxed_capture():
+                cupy.cuda.driver.funcSetAttribute(self.function.ptr, 8, nbytes)
             self.max_dynamic_smem = nbytes
 
 
@@ -115,7 +154,8 @@ def load_kernel(src: KernelSource, options: tuple[str, ...] = (), post_process: 
         k = _loaded.get(memo_key)
         if k is None:
             module = cupy.cuda.function.Module()
-            module.load(cubin)
-            k = LoadedKernel(module, module.get_function(src.entry), key)
+            with relaxed_capture():
+                module.load(cubin)
+                k = LoadedKernel(module, module.get_function(src.entry), key)
             _loaded[memo_key] = k
     return k
