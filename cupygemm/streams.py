@@ -6,8 +6,9 @@ current stream, and all work queued on that stream after the call runs after it.
 * the ``stream=`` argument when given: an int handle (``cudaStream_t``), a CuPy or torch stream, or any object
   with ``cuda_stream`` (torch), ``ptr`` (CuPy) or the ``__cuda_stream__`` protocol;
 * else, for torch tensors, torch's current stream on the tensors' device;
-* else CuPy's current stream (JAX arrays called eagerly through DLPack too: JAX orders its pending writes to
-  the inputs before that stream; see README, "Streams").
+* else CuPy's current stream (CuPy arrays and other DLPack producers).
+
+JAX arrays never come here: they go through :mod:`cupygemm.jax`, whose custom calls run on XLA's stream.
 
 Nothing here synchronizes.
 """
