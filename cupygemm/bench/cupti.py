@@ -34,7 +34,7 @@ _COMPLETED = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.POI
 
 def _candidate_paths() -> list[str]:
     paths = []
-    from .env import cupti_path
+    from ..env import cupti_path
 
     env = cupti_path()
     if env:
