@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import numpy as np
+
 from .metrics import summarize_times
 
 FLUSH_BYTES = 1 << 30
@@ -32,6 +34,12 @@ class Timer:
         if self.kernel_timer is not None:
             return self.kernel_timer.time(call, iters, before=self.flush, sync=stream.synchronize)
         return self.time_events(call, iters)
+
+    def median_us(self, call: Callable[[], Any], iters: int) -> float:
+        """One untimed call (it may compile or load), then the median of ``iters`` event-timed calls: the quick
+        measure of the tuning and probe scripts, which compare variants of one kernel in one process."""
+        call()
+        return float(np.median(self.time_events(call, iters)))
 
     def time_events(self, call: Callable[[], Any], iters: int) -> list[float]:
         """Event-timed microseconds. A few flushes first give the host a head start, so Python launch overhead
