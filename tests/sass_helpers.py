@@ -5,18 +5,14 @@ Toolchains (all CPU-only, no GPU needed):
 
 * CuPy's NVRTC binding (``cupy_backends.cuda.libs.nvrtc``): whatever libnvrtc CuPy loads (12.x, or 13.x when
   ``nvidia-cuda-nvrtc`` is installed next to cupy-cuda12x). Its ``getCUBIN`` drops the last byte: we append ``b"\\0"``.
-* Other NVRTC versions are loaded with ctypes **in a subprocess** (two ``libnvrtc.so.12`` of different minor versions
-  must not share a process): ``libnvrtc.so.13`` from ``nvidia-cuda-nvrtc`` (``site-packages/nvidia/cu13/lib``),
-  ``libnvrtc.so.12`` from ``nvidia-cuda-nvrtc-cu12`` (``site-packages/nvidia/cuda_nvrtc/lib``).
-  Extra search directories (e.g. ``pip install --target DIR nvidia-cuda-nvrtc-cu12==12.8.93``): the environment
-  variable ``CUPYGEMM_NVRTC_DIRS`` (``os.pathsep``-separated) and any ``.nvrtc*`` directory next to the checkout.
+* Other NVRTC versions are loaded with ctypes **in a subprocess** (:mod:`sass_tools.nvrtc`, which says where it looks):
+  ``libnvrtc.so.13`` from ``nvidia-cuda-nvrtc``, ``libnvrtc.so.12`` from ``nvidia-cuda-nvrtc-cu12``, and those in
+  ``CUPYGEMM_NVRTC_DIRS`` or a ``.nvrtc*`` directory next to the checkout.
 """
 
 from __future__ import annotations
 
-import ctypes
 import glob
-import json
 import os
 import re
 import shutil
@@ -29,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
-from sass_tools.nvrtc import CtypesNvrtc, NvrtcLib, compile_ctypes, find_nvrtc_libs, site_dirs  # noqa: F401
+from sass_tools.nvrtc import compile_ctypes, find_nvrtc_libs, site_dirs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NVRTC_OPTS = ("-arch=sm_90a", "-std=c++17", "-default-device")
