@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from cupygemm import config as C
-from seed_shapes import CONTIGUOUS, MASKED, NORMAL, NORMAL_NK
+from seed_shapes import CONTIGUOUS, MASKED, NORMAL
 
 
 def _all_seed_configs():
@@ -507,7 +507,7 @@ def test_split_k_refused_where_it_cannot_run():
 
 # ---- issue 32: memo by M class, degenerate inputs, override checks ---------------------------------------------------
 
-SERVING_NK = list(NORMAL_NK)
+SERVING_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
 
 
 def _grid_ms(limit: int) -> list[int]:
