@@ -2,7 +2,7 @@
 
 When the run timed DeepGEMM itself (`--peers cublas,deepgemm` with deep_gemm 03d0be3 importable), the ratio is
 time to time in that run. Otherwise DeepGEMM's time comes from a peers file measured on the same
-kind of GPU (../shared/peers/*.json). Absolute times move between machines, so the comparison goes
+kind of GPU (benchmarks/peers/*.json). Absolute times move between machines, so the comparison goes
 through cuBLAS block-scaled timed in our run: ours / DeepGEMM = (ours / cuBLAS ours-run) x (cuBLAS / DeepGEMM
 peers-run). Grouped shapes have no cuBLAS peer: they compare directly (same GPU kind), marked "same rows" when
 the run drew group sizes with the peer's valid-row total (`cupygemm bench --match-rows PEERS.json`), else by
@@ -13,7 +13,7 @@ import json
 import math
 import sys
 
-from cupygemm.bench import peer_valid_rows
+from cupygemm.bench.cases import peer_valid_rows
 
 
 def key(kind, shape):

@@ -1,4 +1,6 @@
-"""The ``cupygemm`` command: ``info``, ``warmup``, ``cache export|import`` and ``bench``."""
+"""The ``cupygemm`` command: ``info``, ``warmup``, ``cache export|import``, and ``bench`` and ``overhead`` (from
+:mod:`cupygemm.bench`, imported only when the parser is built, so ``import cupygemm.cli`` stays light and
+the benchmark never imports the CLI)."""
 from __future__ import annotations
 
 import argparse
@@ -49,15 +51,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_shape(text: str) -> tuple[int, ...]:
-    """'MxNxK' (normal) or 'GxMxNxK' (grouped)."""
+def _shape_arg(text: str) -> tuple[int, ...]:
+    """'MxNxK' (normal) or 'GxMxNxK' (grouped), with argparse's error message."""
+    from cupygemm.shapes import parse_shape
+
     try:
-        dims = tuple(int(t) for t in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape {text!r}: expected MxNxK or GxMxNxK") from None
-    if len(dims) not in (3, 4) or min(dims) < 0:
-        raise argparse.ArgumentTypeError(f"shape {text!r}: expected MxNxK or GxMxNxK")
-    return dims
+        return parse_shape(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def warmup_configs(kind: str, shapes: list[tuple[int, ...]], num_sms: int):
@@ -72,13 +73,6 @@ def warmup_configs(kind: str, shapes: list[tuple[int, ...]], num_sms: int):
         return plan(problems_from_shapes(kind, shapes), num_sms)
     except ValueError as e:
         raise SystemExit(str(e)) from None
-
-
-def compile_all(cfgs, jobs: int, progress: bool = True) -> float:
-    """Compile the distinct kernels of ``cfgs`` into the disk cache in worker processes; returns the seconds."""
-    from cupygemm.serving import build_kernels, kernel_keys
-
-    return build_kernels(list(kernel_keys(cfgs).values()), jobs, progress)
 
 
 def parse_nk(text: str) -> list[tuple[int, int]]:
@@ -170,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "the given ranges (per (N, K)) and for explicit shapes, in parallel processes. Prints the "
                     "count: problems -> configs -> kernels, already cached, built. Example: cupygemm warmup "
                     "--preset deepseek-v3 --m 1:4096 --num-sms 132")
-    sp.add_argument("shapes", nargs="*", type=parse_shape, help="MxNxK (normal) or GxMxNxK (grouped)")
+    sp.add_argument("shapes", nargs="*", type=_shape_arg, help="MxNxK (normal) or GxMxNxK (grouped)")
     sp.add_argument("--kind", choices=["normal", "contiguous", "masked"], default="normal")
     sp.add_argument("--nk", action="append", type=parse_nk, metavar="NxK[,NxK...]",
                     help="(N, K) pairs to warm for every M of --m (repeatable)")
@@ -200,15 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
         cp.add_argument("--num-sms", type=int, default=None,
                         help="SM count of the target GPU (default: this GPU's; needed for export without a GPU)")
         cp.set_defaults(func=_cmd_cache)
-    from cupygemm.overhead import add_parser as add_overhead_parser
+    from cupygemm.bench.options import add_bench_parser
+    from cupygemm.bench.overhead import add_parser as add_overhead_parser
 
     add_overhead_parser(sub)
-    try:
-        from cupygemm.bench import add_bench_parser
-    except ImportError:
-        pass
-    else:
-        add_bench_parser(sub)
+    add_bench_parser(sub)
     return p
 
 

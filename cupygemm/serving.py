@@ -19,15 +19,11 @@ from typing import Iterable, Sequence
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, GemmConfig, choose_config, kind_id, model_rows
 from .errors import CupygemmError
 from .layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
+from .shapes import GROUPED_NK, NORMAL_NK
 
-#: (N, K) pairs per kind of model presets. DeepSeek-V3 and R1 share their GEMM shapes: the seed shapes of the
-#: benchmark (cupygemm.bench.NORMAL_NK / GROUPED_NK, tests/seed_shapes.py).
+#: (N, K) pairs per kind of model presets. DeepSeek-V3 and R1 share their GEMM shapes: the seed shapes.
 PRESETS: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {
-    "deepseek-v3": {
-        "normal": ((2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)),
-        "contiguous": ((4096, 7168), (7168, 2048)),
-        "masked": ((4096, 7168), (7168, 2048)),
-    },
+    "deepseek-v3": {"normal": NORMAL_NK, "contiguous": GROUPED_NK, "masked": GROUPED_NK},
 }
 PRESETS["deepseek-r1"] = PRESETS["deepseek-v3"]
 #: The M range a preset warms by default for normal GEMMs (grouped kinds need an explicit range and group count).

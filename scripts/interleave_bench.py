@@ -1,6 +1,6 @@
 """FFMA interleave pass, measured: NVRTC 12.8 builds with the pass off/on vs the default NVRTC, dense seed shapes.
 
-  python scripts/interleave_bench.py build DIR   # here (no GPU): NVRTC 12.8 via ctypes (tests/sass_helpers.py)
+  python scripts/interleave_bench.py build DIR   # no GPU needed: NVRTC 12.8 via ctypes (sass_tools.nvrtc)
   python scripts/interleave_bench.py run DIR     # on the GPU: time all three builds, check bitwise equality
 """
 from __future__ import annotations
@@ -11,16 +11,11 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from seed_shapes import NORMAL  # noqa: E402
-
-import cupygemm  # noqa: E402
-from cupygemm import config as C  # noqa: E402
-from cupygemm.jit.compiler import BASE_OPTIONS  # noqa: E402
-from cupygemm.kernels import gemm_source  # noqa: E402
-
-SHAPES = NORMAL[:18]
+import cupygemm
+from cupygemm import config as C
+from cupygemm.jit.compiler import BASE_OPTIONS
+from cupygemm.kernels import gemm_source
+from cupygemm.shapes import NORMAL as SHAPES
 
 
 def flatten(src) -> str:
@@ -41,15 +36,15 @@ def flatten(src) -> str:
 
 
 def build(out: Path) -> None:
-    import sass_helpers as H
     from sass_tools.interleave import interleave_ffma
+    from sass_tools.nvrtc import compile_ctypes, find_nvrtc_libs
 
-    libs = [lib for lib in H.find_nvrtc_libs() if lib.version == (12, 8)]
+    libs = [lib for lib in find_nvrtc_libs() if lib.version == (12, 8)]
     if not libs:
         raise SystemExit("NVRTC 12.8 not found: pip install --target .nvrtc128 nvidia-cuda-nvrtc-cu12==12.8.93")
     out.mkdir(parents=True, exist_ok=True)
     cfgs = [C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132) for m, n, k in SHAPES]
-    version, cubins = H.compile_ctypes(libs[0].path, [(flatten(gemm_source(c)), BASE_OPTIONS) for c in cfgs])
+    version, cubins = compile_ctypes(libs[0].path, [(flatten(gemm_source(c)), BASE_OPTIONS) for c in cfgs])
     report = []
     for (m, n, k), cubin in zip(SHAPES, cubins):
         res = interleave_ffma(cubin)
@@ -65,23 +60,22 @@ def run(src: Path) -> None:
     import cupy as cp
 
     from cupygemm import kernels
+    from cupygemm.bench.inputs import make_normal
+    from cupygemm.bench.timing import Timer
     from cupygemm.jit.build import LoadedKernel
     from cupygemm.jit.compiler import nvrtc_version
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gpu_helpers import make_normal
-    from tune import timed
-
+    timer = Timer(512 << 20)
     rows = []
     for m, n, k in SHAPES:
         cfg = C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
-        a, sfa, b, sfb, _, _ = make_normal(m, n, k, 0)
+        a, sfa, b, sfb = make_normal(m, n, k, 0)
         sfa = cupygemm.get_col_major_tma_aligned_tensor(sfa)
         out = cp.empty((m, n), dtype=cupygemm.tensors.BF16)
         call = lambda: cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)  # noqa: E731
         res, bits = {}, {}
         kernels._by_config.pop((0, cfg), None)
-        res["default"] = timed(call, 30)
+        res["default"] = timer.median_us(call, 30)
         bits["default"] = out.view(cp.uint16).copy()
         for mode in ("off", "on"):
             module = cp.cuda.function.Module()
@@ -89,7 +83,7 @@ def run(src: Path) -> None:
             lk = LoadedKernel(module, module.get_function("cupygemm_fp8_gemm"), f"nvrtc12.8-{mode}")
             lk.ensure_dynamic_smem(cfg.smem_bytes)
             kernels._by_config[(0, cfg)] = lk
-            res[f"12.8-{mode}"] = timed(call, 30)
+            res[f"12.8-{mode}"] = timer.median_us(call, 30)
             bits[mode] = out.view(cp.uint16).copy()
         kernels._by_config.pop((0, cfg), None)
         same = bool((bits["on"] == bits["off"]).all()) and bool((bits["on"] == bits["default"]).all())

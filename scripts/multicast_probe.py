@@ -1,21 +1,15 @@
-"""Why is multicast slower? Co-resident cluster count, and time vs forced grid size, on two shapes. Hopper GPU."""
-import sys
-
+"""Why is multicast slower? Co-resident cluster count, and time vs forced grid size, on three shapes. Hopper GPU."""
 import cupy as cp
 
 import cupygemm
 from cupygemm import config as C
+from cupygemm.bench.inputs import make_normal
+from cupygemm.bench.timing import Timer
 from cupygemm.kernels import get_gemm_kernel, max_active_clusters
 
-sys.path.insert(0, "scripts")
-sys.path.insert(0, "tests")
-from gpu_helpers import randn_bf16  # noqa: E402
-from tune import timed  # noqa: E402
-
-rng = cp.random.default_rng(0)
+timer = Timer(512 << 20)
 for m, n, k, bm, bn in [(4096, 7168, 4096, 128, 160), (64, 2112, 7168, 64, 16), (4096, 4096, 7168, 128, 128)]:
-    a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((m, k), rng))
-    b, sfb = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
+    a, sfa, b, sfb = make_normal(m, n, k)
     sfa = cupygemm.get_col_major_tma_aligned_tensor(sfa)
     out = cp.empty((m, n), dtype=cupygemm.tensors.BF16)
     call = lambda: cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)  # noqa: E731
@@ -27,7 +21,7 @@ for m, n, k, bm, bn in [(4096, 7168, 4096, 128, 160), (64, 2112, 7168, 64, 16), 
             cfg = C.choose_config(0, m, n, k, 1, 132)
             kern = get_gemm_kernel(cfg, 0)
             kern.max_clusters = 66  # bypass the cap: launch the grid asked for
-            us = timed(call, 10)
+            us = timer.median_us(call, 10)
             print(f"{m}x{n}x{k} {bm}x{bn} mc{mc} grid {grid}: {us:.1f} us  occupancy-query clusters "
                   f"{max_active_clusters(kern, cfg)}", flush=True)
         C.override_config(0, n, k)

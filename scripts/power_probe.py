@@ -22,10 +22,10 @@ import time
 import cupy as cp
 import numpy as np
 
-from cupygemm import bench
 from cupygemm import config as C
+from cupygemm.bench import cases, inputs, providers, timing
 
-SHAPES = [bench.Shape("normal", (4096, 7168, 16384)), bench.Shape("normal", (4096, 4096, 7168))]
+SHAPES = [cases.Shape("normal", (4096, 7168, 16384)), cases.Shape("normal", (4096, 4096, 7168))]
 VARIANTS = [("cupygemm", {}),
             ("cupygemm 256x128 two acc sets",
              {"block_m": 256, "block_n": 128, "wgmma_n": 64, "serial_m": True, "double_acc": True, "multicast": 1})]
@@ -77,7 +77,7 @@ def main() -> None:
     log = tempfile.TemporaryFile("w+")
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,enforced.power.limit,"
                             "clocks_event_reasons.active", "--format=csv,noheader,nounits", "-lms", "20"], stdout=log)
-    flush_buf = cp.empty(bench.FLUSH_BYTES, dtype=cp.uint8)
+    flush_buf = cp.empty(timing.FLUSH_BYTES, dtype=cp.uint8)
     marks = []
 
     def measure(mode, shape, name, call):
@@ -88,14 +88,14 @@ def main() -> None:
         time.sleep(0.5)
 
     for shape in SHAPES:
-        sizes = bench.shape_sizes([shape], 0, None)[shape]
-        inp = bench.make_inputs(shape, sizes, 0)
-        prep = bench.prepare_cupygemm(inp)
+        sizes = cases.shape_sizes([shape], 0, None)[shape]
+        inp = inputs.make_inputs(shape, sizes, 0)
+        prep = providers.prepare_cupygemm(inp)
         calls = [(name, fields, prep.call) for name, fields in VARIANTS]  # (name, config override, call)
         if torch is not None:
-            calls.append(("cublas_block", None, bench.CublasBlockPeer(torch).prepare(inp).call))
-            a = bench.torch_fp8(torch, inp.a)
-            bt = bench.torch_fp8(torch, inp.b).t()
+            calls.append(("cublas_block", None, providers.CublasBlockPeer(torch).prepare(inp).call))
+            a = providers.torch_fp8(torch, inp.a)
+            bt = providers.torch_fp8(torch, inp.b).t()
             one = torch.ones((), device="cuda")
             calls.append(("cublas_tensor (per-tensor scales, no promotion)", None,
                           lambda: torch._scaled_mm(a, bt, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)))

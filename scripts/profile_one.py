@@ -5,16 +5,13 @@ Fields override the config (block_m=256 block_n=128 multicast=1 serial_m=1 ...).
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import cupy as cp
 
 import cupygemm
 from cupygemm import config as C
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from gpu_helpers import randn_bf16  # noqa: E402
+from cupygemm.bench.inputs import make_normal
 
 
 def main() -> None:
@@ -22,9 +19,7 @@ def main() -> None:
     fields = {kv.split("=")[0]: int(kv.split("=")[1]) for kv in sys.argv[4:]}
     if fields:
         C.override_config("normal", n, k, **fields)
-    rng = cp.random.default_rng(0)
-    a, sfa = cupygemm.per_token_cast_to_fp8(randn_bf16((m, k), rng))
-    b, sfb = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
+    a, sfa, b, sfb = make_normal(m, n, k)
     sfa = cupygemm.get_col_major_tma_aligned_tensor(sfa)
     out = cp.empty((m, n), dtype=cupygemm.tensors.BF16)
     print(C.choose_config(C.KIND_NORMAL, m, n, k, 1, cupygemm.get_num_sms()).describe(), flush=True)

@@ -1,14 +1,20 @@
 """Small GEMMs of every kernel kind and representative configs, for compute-sanitizer (scripts/sanitize.sh)."""
-import sys
-
 import cupy as cp
 import numpy as np
 
 import cupygemm
 from cupygemm import config as C
+from cupygemm.bench.inputs import make_normal, randn_bf16
 
-sys.path.insert(0, "tests")
-from gpu_helpers import grouped_weights, make_normal, randn_bf16  # noqa: E402
+
+def grouped_weights(g: int, n: int, k: int, rng: cp.random.Generator):
+    """G recipe-quantized weight matrices: (B uint8 [G, N, K], SFB float32 [G, ceil(N/128), ceil(K/128)])."""
+    b = cp.empty((g, n, k), cp.uint8)
+    sfb = cp.empty((g, -(-n // 128), -(-k // 128)), cp.float32)
+    for i in range(g):
+        b[i], sfb[i] = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
+    return b, sfb
+
 
 rng = cp.random.default_rng(0)
 # (block_m, block_n, multicast) on odd shapes: smallest and largest tiles, multicast on and off.
@@ -17,18 +23,18 @@ for bm, bn, mc, (m, n, k) in [(64, 16, 0, (65, 136, 576)), (128, 160, 0, (129, 3
                               (64, 64, 1, (70, 512, 384)), (64, 184, 0, (1, 8, 128)),
                               (128, 144, 0, (200, 600, 1408)), (256, 128, 1, (300, 512, 640)),
                               (192, 128, 1, (340, 512, 640)), (192, 120, 0, (70, 360, 384))]:
-    # 128x144: K loop compiled per scale-block boundary offset; 256x128: serial m64 slices; 192: three math
+    # 128x144: K loop compiled per scale-block boundary offset; 256x128: serial m64 sub-tiles; 192: three math
     # warpgroups (340 rows: the second block's third warpgroup has 20, 70 rows: two warpgroups idle).
     extra = {"serial_m": True} if bm == 256 and bn > 96 else {}
     C.override_config("normal", n, k, block_m=bm, block_n=bn, multicast=mc, **extra)
-    a, sfa, b, sfb, _, _ = make_normal(m, n, k, bm + bn)
+    a, sfa, b, sfb = make_normal(m, n, k, bm + bn)
     out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     C.override_config("normal", n, k)
-# Split-K across CTAs (FP32 partials, last CTA reduces): ragged tiles, uneven slices, two row groups, multicast.
+# Split-K across CTAs (FP32 partials, last CTA reduces): ragged tiles, uneven splits, two row groups, multicast.
 for bm, bn, ks, mc, (m, n, k) in [(64, 128, 3, 0, (65, 264, 1408)), (128, 128, 4, 2, (256, 384, 1024)),
                                   (64, 16, 7, 0, (33, 40, 896))]:
     C.override_config("normal", n, k, block_m=bm, block_n=bn, multicast=mc, k_slices=ks)
-    a, sfa, b, sfb, _, _ = make_normal(m, n, k, bm + bn + ks)
+    a, sfa, b, sfb = make_normal(m, n, k, bm + bn + ks)
     out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     C.override_config("normal", n, k)
 g, n, k = 3, 256, 512
@@ -54,7 +60,7 @@ a4, s4 = a4.reshape(g4, 320, k4), s4.reshape(g4, 320, -1)
 C.override_config("masked", n4, k4, block_m=64, block_n=168, split_k=True)
 cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a4, s4), (b4, sfb4), None, cp.asarray(np.array([277, 220, 0, 181], np.int32)), 256)
 C.override_config("masked", n4, k4)
-# Masked on 256-row serial tiles with A multicast: groups ending in each m64 slice of a block (skipped slices, A
+# Masked on 256-row serial tiles with A multicast: groups ending in each m64 sub-tile of a block (skipped sub-tiles, A
 # boxes past masked_m not loaded, cheap blocks scheduled last).
 b6, sfb6 = grouped_weights(g4, 896, k4, rng)
 C.override_config("masked", 896, k4, block_m=256, block_n=112, multicast=1, serial_m=True)
@@ -67,15 +73,15 @@ C.override_config("masked", 640, k4, block_m=128, block_n=160, multicast=1, stre
 cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a4, s4), (b7, sfb7), None, cp.asarray(np.array([300, 1, 0, 100], np.int32)), 256)
 C.override_config("masked", 640, k4)
 C.override_config("normal", 640, 1408, block_m=128, block_n=128, stream_k=True, num_sms=16)
-a, sfa, b, sfb, _, _ = make_normal(100, 640, 1408, 7)
+a, sfa, b, sfb = make_normal(100, 640, 1408, 7)
 out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
 C.override_config("normal", 640, 1408)
 # Two accumulator sets: serial 256-row tiles with split wgmma N and A multicast (a chunk of 8 K blocks and one of 3),
-# and a 64-row tile over 3 K slices (run-time chunk lengths).
+# and a 64-row tile over 3 K splits (run-time chunk lengths).
 for bm, bn, fields, (m, n, k) in [(256, 128, {"serial_m": True, "wgmma_n": 64, "multicast": 1}, (300, 512, 1408)),
                                   (64, 64, {"k_slices": 3}, (70, 320, 1408))]:
     C.override_config("normal", n, k, block_m=bm, block_n=bn, double_acc=True, **fields)
-    a, sfa, b, sfb, _, _ = make_normal(m, n, k, bm + bn + 1)
+    a, sfa, b, sfb = make_normal(m, n, k, bm + bn + 1)
     out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     C.override_config("normal", n, k)
 cupygemm.per_block_cast_to_fp8(randn_bf16((130, 200), rng))

@@ -19,12 +19,12 @@ import sys
 import cupy as cp
 import numpy as np
 
-from cupygemm import bench
 from cupygemm import config as C
-from cupygemm.cli import compile_all
+from cupygemm.bench import cases, checks, inputs, providers, timing
+from cupygemm.bench.run import compile_configs
 
 
-def sizes_of(entry: dict, shape: bench.Shape, drawn: bench.Sizes) -> bench.Sizes:
+def sizes_of(entry: dict, shape: cases.Shape, drawn: cases.Sizes) -> cases.Sizes:
     """The entry's rows: its "group_rows" when given (grouped kinds), else the bench's draw."""
     if "group_rows" not in entry:
         return drawn
@@ -36,8 +36,8 @@ def sizes_of(entry: dict, shape: bench.Shape, drawn: bench.Sizes) -> bench.Sizes
     if shape.kind == "contiguous" and not all(r >= 1 for r in rows):
         raise SystemExit(f"{shape.label}: contiguous group_rows must be positive, got {rows}")
     if shape.kind == "contiguous":
-        return bench.Sizes(rows, sum(bench.round_up(r, C.M_ALIGNMENT) for r in rows))
-    return bench.Sizes(rows, drawn.a_rows)
+        return cases.Sizes(rows, sum(cases.round_up(r, C.M_ALIGNMENT) for r in rows))
+    return cases.Sizes(rows, drawn.a_rows)
 
 
 def main() -> None:
@@ -49,8 +49,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="the bench's seed for group sizes (without --match-rows)")
     args = p.parse_args()
     spec = json.load(open(args.spec))
-    shapes = [bench.Shape(e["kind"], tuple(e["dims"])) for e in spec]
-    drawn = bench.shape_sizes(shapes, args.seed, args.match_rows)
+    shapes = [cases.Shape(e["kind"], tuple(e["dims"])) for e in spec]
+    drawn = cases.shape_sizes(shapes, args.seed, args.match_rows)
     sizes = [sizes_of(e, s, drawn[s]) for e, s in zip(spec, shapes)]
 
     def configs(shape, size, variants):
@@ -58,7 +58,7 @@ def main() -> None:
         for v in variants:
             C.override_config(shape.kind, shape.n, shape.k, **v)
             try:
-                out.append(bench.shape_config(shape, size, 132))
+                out.append(cases.shape_config(shape, size, 132))
             except ValueError as ex:
                 print(f"skip {shape.label} {v}: {ex}")
                 out.append(None)
@@ -67,17 +67,17 @@ def main() -> None:
         return out
 
     all_cfgs = [c for e, s, z in zip(spec, shapes, sizes) for c in configs(s, z, e["variants"]) if c is not None]
-    secs = compile_all(all_cfgs, 16, progress=False)
+    secs = compile_configs(all_cfgs, 16, progress=False)
     print(f"compiled {len(set(all_cfgs))} kernels in {secs:.0f}s", flush=True)
-    kernel_timer, why = bench.open_cupti_timer()
-    timer = bench.Timer(bench.FLUSH_BYTES, kernel_timer)
+    kernel_timer, why = timing.open_cupti_timer()
+    timer = timing.Timer(timing.FLUSH_BYTES, kernel_timer)
     print("timing:", "cupti" if kernel_timer else f"events ({why})", flush=True)
     rows = []
     for e, shape, size in zip(spec, shapes, sizes):
-        inp = bench.make_inputs(shape, size, 0)
-        prep = bench.prepare_cupygemm(inp)
-        sel_rows, sel_groups = bench.check_rows(shape, size, bench.CHECK_ROWS, 0)
-        ref = bench.reference_rows(inp, sel_rows, sel_groups)
+        inp = inputs.make_inputs(shape, size, 0)
+        prep = providers.prepare_cupygemm(inp)
+        sel_rows, sel_groups = cases.check_rows(shape, size, checks.CHECK_ROWS, 0)
+        ref = checks.reference_rows(inp, sel_rows, sel_groups)
         for v, cfg in zip(e["variants"], configs(shape, size, e["variants"])):
             if cfg is None:
                 continue
@@ -85,7 +85,7 @@ def main() -> None:
             try:
                 prep.output().fill(0)
                 prep.call()
-                check = bench.compare(bench.output_rows(prep.output(), sel_rows), *ref)["check"]
+                check = checks.compare(checks.output_rows(prep.output(), sel_rows), *ref)["check"]
                 us = float(np.median(timer.time(prep.call, args.iters)))
                 err = None if check == "ok" else "check FAIL"
             except Exception as ex:  # keep going: report the failure

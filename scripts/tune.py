@@ -15,12 +15,13 @@ import numpy as np
 
 import cupygemm
 from cupygemm import config as C
-from cupygemm.bench import Timer
-from cupygemm.cli import compile_all
+from cupygemm.bench.inputs import randn_bf16
+from cupygemm.bench.run import compile_configs
+from cupygemm.bench.timing import Timer
+from cupygemm.shapes import CONTIGUOUS, K_TAIL_SHAPE, MASKED
+from cupygemm.shapes import NORMAL as SEED_NORMAL
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from gpu_helpers import randn_bf16  # noqa: E402
-from seed_shapes import CONTIGUOUS, MASKED, NORMAL  # noqa: E402
+NORMAL = (*SEED_NORMAL, K_TAIL_SHAPE)
 
 _TIMER = None
 
@@ -30,8 +31,7 @@ def timed(fn, iters=15):
     global _TIMER
     if _TIMER is None:
         _TIMER = Timer(512 << 20)
-    fn()
-    return float(np.median(_TIMER.time_events(fn, iters)))
+    return _TIMER.median_us(fn, iters)
 
 
 def variants(kind, m_rows, n, k):
@@ -105,7 +105,7 @@ def main():
         kid = {"normal": 0, "contiguous": 1, "masked": 2}[kind]
         m_rows = s[0] if kind == "normal" else (s[0] * s[1] if kind == "contiguous" else s[1])
         all_cfgs += variants(kid, m_rows, s[-2], s[-1])
-    secs = compile_all(all_cfgs, os.cpu_count() or 1, progress=False)
+    secs = compile_configs(all_cfgs, os.cpu_count() or 1, progress=False)
     print(f"compiled {len(set(all_cfgs))} kernels in {secs:.0f}s", flush=True)
     for kind, s in jobs:
         kid = {"normal": 0, "contiguous": 1, "masked": 2}[kind]

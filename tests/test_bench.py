@@ -13,9 +13,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from cupygemm import bench
 from cupygemm import reference as ref
-from cupygemm.bench import Shape, Sizes
+from cupygemm.bench import cases, checks, environment, inputs, metrics, options, plot, providers, report, run
+from cupygemm.bench.cases import Shape, Sizes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,11 +23,11 @@ REPO = Path(__file__).resolve().parents[1]
 # ---- shapes ---------------------------------------------------------------------------------------------------------
 
 def test_default_shapes_are_the_28_seed_shapes():
-    shapes = bench.default_shapes()
+    shapes = cases.default_shapes()
     assert len(shapes) == 28
     kinds = [s.kind for s in shapes]
     assert kinds.count("normal") == 18 and kinds.count("contiguous") == 4 and kinds.count("masked") == 6
-    assert kinds == sorted(kinds, key=bench.KINDS.index)  # normal, then contiguous, then masked
+    assert kinds == sorted(kinds, key=cases.KINDS.index)  # normal, then contiguous, then masked
     assert len(set(shapes)) == 28
     normal = {s.dims for s in shapes if s.kind == "normal"}
     assert normal == {(m, n, k) for m in (64, 128, 4096) for n, k in
@@ -44,76 +44,76 @@ def test_default_shapes_are_the_28_seed_shapes():
 
 
 def test_default_shapes_by_kind():
-    assert [s.kind for s in bench.default_shapes(["masked"])] == ["masked"] * 6
-    assert len(bench.default_shapes(["normal", "contiguous"])) == 22
+    assert [s.kind for s in cases.default_shapes(["masked"])] == ["masked"] * 6
+    assert len(cases.default_shapes(["normal", "contiguous"])) == 22
 
 
 def test_parse_kinds():
-    assert bench.parse_kinds(None) is None
-    assert bench.parse_kinds("normal,contiguous,masked") == ["normal", "contiguous", "masked"]
-    assert bench.parse_kinds("masked, contig") == ["masked", "contiguous"]
-    assert bench.parse_kinds("normal,normal") == ["normal"]
-    with pytest.raises(bench.BenchUsageError, match="unknown kind"):
-        bench.parse_kinds("normal,dense")
-    with pytest.raises(bench.BenchUsageError):
-        bench.parse_kinds(",")
+    assert cases.parse_kinds(None) is None
+    assert cases.parse_kinds("normal,contiguous,masked") == ["normal", "contiguous", "masked"]
+    assert cases.parse_kinds("masked, contig") == ["masked", "contiguous"]
+    assert cases.parse_kinds("normal,normal") == ["normal"]
+    with pytest.raises(cases.BenchUsageError, match="unknown kind"):
+        cases.parse_kinds("normal,dense")
+    with pytest.raises(cases.BenchUsageError):
+        cases.parse_kinds(",")
 
 
 def test_parse_shape_texts():
-    assert bench.parse_shape_texts(None) is None
-    assert bench.parse_shape_texts(["64x2112x7168", "128X7168x2048,4096x4096x7168"]) == [
+    assert cases.parse_shape_texts(None) is None
+    assert cases.parse_shape_texts(["64x2112x7168", "128X7168x2048,4096x4096x7168"]) == [
         (64, 2112, 7168), (128, 7168, 2048), (4096, 4096, 7168)]
-    assert bench.parse_shape_texts(["4x8192x4096x7168"]) == [(4, 8192, 4096, 7168)]
+    assert cases.parse_shape_texts(["4x8192x4096x7168"]) == [(4, 8192, 4096, 7168)]
     for bad in (["64x2112"], ["axbxc"], ["1x2x3x4x5"], [","]):
-        with pytest.raises(bench.BenchUsageError):
-            bench.parse_shape_texts(bad)
+        with pytest.raises(cases.BenchUsageError):
+            cases.parse_shape_texts(bad)
 
 
 def test_select_shapes():
-    assert len(bench.select_shapes(None, None)) == 28
-    assert len(bench.select_shapes(["contiguous"], None)) == 4
-    got = bench.select_shapes(None, [(64, 2112, 7168)])
+    assert len(cases.select_shapes(None, None)) == 28
+    assert len(cases.select_shapes(["contiguous"], None)) == 4
+    got = cases.select_shapes(None, [(64, 2112, 7168)])
     assert got == [Shape("normal", (64, 2112, 7168))]
-    got = bench.select_shapes(["masked"], [(2, 512, 4096, 7168)])
+    got = cases.select_shapes(["masked"], [(2, 512, 4096, 7168)])
     assert got == [Shape("masked", (2, 512, 4096, 7168))]
-    got = bench.select_shapes(["normal", "contiguous"], [(64, 256, 512), (4, 256, 512, 1024)])
+    got = cases.select_shapes(["normal", "contiguous"], [(64, 256, 512), (4, 256, 512, 1024)])
     assert [s.kind for s in got] == ["normal", "contiguous"]
-    with pytest.raises(bench.BenchUsageError, match="exactly one grouped kind"):
-        bench.select_shapes(None, [(4, 8192, 4096, 7168)])
-    with pytest.raises(bench.BenchUsageError, match="exactly one grouped kind"):
-        bench.select_shapes(["contiguous", "masked"], [(4, 8192, 4096, 7168)])
-    with pytest.raises(bench.BenchUsageError, match="excludes normal"):
-        bench.select_shapes(["masked"], [(64, 2112, 7168)])
-    with pytest.raises(bench.BenchUsageError, match="multiple of 16"):
-        bench.select_shapes(None, [(64, 2112, 7000)])
-    with pytest.raises(bench.BenchUsageError, match="multiple of 8"):
-        bench.select_shapes(None, [(64, 2113, 7168)])
-    with pytest.raises(bench.BenchUsageError, match="positive"):
-        bench.select_shapes(None, [(0, 2112, 7168)])
+    with pytest.raises(cases.BenchUsageError, match="exactly one grouped kind"):
+        cases.select_shapes(None, [(4, 8192, 4096, 7168)])
+    with pytest.raises(cases.BenchUsageError, match="exactly one grouped kind"):
+        cases.select_shapes(["contiguous", "masked"], [(4, 8192, 4096, 7168)])
+    with pytest.raises(cases.BenchUsageError, match="excludes normal"):
+        cases.select_shapes(["masked"], [(64, 2112, 7168)])
+    with pytest.raises(cases.BenchUsageError, match="multiple of 16"):
+        cases.select_shapes(None, [(64, 2112, 7000)])
+    with pytest.raises(cases.BenchUsageError, match="multiple of 8"):
+        cases.select_shapes(None, [(64, 2113, 7168)])
+    with pytest.raises(cases.BenchUsageError, match="positive"):
+        cases.select_shapes(None, [(0, 2112, 7168)])
 
 
 # ---- sizes, layouts, configs ------------------------------------------------------------------------------------------
 
 def test_make_sizes_normal():
-    s = bench.make_sizes(Shape("normal", (64, 2112, 7168)), 0)
+    s = cases.make_sizes(Shape("normal", (64, 2112, 7168)), 0)
     assert s == Sizes((64,), 64) and s.valid_m == 64
 
 
-@pytest.mark.parametrize("shape", [s for s in bench.default_shapes() if s.kind == "contiguous"])
+@pytest.mark.parametrize("shape", [s for s in cases.default_shapes() if s.kind == "contiguous"])
 def test_make_sizes_contiguous(shape):
-    s = bench.make_sizes(shape, 0)
+    s = cases.make_sizes(shape, 0)
     assert len(s.group_rows) == shape.groups
     for r in s.group_rows:
         assert int(0.7 * shape.m) <= r <= int(1.3 * shape.m)
-    assert s.a_rows == sum(bench.round_up(r, 128) for r in s.group_rows)
+    assert s.a_rows == sum(cases.round_up(r, 128) for r in s.group_rows)
     assert s.a_rows % 128 == 0
-    assert s == bench.make_sizes(shape, 0)  # deterministic
-    assert s != bench.make_sizes(shape, 1)  # the seed matters
+    assert s == cases.make_sizes(shape, 0)  # deterministic
+    assert s != cases.make_sizes(shape, 1)  # the seed matters
 
 
-@pytest.mark.parametrize("shape", [s for s in bench.default_shapes() if s.kind == "masked"])
+@pytest.mark.parametrize("shape", [s for s in cases.default_shapes() if s.kind == "masked"])
 def test_make_sizes_masked(shape):
-    s = bench.make_sizes(shape, 0)
+    s = cases.make_sizes(shape, 0)
     assert s.a_rows == 4096  # max_m
     assert len(s.group_rows) == shape.groups
     for r in s.group_rows:
@@ -123,8 +123,8 @@ def test_make_sizes_masked(shape):
 
 def test_sizes_do_not_depend_on_the_shape_list():
     shape = Shape("contiguous", (8, 4096, 7168, 2048))
-    assert bench.make_sizes(shape, 3) == bench.make_sizes(Shape("contiguous", (8, 4096, 7168, 2048)), 3)
-    assert bench.make_sizes(shape, 3) != bench.make_sizes(Shape("contiguous", (8, 4096, 4096, 7168)), 3)
+    assert cases.make_sizes(shape, 3) == cases.make_sizes(Shape("contiguous", (8, 4096, 7168, 2048)), 3)
+    assert cases.make_sizes(shape, 3) != cases.make_sizes(Shape("contiguous", (8, 4096, 4096, 7168)), 3)
 
 
 def _peer_table(path, rows_by_shape):
@@ -141,74 +141,74 @@ def _peer_table(path, rows_by_shape):
 
 def test_peer_valid_rows_reads_deepgemm_rows(tmp_path):
     want = {("contiguous", (4, 8192, 4096, 7168)): 34151, ("masked", (1, 1024, 4096, 7168)): 1006}
-    assert bench.peer_valid_rows(_peer_table(tmp_path / "p.json", want)) == want
+    assert cases.peer_valid_rows(_peer_table(tmp_path / "p.json", want)) == want
 
 
 @pytest.mark.parametrize("rows,total,expected", [([1109], 1006, 1024), ([300, 500, 200], 1085, 256 * 4 // 3),
                                                  ([9000, 6000, 10000, 8000], 34151, 8192), ([7, 7], 18, 10)])
 def test_match_total_hits_the_total_within_the_spread(rows, total, expected):
-    out = bench.match_total(rows, total, expected)
+    out = cases.match_total(rows, total, expected)
     assert sum(out) == total and len(out) == len(rows)
     assert all(int(0.7 * expected) <= r <= int(1.3 * expected) for r in out)
 
 
 def test_match_total_rejects_impossible_totals():
     with pytest.raises(ValueError, match="cannot be split"):
-        bench.match_total([100, 100], 500, 100)
+        cases.match_total([100, 100], 500, 100)
 
 
 @pytest.mark.parametrize("shape,valid", [(Shape("masked", (1, 1024, 4096, 7168)), 1006),
                                          (Shape("masked", (4, 256, 7168, 2048)), 973),
                                          (Shape("contiguous", (8, 4096, 7168, 2048)), 38239)])
 def test_make_sizes_with_matched_rows(shape, valid):
-    s = bench.make_sizes(shape, 0, valid)
+    s = cases.make_sizes(shape, 0, valid)
     assert s.valid_m == valid and len(s.group_rows) == shape.groups
     if shape.kind == "contiguous":
-        assert s.a_rows == sum(bench.round_up(r, 128) for r in s.group_rows)
+        assert s.a_rows == sum(cases.round_up(r, 128) for r in s.group_rows)
     else:
         assert s.a_rows == 4096
 
 
 def test_shape_sizes_match_rows_from_a_peer_table(tmp_path):
-    shapes = bench.default_shapes(["contiguous", "masked"])
+    shapes = cases.default_shapes(["contiguous", "masked"])
     table = _peer_table(tmp_path / "p.json", {("masked", (2, 512, 4096, 7168)): 1037})
-    sizes = bench.shape_sizes(shapes, 0, str(table))
+    sizes = cases.shape_sizes(shapes, 0, str(table))
     for s in shapes:  # shapes the table lacks keep their seeded draw
-        want = 1037 if s.dims == (2, 512, 4096, 7168) else bench.make_sizes(s, 0).valid_m
+        want = 1037 if s.dims == (2, 512, 4096, 7168) else cases.make_sizes(s, 0).valid_m
         assert sizes[s].valid_m == want
-    with pytest.raises(bench.BenchUsageError, match="--match-rows"):
-        bench.shape_sizes(shapes, 0, str(tmp_path / "missing.json"))
+    with pytest.raises(cases.BenchUsageError, match="--match-rows"):
+        cases.shape_sizes(shapes, 0, str(tmp_path / "missing.json"))
     bad = _peer_table(tmp_path / "bad.json", {("masked", (1, 1024, 4096, 7168)): 5000})
-    with pytest.raises(bench.BenchUsageError, match="cannot be split"):
-        bench.shape_sizes(shapes, 0, str(bad))
+    with pytest.raises(cases.BenchUsageError, match="cannot be split"):
+        cases.shape_sizes(shapes, 0, str(bad))
 
 
 def test_masked_max_m():
-    assert bench.masked_max_m(1024) == 4096
-    assert bench.masked_max_m(4000) == bench.round_up(math.ceil(4000 * 1.3), 128)
+    assert cases.masked_max_m(1024) == 4096
+    assert cases.masked_max_m(4000) == cases.round_up(math.ceil(4000 * 1.3), 128)
 
 
 def test_contiguous_m_indices():
-    idx = bench.contiguous_m_indices([3, 128, 130])
+    idx = cases.contiguous_m_indices([3, 128, 130])
     assert idx.dtype == np.int32
     assert len(idx) == 128 + 128 + 256
     assert (idx[:3] == 0).all() and (idx[3:128] == -1).all()
     assert (idx[128:256] == 1).all()
     assert (idx[256:386] == 2).all() and (idx[386:] == -1).all()
-    assert len(bench.contiguous_m_indices([])) == 0
+    assert len(cases.contiguous_m_indices([])) == 0
 
 
 def test_config_m_rows_matches_the_api():
     n = Shape("normal", (64, 2112, 7168))
-    assert bench.config_m_rows(n, bench.make_sizes(n, 0)) == 64
+    assert cases.config_m_rows(n, cases.make_sizes(n, 0)) == 64
     c = Shape("contiguous", (4, 8192, 4096, 7168))
-    sc = bench.make_sizes(c, 0)
-    assert bench.config_m_rows(c, sc) == sc.a_rows  # total (padded) rows, like gemm._launch(p, p.m)
+    sc = cases.make_sizes(c, 0)
+    assert cases.config_m_rows(c, sc) == sc.a_rows  # total (padded) rows, like gemm._launch(p, p.m)
     m = Shape("masked", (2, 512, 4096, 7168))
-    assert bench.config_m_rows(m, bench.make_sizes(m, 0)) == 512  # expected_m
+    assert cases.config_m_rows(m, cases.make_sizes(m, 0)) == 512  # expected_m
     big = Shape("masked", (1, 9000, 4096, 7168))
-    sb = bench.make_sizes(big, 0)
-    assert bench.config_m_rows(big, sb) == min(9000, sb.a_rows)
+    sb = cases.make_sizes(big, 0)
+    assert cases.config_m_rows(big, sb) == min(9000, sb.a_rows)
 
 
 def test_shape_config_agrees_with_warmup_configs():
@@ -216,38 +216,38 @@ def test_shape_config_agrees_with_warmup_configs():
     from cupygemm.config import GemmConfig
 
     for kind in ("normal", "masked"):
-        shapes = bench.default_shapes([kind])
+        shapes = cases.default_shapes([kind])
         dims = [s.dims for s in shapes]
         want = warmup_configs(kind, dims, 132)
-        got = [bench.shape_config(s, bench.make_sizes(s, 0), 132) for s in shapes]
+        got = [cases.shape_config(s, cases.make_sizes(s, 0), 132) for s in shapes]
         assert got == want
-    c = bench.default_shapes(["contiguous"])[0]
-    cfg = bench.shape_config(c, bench.make_sizes(c, 0), 132)
+    c = cases.default_shapes(["contiguous"])[0]
+    cfg = cases.shape_config(c, cases.make_sizes(c, 0), 132)
     assert isinstance(cfg, GemmConfig) and cfg.block_m in (128, 256) and "contiguous" in cfg.describe()
 
 
 def test_check_rows_normal():
     s = Shape("normal", (64, 256, 512))
-    rows, groups = bench.check_rows(s, bench.make_sizes(s, 0), 16, 0)
+    rows, groups = cases.check_rows(s, cases.make_sizes(s, 0), 16, 0)
     assert len(rows) == 16 and (np.diff(rows) > 0).all() and rows.max() < 64 and (groups == 0).all()
     small = Shape("normal", (5, 256, 512))
-    rows, _ = bench.check_rows(small, bench.make_sizes(small, 0), 16, 0)
+    rows, _ = cases.check_rows(small, cases.make_sizes(small, 0), 16, 0)
     assert list(rows) == [0, 1, 2, 3, 4]
 
 
 def test_check_rows_contiguous_only_valid_rows():
     s = Shape("contiguous", (8, 4096, 7168, 2048))
-    sizes = bench.make_sizes(s, 0)
-    idx = bench.contiguous_m_indices(sizes.group_rows)
-    rows, groups = bench.check_rows(s, sizes, 16, 0)
+    sizes = cases.make_sizes(s, 0)
+    idx = cases.contiguous_m_indices(sizes.group_rows)
+    rows, groups = cases.check_rows(s, sizes, 16, 0)
     assert len(rows) == 16
     assert (idx[rows] == groups).all()  # never a padding row (-1), group matches m_indices
 
 
 def test_check_rows_masked_only_valid_rows():
     s = Shape("masked", (4, 256, 7168, 2048))
-    sizes = bench.make_sizes(s, 0)
-    rows, groups = bench.check_rows(s, sizes, 16, 0)
+    sizes = cases.make_sizes(s, 0)
+    rows, groups = cases.check_rows(s, sizes, 16, 0)
     assert len(rows) == 16
     assert (rows // sizes.a_rows == groups).all()
     for r, g in zip(rows, groups):
@@ -258,7 +258,7 @@ def test_check_rows_masked_only_valid_rows():
 
 def test_work_normal():
     s = Shape("normal", (64, 2112, 7168))
-    flops, nbytes = bench.work(s, bench.make_sizes(s, 0))
+    flops, nbytes = metrics.work(s, cases.make_sizes(s, 0))
     assert flops == 2 * 64 * 2112 * 7168
     assert nbytes == 64 * 7168 + 2112 * 7168 + 2 * 64 * 2112
 
@@ -267,9 +267,9 @@ def test_work_grouped_counts_valid_rows_only():
     s = Shape("contiguous", (4, 8192, 4096, 7168))
     sizes = Sizes((8000, 9000, 7000, 10000), 0)
     vm = 34000
-    assert bench.work(s, sizes) == (2 * vm * 4096 * 7168, vm * 7168 + 4 * 4096 * 7168 + 2 * vm * 4096)
+    assert metrics.work(s, sizes) == (2 * vm * 4096 * 7168, vm * 7168 + 4 * 4096 * 7168 + 2 * vm * 4096)
     m = Shape("masked", (2, 512, 7168, 2048))
-    assert bench.work(m, Sizes((400, 600), 4096)) == (2 * 1000 * 7168 * 2048,
+    assert metrics.work(m, Sizes((400, 600), 4096)) == (2 * 1000 * 7168 * 2048,
                                                       1000 * 2048 + 2 * 7168 * 2048 + 2 * 1000 * 7168)
 
 
@@ -277,32 +277,32 @@ def test_floor_matches_the_peer_tables():
     # shared/peers/README.md, H200 table (copy bandwidth 4.3 TB/s): 64x2112x7168 floor 3.7 us (bytes),
     # 4096x7168x16384 floor 486.1 us (FLOPs / 1979 TFLOPS).
     s = Shape("normal", (64, 2112, 7168))
-    flops, nbytes = bench.work(s, bench.make_sizes(s, 0))
-    assert bench.floor_us(flops, nbytes, 4.3e12) == pytest.approx(nbytes / 4.3e12 * 1e6)
-    assert round(bench.floor_us(flops, nbytes, 4.3e12), 1) == 3.7
+    flops, nbytes = metrics.work(s, cases.make_sizes(s, 0))
+    assert metrics.floor_us(flops, nbytes, 4.3e12) == pytest.approx(nbytes / 4.3e12 * 1e6)
+    assert round(metrics.floor_us(flops, nbytes, 4.3e12), 1) == 3.7
     s = Shape("normal", (4096, 7168, 16384))
-    flops, nbytes = bench.work(s, bench.make_sizes(s, 0))
-    assert bench.floor_us(flops, nbytes, 4.3e12) == pytest.approx(flops / 1979e12 * 1e6)
-    assert round(bench.floor_us(flops, nbytes, 4.3e12), 1) == 486.1
+    flops, nbytes = metrics.work(s, cases.make_sizes(s, 0))
+    assert metrics.floor_us(flops, nbytes, 4.3e12) == pytest.approx(flops / 1979e12 * 1e6)
+    assert round(metrics.floor_us(flops, nbytes, 4.3e12), 1) == 486.1
 
 
 def test_throughput_matches_the_peer_json():
     # h200-2026-11-21.json, deepgemm 64x2112x7168: us 10.6591 -> 181.79 TFLOPS, 1488.67 GB/s
     s = Shape("normal", (64, 2112, 7168))
-    flops, nbytes = bench.work(s, bench.make_sizes(s, 0))
-    t = bench.throughput(10.6591, flops, nbytes, 3.7)
+    flops, nbytes = metrics.work(s, cases.make_sizes(s, 0))
+    t = metrics.throughput(10.6591, flops, nbytes, 3.7)
     assert t["tflops"] == pytest.approx(181.7947, rel=1e-4)
     assert t["gbs"] == pytest.approx(1488.672, rel=1e-4)
     assert t["pct_floor"] == pytest.approx(100 * 3.7 / 10.6591)
 
 
 def test_summarize_times_and_geomean():
-    st = bench.summarize_times([float(i) for i in range(1, 101)])
+    st = metrics.summarize_times([float(i) for i in range(1, 101)])
     assert st["us"] == pytest.approx(50.5) and st["min"] == 1 and st["max"] == 100
     assert st["p10"] == pytest.approx(10.9) and st["p90"] == pytest.approx(90.1)
-    assert bench.summarize_times([3.0])["us"] == 3.0
-    assert bench.geomean([2.0, 8.0]) == pytest.approx(4.0)
-    assert bench.geomean([None, math.nan, 0.0]) is None
+    assert metrics.summarize_times([3.0])["us"] == 3.0
+    assert metrics.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert metrics.geomean([None, math.nan, 0.0]) is None
 
 
 # ---- checks -----------------------------------------------------------------------------------------------------------
@@ -312,8 +312,8 @@ def test_bf16_bits_rounds_like_ml_dtypes():
     x = np.concatenate([rng.standard_normal(10000).astype(np.float32),
                         np.array([1.0, -2.5, 1.00390625, 1.01171875, 0.0, -0.0, 3e38], dtype=np.float32)])
     want = x.astype(ml_dtypes.bfloat16).view(np.uint16)
-    assert (bench.bf16_bits(x) == want).all()
-    back = bench.bf16_bits_to_f64(want)
+    assert (inputs.bf16_bits(x) == want).all()
+    back = inputs.bf16_bits_to_f64(want)
     assert (back == x.astype(ml_dtypes.bfloat16).astype(np.float64)).all()
 
 
@@ -321,18 +321,18 @@ def test_compare():
     rng = np.random.default_rng(1)
     ref_q = rng.standard_normal((4, 64))
     ref_x = ref_q * (1 + 1e-3 * rng.standard_normal((4, 64)))
-    ok = bench.compare(ref_q * (1 + 1e-3 * rng.standard_normal((4, 64))), ref_q, ref_x)
+    ok = checks.compare(ref_q * (1 + 1e-3 * rng.standard_normal((4, 64))), ref_q, ref_x)
     assert ok["check"] == "ok" and ok["rel_err"] < 1e-2 and ok["calc_diff"] < 1e-3
-    bad = bench.compare(ref_q * 1.1 + 0.2, ref_q, ref_x)
+    bad = checks.compare(ref_q * 1.1 + 0.2, ref_q, ref_x)
     assert bad["check"] == "FAIL"
     nan = ref_q.copy()
     nan[0, 0] = np.nan
-    assert bench.compare(nan, ref_q, ref_x)["check"] == "FAIL"
+    assert checks.compare(nan, ref_q, ref_x)["check"] == "FAIL"
 
 
-def _host_inputs(shape: Shape, seed: int = 0) -> bench.Inputs:
+def _host_inputs(shape: Shape, seed: int = 0) -> inputs.Inputs:
     """The bench's Inputs built on the host with the reference casts (what make_inputs does on the GPU)."""
-    sizes = bench.make_sizes(shape, seed)
+    sizes = cases.make_sizes(shape, seed)
     rng = np.random.default_rng(seed)
     k = shape.k
     if shape.kind == "normal":
@@ -341,8 +341,8 @@ def _host_inputs(shape: Shape, seed: int = 0) -> bench.Inputs:
         a_shape, b_shape = (sizes.a_rows, k), (shape.groups, shape.n, k)
     else:
         a_shape, b_shape = (shape.groups, sizes.a_rows, k), (shape.groups, shape.n, k)
-    x = bench.bf16_bits(rng.standard_normal(a_shape).astype(np.float32))
-    y = bench.bf16_bits(rng.standard_normal(b_shape).astype(np.float32))
+    x = inputs.bf16_bits(rng.standard_normal(a_shape).astype(np.float32))
+    y = inputs.bf16_bits(rng.standard_normal(b_shape).astype(np.float32))
     a, sfa = ref.per_token_cast_to_fp8_reference(x.reshape(-1, k).view(ml_dtypes.bfloat16))
     a, sfa = a.reshape(a_shape), sfa.reshape(a_shape[:-1] + (-1,))
     yb = y.reshape((-1,) + b_shape[-2:])
@@ -351,15 +351,15 @@ def _host_inputs(shape: Shape, seed: int = 0) -> bench.Inputs:
     sfb = np.stack([p[1] for p in parts])
     if shape.kind == "normal":
         sfb = sfb[0]
-    return bench.Inputs(shape, sizes, a, sfa, None, b, sfb, x, y)
+    return inputs.Inputs(shape, sizes, a, sfa, None, b, sfb, x, y)
 
 
 @pytest.mark.parametrize("shape", [Shape("normal", (40, 256, 384)), Shape("contiguous", (3, 100, 128, 256)),
                                    Shape("masked", (2, 50, 136, 256))])
 def test_reference_rows_and_check_on_host(shape):
     inp = _host_inputs(shape)
-    rows, groups = bench.check_rows(shape, inp.sizes, 16, 0)
-    ref_q, ref_x = bench.reference_rows(inp, rows, groups)
+    rows, groups = cases.check_rows(shape, inp.sizes, 16, 0)
+    ref_q, ref_x = checks.reference_rows(inp, rows, groups)
     a2, s2 = inp.a.reshape(-1, shape.k), inp.sfa.reshape(len(inp.a.reshape(-1, shape.k)), -1)
     for i, (r, g) in enumerate(zip(rows, groups)):
         b = inp.b if inp.b.ndim == 2 else inp.b[g]
@@ -367,17 +367,17 @@ def test_reference_rows_and_check_on_host(shape):
         want = ref.gemm_reference(a2[r:r + 1], s2[r:r + 1], b, sb)[0]
         np.testing.assert_allclose(ref_q[i], want, rtol=1e-12, atol=1e-12)
     # A perfect kernel (the float64 reference rounded to BF16) passes both checks.
-    got_bits = bench.bf16_bits(ref_q.astype(np.float32))
-    res = bench.compare(bench.bf16_bits_to_f64(got_bits), ref_q, ref_x)
+    got_bits = inputs.bf16_bits(ref_q.astype(np.float32))
+    res = checks.compare(inputs.bf16_bits_to_f64(got_bits), ref_q, ref_x)
     assert res["check"] == "ok", res
     assert 1e-4 < res["calc_diff"] < 1e-3  # the FP8 quantization error, about 7e-4
     # output_rows reads sampled rows of a uint16 [rows, N] buffer.
     out = np.full((len(inp.a.reshape(-1, shape.k)), shape.n), 0xFFFF, dtype=np.uint16)
     out[rows] = got_bits
-    np.testing.assert_array_equal(bench.output_rows(out, rows), bench.bf16_bits_to_f64(got_bits))
+    np.testing.assert_array_equal(checks.output_rows(out, rows), inputs.bf16_bits_to_f64(got_bits))
     # A row the kernel did not write (still NaN-poisoned) fails.
     unwritten = np.setdiff1d(np.arange(len(out)), rows)[:1]
-    assert bench.compare(bench.output_rows(out, unwritten), ref_q[:1], ref_x[:1])["check"] == "FAIL"
+    assert checks.compare(checks.output_rows(out, unwritten), ref_q[:1], ref_x[:1])["check"] == "FAIL"
 
 
 # ---- rows and writers ---------------------------------------------------------------------------------------------------
@@ -385,21 +385,21 @@ def test_reference_rows_and_check_on_host(shape):
 def _synthetic_rows() -> list[dict]:
     rows = []
     n = Shape("normal", (64, 2112, 7168))
-    sn = bench.make_sizes(n, 0)
-    f, b = bench.work(n, sn)
-    fl = bench.floor_us(f, b, 4.3e12)
+    sn = cases.make_sizes(n, 0)
+    f, b = metrics.work(n, sn)
+    fl = metrics.floor_us(f, b, 4.3e12)
     stats = lambda us: {"us": us, "p10": us * 0.98, "p90": us * 1.03, "min": us * 0.97, "max": us * 1.1}  # noqa: E731
     ok = {"check": "ok", "rel_err": 2e-3, "calc_diff": 6.9e-4}
-    rows.append(bench.make_row(n, sn, "cupygemm", stats(10.0), f, b, fl, "normal N=2112 K=7168: block 64x...", ok))
-    rows.append(bench.make_row(n, sn, "cublas_block", stats(20.0), f, b, fl, None, ok))
-    rows.append(bench.make_row(n, sn, "deepgemm", stats(12.5), f, b, fl, None, ok))
+    rows.append(report.make_row(n, sn, "cupygemm", stats(10.0), f, b, fl, "normal N=2112 K=7168: block 64x...", ok))
+    rows.append(report.make_row(n, sn, "cublas_block", stats(20.0), f, b, fl, None, ok))
+    rows.append(report.make_row(n, sn, "deepgemm", stats(12.5), f, b, fl, None, ok))
     m = Shape("masked", (2, 512, 7168, 2048))
     sm = Sizes((400, 600), 4096)
-    f, b = bench.work(m, sm)
-    fl = bench.floor_us(f, b, 4.3e12)
+    f, b = metrics.work(m, sm)
+    fl = metrics.floor_us(f, b, 4.3e12)
     bad = {"check": "FAIL", "rel_err": 0.5, "calc_diff": 0.3}
-    rows.append(bench.make_row(m, sm, "cupygemm", stats(40.0), f, b, fl, "masked N=7168 K=2048: ...", bad))
-    rows.append(bench.make_row(m, sm, "deepgemm", None, f, b, fl, None, None, error="RuntimeError: boom"))
+    rows.append(report.make_row(m, sm, "cupygemm", stats(40.0), f, b, fl, "masked N=7168 K=2048: ...", bad))
+    rows.append(report.make_row(m, sm, "deepgemm", None, f, b, fl, None, None, error="RuntimeError: boom"))
     return rows
 
 
@@ -412,21 +412,21 @@ def test_make_row_fields():
     assert r["shape"] == [64, 2112, 7168] and r["kind"] == "normal"
     assert r["tflops"] == pytest.approx(2 * 64 * 2112 * 7168 / 10e-6 / 1e12)
     assert r["pct_floor"] == pytest.approx(100 * r["floor_us"] / 10.0)
-    assert rows[-1]["check"] == "FAIL" and rows[-1]["us"] is None and bench.row_failed(rows[-1])
-    assert not bench.row_failed(rows[0]) and bench.row_failed(rows[3])
+    assert rows[-1]["check"] == "FAIL" and rows[-1]["us"] is None and report.row_failed(rows[-1])
+    assert not report.row_failed(rows[0]) and report.row_failed(rows[3])
 
 
 def test_speedup():
     rows = _synthetic_rows()
-    assert bench.speedup(rows[0], rows[1]) == pytest.approx(2.0)
-    assert bench.speedup(rows[0], rows[2]) == pytest.approx(1.25)
-    assert bench.speedup(rows[3], rows[4]) is None  # the peer errored
-    assert bench.speedup(rows[0], None) is None
+    assert report.speedup(rows[0], rows[1]) == pytest.approx(2.0)
+    assert report.speedup(rows[0], rows[2]) == pytest.approx(1.25)
+    assert report.speedup(rows[3], rows[4]) is None  # the peer errored
+    assert report.speedup(rows[0], None) is None
 
 
 def test_format_table():
     rows = _synthetic_rows()
-    text = bench.format_table(rows, ["cublas_block", "deepgemm"])
+    text = report.format_table(rows, ["cublas_block", "deepgemm"])
     lines = text.splitlines()
     assert len(lines) == 4  # header, rule, two shapes
     head = lines[0]
@@ -437,17 +437,17 @@ def test_format_table():
     assert "masked" in lines[3] and "FAIL" in lines[3] and "err" in lines[3]
     assert len({len(line) for line in lines[:2]}) == 1  # header and rule aligned
     # Without peers: no peer columns.
-    solo = bench.format_table([r for r in rows if r["provider"] == "cupygemm"])
+    solo = report.format_table([r for r in rows if r["provider"] == "cupygemm"])
     assert "cuBLAS" not in solo and "DeepGEMM" not in solo
     # A peer column with no result for a shape shows '-' (cuBLAS has no grouped API).
-    headers, body = bench.table_data(rows, ["cublas_block", "deepgemm"])
+    headers, body = report.table_data(rows, ["cublas_block", "deepgemm"])
     assert body[1][headers.index("cuBLAS-block us")] == "-"
     assert body[1][headers.index("vs cuBLAS-block")] == "-"
 
 
 def test_format_markdown():
     rows = _synthetic_rows()
-    md = bench.format_markdown(rows, ["cublas_block", "deepgemm"]).splitlines()
+    md = report.format_markdown(rows, ["cublas_block", "deepgemm"]).splitlines()
     assert md[0].startswith("| kind | shape |") and md[0].endswith("|")
     assert set(md[1]) <= set("|-")
     ncols = md[0].count("|")
@@ -457,16 +457,16 @@ def test_format_markdown():
 
 def test_configs_notes_summary():
     rows = _synthetic_rows()
-    cfg = bench.format_configs(rows)
+    cfg = report.format_configs(rows)
     assert "normal 64x2112x7168: normal N=2112" in cfg and "masked 2x512x7168x2048" in cfg
-    notes = bench.format_notes(rows)
+    notes = report.format_notes(rows)
     assert "DeepGEMM on masked 2x512x7168x2048: error: RuntimeError: boom" in notes
     assert "cupygemm on masked 2x512x7168x2048: check FAIL" in notes
-    s = bench.summary(rows, ["cublas_block", "deepgemm"])
+    s = report.summary(rows, ["cublas_block", "deepgemm"])
     assert s["shapes"] == 2 and s["failed"] == 1
     assert s["speedup_geomean"]["cublas_block"] == {"geomean": pytest.approx(2.0), "shapes": 1}
     assert s["pct_floor_geomean"] == pytest.approx(rows[0]["pct_floor"])
-    text = bench.format_summary(rows, ["cublas_block", "deepgemm"])
+    text = report.format_summary(rows, ["cublas_block", "deepgemm"])
     assert "FAILED: 1 of 2" in text and "2.00x vs cuBLAS-block" in text
 
 
@@ -476,17 +476,17 @@ def test_json_report(tmp_path):
     meta = {"device": "NVIDIA H200", "driver": "580.1", "cuda_runtime": "13.0", "nvrtc": "13.0", "cupy": "14.2.0",
             "torch": None, "cupygemm": "0.1.0", "git_revision": None, "command": "cupygemm bench",
             "date": "2026-11-21T00:00:00+00:00", "copy_gbs": 4300.0}
-    report = bench.build_report(meta, rows, ["cublas_block", "deepgemm"])
+    doc = report.build_report(meta, rows, ["cublas_block", "deepgemm"])
     path = tmp_path / "out.json"
-    bench.write_json(path, report)
+    report.write_json(path, doc)
     back = json.loads(path.read_text())
-    assert back["schema"] == bench.SCHEMA
+    assert back["schema"] == report.SCHEMA
     assert back["device"] == "NVIDIA H200" and back["copy_gbs"] == 4300.0
     assert set(back["providers"]) == {"cupygemm", "cublas_block", "deepgemm"}
     assert back["ok"] is False  # the masked cupygemm row failed
     assert len(back["rows"]) == 5 and back["rows"][0]["rel_err"] is None
     assert back["rows"][0]["provider"] == "cupygemm" and back["rows"][0]["us"] == 10.0
-    good = bench.build_report(meta, rows[:3], ["cublas_block"])
+    good = report.build_report(meta, rows[:3], ["cublas_block"])
     assert good["ok"] is True and set(good["providers"]) == {"cupygemm", "cublas_block"}
 
 
@@ -494,10 +494,10 @@ def test_plot(tmp_path):
     pytest.importorskip("matplotlib")
     rows = _synthetic_rows()
     path = tmp_path / "bench.png"
-    bench.write_plot(path, rows, title="test")
+    plot.write_plot(path, rows, title="test")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     path2 = tmp_path / "solo.png"
-    bench.write_plot(path2, [r for r in rows if r["provider"] == "cupygemm"])
+    plot.write_plot(path2, [r for r in rows if r["provider"] == "cupygemm"])
     assert path2.stat().st_size > 0
 
 
@@ -518,7 +518,7 @@ def test_bench_parser_defaults():
     from cupygemm.cli import build_parser
 
     args = build_parser().parse_args(["bench"])
-    assert args.func is bench.run_bench
+    assert args.func is options.run_bench
     assert (args.kinds, args.shapes, args.json, args.markdown, args.plot, args.peers, args.iters, args.seed) == \
         (None, None, None, False, None, "auto", 30, 0)
     args = build_parser().parse_args(["bench", "--kinds", "masked", "--shapes", "2x512x4096x7168", "--iters", "5",
@@ -541,27 +541,27 @@ def test_usage_errors_exit_2_before_touching_the_gpu(argv, capsys):
 def test_plot_without_matplotlib_exits_2(monkeypatch, capsys):
     from cupygemm.cli import main
 
-    monkeypatch.setattr(bench, "plot_available", lambda: False)
+    monkeypatch.setattr(run, "plot_available", lambda: False)
     assert main(["bench", "--plot", "x.png", "--peers", "none"]) == 2
     assert "pip install 'cupygemm[bench]'" in capsys.readouterr().err
 
 
 def test_parse_peers():
-    assert bench.parse_peers("auto") == (["cublas_block", "deepgemm"], False)
-    assert bench.parse_peers("none") == ([], False)
-    assert bench.parse_peers("cublas") == (["cublas_block"], True)
-    assert bench.parse_peers("deepgemm,cublas") == (["deepgemm", "cublas_block"], True)
-    with pytest.raises(bench.BenchUsageError):
-        bench.parse_peers("cutlass")
-    assert bench.load_peers([]) == ({}, [])
+    assert providers.parse_peers("auto") == (["cublas_block", "deepgemm"], False)
+    assert providers.parse_peers("none") == ([], False)
+    assert providers.parse_peers("cublas") == (["cublas_block"], True)
+    assert providers.parse_peers("deepgemm,cublas") == (["deepgemm", "cublas_block"], True)
+    with pytest.raises(cases.BenchUsageError):
+        providers.parse_peers("cutlass")
+    assert providers.load_peers([]) == ({}, [])
 
 
 def test_command_line_and_git_revision():
     args = argparse.Namespace(kinds="normal", shapes=["64x2112x7168"], peers="none", iters=5, seed=1,
                               json="r.json", markdown=True, plot=None)
-    assert bench.command_line(args) == ("cupygemm bench --kinds normal --shapes 64x2112x7168 --peers none "
+    assert environment.command_line(args) == ("cupygemm bench --kinds normal --shapes 64x2112x7168 --peers none "
                                         "--iters 5 --seed 1 --json r.json --markdown")
-    rev = bench.git_revision()
+    rev = environment.git_revision()
     assert rev is None or (isinstance(rev, str) and rev)
 
 
@@ -574,20 +574,36 @@ def test_git_revision_flags_a_dirty_tree(tmp_path):
         subprocess.run(["git", "-C", str(pkg.parent), "-c", "user.name=t", "-c", "user.email=t@t", *args],
                        check=True, capture_output=True, timeout=60)
 
-    assert bench.git_revision(pkg) is None  # not a checkout yet
+    assert environment.git_revision(pkg) is None  # not a checkout yet
     git("init", "-q")
     git("add", "pkg/mod.py")
     git("commit", "-q", "-m", "one")
     head = subprocess.run(["git", "-C", str(pkg), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
     (pkg / "notes.txt").write_text("untracked files do not count\n")
-    assert bench.git_revision(pkg) == head
+    assert environment.git_revision(pkg) == head
     (pkg / "mod.py").write_text("x = 2\n")
-    assert bench.git_revision(pkg) == head + "-dirty"
+    assert environment.git_revision(pkg) == head + "-dirty"
 
 
 def test_importing_bench_imports_no_torch():
-    code = "import sys, cupygemm.bench, cupygemm.cli; cupygemm.cli.build_parser(); print('torch' in sys.modules)"
+    code = ("import sys, cupygemm.bench.run, cupygemm.bench.overhead, cupygemm.cli; cupygemm.cli.build_parser(); "
+            "print('torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
+
+
+def test_bench_never_imports_the_cli_and_the_cli_builds_only_the_parser():
+    """One direction only: the CLI imports the benchmark's parser when it builds its own; the benchmark's modules
+    import neither the CLI nor each other in a cycle, and the run itself loads only when the command runs."""
+    code = ("import sys, importlib, pkgutil, cupygemm.bench as b; "
+            "[importlib.import_module('cupygemm.bench.' + m.name) for m in pkgutil.iter_modules(b.__path__)]; "
+            "print('cupygemm.cli' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
+    code = "import sys, cupygemm.cli; cupygemm.cli.build_parser(); print('cupygemm.bench.run' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "False"

@@ -26,6 +26,16 @@ def test_py_typed_is_package_data():
     assert 'cupygemm = ["py.typed"]' in _pyproject()
 
 
+def test_every_subpackage_is_packaged():
+    """pyproject lists the packages by name: a new subpackage (cupygemm.bench, cupygemm.jit) must be in the list, or
+    wheels and installs from the sdist would lack it."""
+    listed = set(eval(re.search(r"^packages = (\[.*\])$", _pyproject(), re.MULTILINE).group(1)))
+    root = REPO / "cupygemm"
+    found = {"cupygemm." + ".".join(p.parent.relative_to(root).parts) for p in root.rglob("__init__.py")
+             if p.parent != root and "__pycache__" not in p.parts}
+    assert found and found <= listed, found - listed
+
+
 def test_sdist_manifest_carries_what_the_tests_read():
     manifest = (REPO / "MANIFEST.in").read_text()
     for line in ("recursive-include cuda_src *.cu *.cuh", "recursive-include tests *.py",

@@ -1,4 +1,4 @@
-"""What the seed shapes could take at best, measured like the bench (benchmarks/NOTES.md section 24).
+"""What the seed shapes could take at best, measured like the bench: how much any kernel could still gain per shape.
 
 Usage on a Hopper machine with torch (and DeepGEMM on PYTHONPATH):
     PYTHONPATH=. python benchmarks/microbench/ceilings.py [--rounds 2] [--iters 20] [--out F.json]
@@ -22,8 +22,7 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from cupygemm import bench  # noqa: E402
+from cupygemm.bench import cases, environment, inputs, metrics, providers, run, timing
 
 STREAM_SOURCE = r"""
 // UNROLL independent 16-byte loads per thread and trip: bytes in flight for DRAM bandwidth.
@@ -59,7 +58,7 @@ STREAM_ENTRY(8)
 extern "C" __global__ void empty_grid() {}
 """
 
-COMPUTE_SHAPE = bench.Shape("normal", (8192, 8192, 8192))
+COMPUTE_SHAPE = cases.Shape("normal", (8192, 8192, 8192))
 
 
 class StreamReference:
@@ -73,13 +72,13 @@ class StreamReference:
         self.grid = num_sms * 4
         self.sink = cupy.zeros(1, dtype=cupy.uint32)
 
-    def supports(self, shape: bench.Shape) -> bool:
+    def supports(self, shape: cases.Shape) -> bool:
         return True
 
-    def prepare(self, inp: bench.Inputs) -> bench.Prepared:
+    def prepare(self, inp: inputs.Inputs) -> providers.Prepared:
         import cupy
 
-        _, nbytes = bench.work(inp.shape, inp.sizes)
+        _, nbytes = metrics.work(inp.shape, inp.sizes)
         k, n = inp.shape.k, inp.shape.n
         valid_m = inp.sizes.valid_m
         a_bytes, d_bytes = valid_m * k, 2 * valid_m * n
@@ -93,7 +92,7 @@ class StreamReference:
         def call():
             self.kernel((self.grid,), (512,), args)
 
-        return bench.Prepared(call, lambda: None)
+        return providers.Prepared(call, lambda: None)
 
 
 class EmptyGridReference:
@@ -105,14 +104,14 @@ class EmptyGridReference:
         self.kernel = module.get_function("empty_grid")
         self.grid = num_sms
 
-    def supports(self, shape: bench.Shape) -> bool:
+    def supports(self, shape: cases.Shape) -> bool:
         return True
 
-    def prepare(self, inp: bench.Inputs) -> bench.Prepared:
+    def prepare(self, inp: inputs.Inputs) -> providers.Prepared:
         def call():
             self.kernel((self.grid,), (384,), ())
 
-        return bench.Prepared(call, lambda: None)
+        return providers.Prepared(call, lambda: None)
 
 
 class CublasTensorReference:
@@ -123,30 +122,30 @@ class CublasTensorReference:
     def __init__(self, torch):
         self.torch = torch
 
-    def supports(self, shape: bench.Shape) -> bool:
+    def supports(self, shape: cases.Shape) -> bool:
         return shape.kind == "normal"
 
-    def prepare(self, inp: bench.Inputs) -> bench.Prepared:
+    def prepare(self, inp: inputs.Inputs) -> providers.Prepared:
         torch = self.torch
-        a = bench.torch_fp8(torch, inp.a)
-        bt = bench.torch_fp8(torch, inp.b).t()
+        a = providers.torch_fp8(torch, inp.a)
+        bt = providers.torch_fp8(torch, inp.b).t()
         one = torch.ones((), dtype=torch.float32, device=a.device)
 
         def call():
             torch._scaled_mm(a, bt, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
 
-        return bench.Prepared(call, lambda: None)
+        return providers.Prepared(call, lambda: None)
 
 
 def time_shape(shape, sizes, runners, timer, iters, rounds, seed):
-    inp = bench.make_inputs(shape, sizes, seed)
-    flops, nbytes = bench.work(shape, sizes)
+    inp = inputs.make_inputs(shape, sizes, seed)
+    flops, nbytes = metrics.work(shape, sizes)
     out = {"kind": shape.kind, "shape": list(shape.dims), "flops": flops, "bytes": nbytes, "us": {}, "rounds": {}}
     for r in range(rounds):
         for name, prepare in runners:
             if name not in out["rounds"]:
                 out["rounds"][name] = []
-            prep, stats, error = bench.run_provider(name, prepare, inp, timer, iters)
+            prep, stats, error = run.run_provider(name, prepare, inp, timer, iters)
             out["rounds"][name].append(stats["us"] if stats else None)
             if error:
                 out.setdefault("errors", {})[name] = error
@@ -175,7 +174,7 @@ def analyse(rows, copy_bw):
         if r is comp:
             continue
         us = r["us"]
-        r["datasheet_floor_us"] = bench.floor_us(r["flops"], r["bytes"], copy_bw)
+        r["datasheet_floor_us"] = metrics.floor_us(r["flops"], r["bytes"], copy_bw)
         r["compute_floor_us"] = r["flops"] / best * 1e6
         r["practical_floor_us"] = max(us.get("stream") or 0.0, r["compute_floor_us"])
         dg, ours = us.get("deepgemm"), us.get("cupygemm")
@@ -205,7 +204,7 @@ def main() -> int:
     from cupygemm.device import get_num_sms, require_hopper
 
     info = require_hopper()
-    peers, notes = bench.load_peers(list(bench.PEERS))
+    peers, notes = providers.load_peers(list(providers.PEERS))
     for n in notes:
         print(n, file=sys.stderr)
     module = cupy.RawModule(code=STREAM_SOURCE)  # the stream kernels and the empty one, compiled once
@@ -214,18 +213,18 @@ def main() -> int:
     torch = next((p.torch for p in peers.values()), None)
     if torch is not None:
         refs.append(CublasTensorReference(torch))
-    kernel_timer, why = bench.open_cupti_timer()
+    kernel_timer, why = timing.open_cupti_timer()
     if kernel_timer is None:
         raise SystemExit(f"CUPTI is needed: {why}")
-    timer = bench.Timer(kernel_timer=kernel_timer)
-    shapes = bench.select_shapes(bench.parse_kinds(args.kinds), None) + [COMPUTE_SHAPE]
-    sizes = bench.shape_sizes(shapes, args.seed, args.match_rows)
-    bench._precompile(shapes, sizes, get_num_sms(), info.max_smem_per_block, os.cpu_count() or 1)
-    copy_bw = bench.measure_copy_bandwidth()
+    timer = timing.Timer(kernel_timer=kernel_timer)
+    shapes = cases.select_shapes(cases.parse_kinds(args.kinds), None) + [COMPUTE_SHAPE]
+    sizes = cases.shape_sizes(shapes, args.seed, args.match_rows)
+    run.precompile(shapes, sizes, get_num_sms(), info.max_smem_per_block, os.cpu_count() or 1)
+    copy_bw = timing.measure_copy_bandwidth()
     rows = []
-    with bench._stream_context(peers):
+    with run.stream_context(peers):
         for s in shapes:
-            runners = [("cupygemm", bench.prepare_cupygemm)]
+            runners = [("cupygemm", providers.prepare_cupygemm)]
             runners += [(p.name, p.prepare) for p in list(peers.values()) + refs if p.supports(s)]
             row = time_shape(s, sizes[s], runners, timer, args.iters, args.rounds, args.seed)
             rows.append(row)
@@ -242,8 +241,8 @@ def main() -> int:
         print(f"| {r['kind']} | {'x'.join(map(str, r['shape']))} | {r['datasheet_floor_us']:.1f} | "
               f"{r['practical_floor_us']:.1f} | " + " | ".join(cells) + f" | {r.get('deepgemm_headroom', 0):.2f}x |")
     if args.out:
-        meta = {"device": info.name, "command": " ".join(["python"] + sys.argv), "git_revision": bench.git_revision(),
-                "cupy": cupy.__version__, "method": bench.timing_method(True, bench.FLUSH_BYTES)}
+        meta = {"device": info.name, "command": " ".join(["python"] + sys.argv), "git_revision": environment.git_revision(),
+                "cupy": cupy.__version__, "method": timing.timing_method(True, timing.FLUSH_BYTES)}
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "summary": summary, "rows": rows}, f, indent=1)
     return 0

@@ -1,10 +1,11 @@
 // Microbenchmark of the math warpgroups' chain (wgmma batch -> wait -> promote) on one SM, in clock cycles per K block
 // of 128, against the tensor pipe's ideal. Operands stay in shared memory (no TMA) unless TX > 0, when a producer
 // warp bulk-copies TX bytes per K block from L2 into a 3-buffer ring the math warpgroups wait on, like the GEMM's
-// pipeline. Defines: NWG (math warpgroups), SL (m64 slices per warpgroup, run one after the other), WN (wgmma N),
+// pipeline. Defines: NWG (math warpgroups), SL (m64 sub-tiles per warpgroup, run one after the other), WN (wgmma N),
 // PROMOTE (FP32 promotion of every accumulator, else a token add), TX, ITER, SKEW (warpgroup w starts w * SKEW
 // cycles late), ALT (warpgroups issue their batches in strict turns), KB (warpgroup 1 issues a block's first batch
-// only after warpgroup 0's first batch of that block completed). benchmarks/NOTES.md section 16.
+// only after warpgroup 0's first batch of that block completed). It isolates what the FP32 promotion between batches
+// costs the tensor pipe, per tile shape and warpgroup schedule, without the GEMM's loads and epilogue.
 #include "ptx_common.cuh"
 #include "ptx_mbarrier.cuh"
 #include "ptx_wgmma.cuh"

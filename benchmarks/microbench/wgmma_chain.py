@@ -1,4 +1,4 @@
-"""Cycles per K block of the math warpgroups' wgmma -> wait -> promote chain (benchmarks/NOTES.md section 16).
+"""Cycles per K block of the math warpgroups' wgmma -> wait -> promote chain: what promotion costs the tensor pipe.
 
 Usage on a Hopper machine: PYTHONPATH=. python benchmarks/microbench/wgmma_chain.py [--out F.json]
 Without a GPU it only compiles every variant (NVRTC). One CTA per SM, ITER K blocks; cycles from clock64 around the
@@ -12,14 +12,13 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-from cupygemm.jit.compiler import compile_cubin  # noqa: E402
-from cupygemm.jit.source import KernelSource, _read  # noqa: E402
+from cupygemm.jit.compiler import compile_cubin
+from cupygemm.jit.source import KernelSource, _read
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEADERS = ["ptx_common.cuh", "ptx_mbarrier.cuh", "ptx_wgmma.cuh", "ptx_wgmma_fp8.cuh"]
 ITER = 2000
-# name, warpgroups, serial slices per warpgroup, wgmma N, promote, TX bytes per block, SKEW, ALT, KB
+# name, warpgroups, serial m64 sub-tiles per warpgroup, wgmma N, promote, TX bytes per block, SKEW, ALT, KB
 VARIANTS = [
     ("256x128 serial, mma only", 2, 2, 128, 0, 0, 0, 0, 0),
     ("256x128 serial, promote", 2, 2, 128, 1, 0, 0, 0, 0),

@@ -3,7 +3,7 @@ import ctypes
 
 import pytest
 
-from cupygemm import kernel_timer as KT
+from cupygemm.bench import cupti as KT
 
 
 class FakeCupti:
@@ -66,7 +66,7 @@ def test_cupti_kernel_time_on_the_gpu():
     below its event-timed duration (events add launch gaps)."""
     import cupy as cp
 
-    from cupygemm.bench import Timer, open_cupti_timer
+    from cupygemm.bench.timing import Timer, open_cupti_timer
 
     timer, why = open_cupti_timer()
     if timer is None and "records do not parse" not in why:
@@ -88,7 +88,7 @@ def test_cupti_python_backend_parses_records(monkeypatch):
     import sys
     import types
 
-    from cupygemm import kernel_timer as KT
+    from cupygemm.bench import cupti as KT
 
     class Kind(enum.IntEnum):
         MEMCPY = 1

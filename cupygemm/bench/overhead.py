@@ -199,8 +199,8 @@ def environment() -> dict[str, Any]:
     """GPU, driver and library versions of this run, and the measured tree."""
     import cupy as cp
 
-    from . import __version__
-    from .bench import git_revision
+    from .. import __version__
+    from .environment import git_revision
 
     env: dict[str, Any] = {"gpu": cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode(),
                            "driver": cp.cuda.runtime.driverGetVersion(), "cupy": cp.__version__,

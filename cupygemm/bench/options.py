@@ -1,0 +1,75 @@
+"""The ``cupygemm bench`` command line. Light on purpose: the CLI builds this parser on every invocation, so the
+run itself (:mod:`cupygemm.bench.run`) is imported only when the command runs."""
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+DEFAULT_ITERS = 30
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """The ``cupygemm bench`` command; returns the exit code (0 ok, 1 a cupygemm result failed, 2 usage/setup)."""
+    from .run import run_bench as run
+
+    return run(args)
+
+
+def _int_at_least(lowest: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}") from None
+        if v < lowest:
+            raise argparse.ArgumentTypeError(f"expected a {what} integer, got {v}")
+        return v
+
+    return parse
+
+
+_positive_int = _int_at_least(1, "positive")
+_non_negative_int = _int_at_least(0, "non-negative")
+
+
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``cupygemm bench`` on the CLI's subparsers."""
+    p = subparsers.add_parser(
+        "bench",
+        help="time cupygemm (and cuBLAS block-scaled / DeepGEMM when importable) on the seed shapes",
+        description=(
+            "Benchmark cupygemm on the 28 seed shapes (18 normal, 4 contiguous, 6 masked) or on --shapes. "
+            "Kernels are compiled first (in parallel); each call is timed after an untimed 1 GiB L2 flush, "
+            "as kernel time from CUPTI activity records (the profiler's view, as in the peer tables; CUDA events "
+            "when CUPTI is missing or with --timing events); every result is checked against a float64 "
+            "reference on sampled rows. Peers run "
+            "in the same process when importable: cuBLASLt block-scaled FP8 via torch._scaled_mm (normal "
+            "shapes) and DeepGEMM (03d0be3 API). Exit code: 0 all cupygemm results correct, 1 a result was "
+            "wrong or a call failed, 2 usage or setup error."),
+    )
+    p.add_argument("--kinds", default=None, metavar="LIST",
+                   help="comma-separated kinds to run: normal,contiguous,masked (default: all)")
+    p.add_argument("--shapes", nargs="+", default=None, metavar="SHAPE",
+                   help="shapes instead of the seed list: MxNxK (normal) or GxMxNxK (grouped; M = expected "
+                        "rows per group; needs --kinds naming one grouped kind); space- or comma-separated")
+    p.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON to FILE")
+    p.add_argument("--markdown", action="store_true", help="also print the table as markdown")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="write a bar chart (needs matplotlib: pip install 'cupygemm[bench]')")
+    p.add_argument("--peers", default="auto", metavar="auto|none|LIST",
+                   help="peers to time in the same run: auto (those importable), none, or a list of "
+                        "cublas,deepgemm (then required); default: %(default)s")
+    p.add_argument("--iters", type=_positive_int, default=DEFAULT_ITERS, help="timed calls per shape and provider (default: %(default)s)")
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the inputs and the group sizes (default: %(default)s)")
+    p.add_argument("--match-rows", default=None, metavar="PEERS.json",
+                   help="grouped shapes: draw group sizes that sum to the valid rows the peer table measured "
+                        "(e.g. benchmarks/peers/h200-2026-11-21.json in the source tree), so both runs do the same work")
+    p.add_argument("--timing", choices=("cupti", "cupti-python", "events"), default="cupti",
+                   help="cupti: kernel time from CUPTI activity records, falling back to events when libcupti "
+                        "is missing (CUPYGEMM_CUPTI names the library); cupti-python: the same records through "
+                        "NVIDIA's cupti-python package (pip install cupti-python); events: CUDA events around each "
+                        "call (default: %(default)s)")
+    p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, help="parallel kernel compilations (default: the CPU count, %(default)s here)")
+    p.set_defaults(func=run_bench)
+    return p

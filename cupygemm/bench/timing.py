@@ -1,0 +1,127 @@
+"""How ``cupygemm bench`` times a call: an untimed L2 flush before each, then kernel time from CUPTI activity
+records (what the peer tables' profiler reports) or CUDA events around the call."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from .metrics import summarize_times
+
+FLUSH_BYTES = 1 << 30
+COPY_BYTES = 1 << 30
+
+
+class Timer:
+    """Times calls after flushing L2 (untimed memset) before each: kernel time from CUPTI records when a
+    :class:`~cupygemm.bench.cupti.KernelTimer` is given (what profilers report), else CUDA events."""
+
+    def __init__(self, flush_bytes: int = FLUSH_BYTES, kernel_timer: Any = None):
+        import cupy
+
+        self.flush_buf = cupy.empty(flush_bytes, dtype=cupy.uint8)
+        self.kernel_timer = kernel_timer
+
+    def flush(self) -> None:
+        self.flush_buf.data.memset_async(0, self.flush_buf.nbytes)
+
+    def time(self, call: Callable[[], Any], iters: int) -> list[float]:
+        """Per-call times in microseconds."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        if self.kernel_timer is not None:
+            return self.kernel_timer.time(call, iters, before=self.flush, sync=stream.synchronize)
+        return self.time_events(call, iters)
+
+    def median_us(self, call: Callable[[], Any], iters: int) -> float:
+        """One untimed call (it may compile or load), then the median of ``iters`` event-timed calls: the quick
+        measure of the tuning and probe scripts, which compare variants of one kernel in one process."""
+        call()
+        return float(np.median(self.time_events(call, iters)))
+
+    def time_events(self, call: Callable[[], Any], iters: int) -> list[float]:
+        """Event-timed microseconds. A few flushes first give the host a head start, so Python launch overhead
+        hides behind the flushes instead of showing between the events."""
+        import cupy
+
+        stream = cupy.cuda.get_current_stream()
+        starts = [cupy.cuda.Event() for _ in range(iters)]
+        ends = [cupy.cuda.Event() for _ in range(iters)]
+        for _ in range(3):
+            self.flush()
+        for s, e in zip(starts, ends):
+            self.flush()
+            s.record(stream)
+            call()
+            e.record(stream)
+        ends[-1].synchronize()
+        return [cupy.cuda.get_elapsed_time(s, e) * 1e3 for s, e in zip(starts, ends)]
+
+
+_NOOP_NAME = "cupygemm_bench_noop"
+
+
+def _noop_call() -> Callable[[], None]:
+    """A call launching one empty kernel (compiled and run once here): the probe for timing overheads."""
+    import cupy
+
+    noop = cupy.RawKernel(f'extern "C" __global__ void {_NOOP_NAME}() {{}}', _NOOP_NAME)
+
+    def call():
+        noop((1,), (32,), ())
+
+    call()
+    cupy.cuda.get_current_stream().synchronize()
+    return call
+
+
+def open_cupti_timer(backend: str = "ctypes") -> tuple[Any, str]:
+    """A CUPTI kernel timer (``backend``: see :func:`cupygemm.bench.cupti.open_kernel_timer`) checked on an empty kernel, or None
+    and why not."""
+    import cupy
+
+    from .cupti import open_kernel_timer
+
+    return open_kernel_timer(_noop_call(), _NOOP_NAME, cupy.cuda.get_current_stream().synchronize, backend)
+
+
+def measure_copy_bandwidth(nbytes: int = COPY_BYTES, reps: int = 10) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write counted), best of ``reps`` after a warm copy."""
+    import cupy
+
+    src = cupy.empty(nbytes, dtype=cupy.uint8)
+    dst = cupy.empty(nbytes, dtype=cupy.uint8)
+    src.data.memset_async(1, nbytes)
+    stream = cupy.cuda.get_current_stream()
+    best = math.inf
+    for i in range(reps + 1):
+        s, e = cupy.cuda.Event(), cupy.cuda.Event()
+        s.record(stream)
+        dst.data.copy_from_device_async(src.data, nbytes)
+        e.record(stream)
+        e.synchronize()
+        if i:
+            best = min(best, cupy.cuda.get_elapsed_time(s, e) * 1e-3)
+    del src, dst
+    cupy.get_default_memory_pool().free_all_blocks()
+    return 2 * nbytes / best
+
+
+def measure_event_overhead(timer: Timer, iters: int = 50) -> float | None:
+    """Median event-timed microseconds of an empty kernel, measured like the GEMMs (flush, events): what event
+    timing adds to a kernel's own time (profilers, which the published peer tables use, do not count it)."""
+    try:
+        call = _noop_call()
+        return summarize_times(timer.time_events(call, iters))["us"]
+    except Exception:
+        return None
+
+
+def timing_method(cupti: bool, flush_bytes: int) -> str:
+    what = ("kernel time per call from CUPTI activity records (sum of the kernels the call launches)" if cupti
+            else "CUDA events around each call on the current stream")
+    return (f"{what}; before each call an untimed {flush_bytes >> 20} MiB memset flushes L2; us = median "
+            "(p10/p90, min/max) over iters calls after one untimed call; floor = max(bytes / copy bandwidth, "
+            "FLOPs / 1979 TFLOPS)")
