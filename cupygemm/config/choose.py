@@ -9,8 +9,7 @@ import dataclasses
 import functools
 import sys
 import threading
-from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 from .. import env
 from ..util import ceil_div
@@ -36,8 +35,7 @@ MIN_SPLIT_K_BLOCKS = 8
 M_CLASS_ROWS = 64
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     """What the choice reads: the kind, ``m_rows`` (M, total rows, or expected rows per group), N, K, groups, SMs."""
 
     kind: int
@@ -48,8 +46,7 @@ class Problem:
     num_sms: int
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     """A tile and its schedule, as the model prices them."""
 
     block_m: int
@@ -65,15 +62,16 @@ def price(p: Problem, c: Candidate) -> Estimate:
                     c.split_k, c.stream_k)
 
 
-def _score(c: Candidate, e: Estimate) -> tuple:
+def _score(priced: tuple[Candidate, Estimate]) -> tuple:
     """Lower time first; then a fuller last wave; then fewer bytes moved per output."""
+    c, e = priced
     bm, bn = c.block_m, c.block_n
     return round(e.seconds * 1e9), -e.last_wave_util, (bm + bn) / (bm * bn), c.multicast, c.stream_k
 
 
 def _best(priced: Iterable[tuple[Candidate, Estimate]]) -> tuple[Candidate, Estimate]:
     """The lowest score; the first one on ties."""
-    return min(priced, key=lambda ce: _score(*ce))
+    return min(priced, key=_score)
 
 
 # --- the named candidates -----------------------------------------------------------------------------------------
@@ -134,7 +132,7 @@ def model_candidates(p: Problem, tiles: Iterable[tuple[int, int, bool]]) -> Iter
             est = price(p, plain)
             yield plain, est
             if _stream_k_weighed(p, bm, est):
-                tail = dataclasses.replace(plain, stream_k=True)
+                tail = plain._replace(stream_k=True)
                 yield tail, price(p, tail)
 
 
@@ -170,13 +168,11 @@ def _apply_overrides(p: Problem, c: Candidate, est: Estimate, fields: dict) -> t
                       fields.get("serial_m", False), fields.get("multicast", 0), fields.get("split_k", 1),
                       fields.get("stream_k", False))
         est = price(p, c)
-    c = dataclasses.replace(c, serial_m=fields.get("serial_m", c.serial_m), multicast=fields.get("multicast",
-                                                                                                  c.multicast))
+    c = c._replace(serial_m=fields.get("serial_m", c.serial_m), multicast=fields.get("multicast", c.multicast))
     if fields.get("interleave_k") or fields.get("split_k", 1) > 1:
-        c = dataclasses.replace(c, stream_k=fields.get("stream_k", False))
+        c = c._replace(stream_k=fields.get("stream_k", False))
     if fields.get("split_k", c.split_k) != c.split_k or fields.get("stream_k", c.stream_k) != c.stream_k:
-        c = dataclasses.replace(c, split_k=fields.get("split_k", c.split_k),
-                                stream_k=fields.get("stream_k", c.stream_k))
+        c = c._replace(split_k=fields.get("split_k", c.split_k), stream_k=fields.get("stream_k", c.stream_k))
         est = price(p, c)
     legal = multicast_options(p.kind, p.m_rows, p.n, c.block_m, c.block_n)
     if c.multicast not in legal:
@@ -225,7 +221,7 @@ def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int
         pick, est = _best([(pick, est), *three_wg])
     # 3. A single 128-row A block is not shared.
     if shares_single_a_block(p, pick):
-        pick = dataclasses.replace(pick, multicast=0)
+        pick = pick._replace(multicast=0)
         est = price(p, pick)
     # 4. Split-K across CTAs where even 64x64 tiles leave half the SMs idle.
     split = split_k_tile(kind, m_rows, n, k, num_sms)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..util import ceil_div, round_up
 from .constants import BLOCK_K, KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, M_ALIGNMENT, THREE_WG_BLOCK_M
@@ -57,10 +57,10 @@ REDUCE_OVERHEAD_S = 1.2e-6
 SK_MAX_SPLIT = 8
 SK_TAIL_OVERHEAD_S = 6.4e-6
 SK_READ_BYTES_PER_SM = 56e9
-# A stream-K kernel's whole tiles run ~0.5 % slower than the plain kernel's (0-4 % while its partial sums pinned the
-# accumulators to register quads, NOTES 19d). Fitted per kind where the factor decides (NOTES 20): masked picks that
-# change at 1.0 measured faster on 7 of 10 problems (by up to 6.6 %; the other three within 1 %), the two normal
-# picks that change measured 2.4-3.5 % slower, so normal GEMMs keep 1.02.
+# A stream-K kernel's whole tiles run ~0.5 % slower than the plain kernel's (its partial sums leave register by
+# register: 16-byte stores pin the accumulators to register quads and cost 0-4 %, NOTES 19d). Fitted per kind where
+# the factor decides (NOTES 20): masked picks that change at 1.0 measured faster on 7 of 10 problems (by up to 6.6 %;
+# the other three within 1 %), the two normal picks that change measured 2.4-3.5 % slower, so normal GEMMs keep 1.02.
 SK_KERNEL_FACTOR = {KIND_NORMAL: 1.02, KIND_MASKED: 1.0}
 
 # Three math warpgroups on 192-row tiles (one m64 sub-tile each) against the 256-row tiles' two warpgroups of two
@@ -71,8 +71,7 @@ SK_KERNEL_FACTOR = {KIND_NORMAL: 1.02, KIND_MASKED: 1.0}
 THREE_WG_OVERHEAD_FACTOR = 0.5
 
 
-@dataclass(frozen=True)
-class Estimate:
+class Estimate(NamedTuple):
     seconds: float
     waves: int
     last_wave_util: float
