@@ -181,6 +181,15 @@ def _apply_overrides(p: Problem, c: Candidate, est: Estimate, fields: dict) -> t
     return c, est
 
 
+def _interleave_k(p: Problem, c: Candidate, est: Estimate, fields: dict) -> bool:
+    """Forced, or where the tile is in interleaved K's measured regime, unless a stream-K tail or a forced split wgmma
+    (which interleaved K cannot run) excludes it."""
+    if "interleave_k" in fields:
+        return fields["interleave_k"]
+    return (not c.stream_k and fields.get("wgmma_n", c.block_n) == c.block_n
+            and interleave_k_pays(c.block_m, c.block_n, split_k_extent(p.k, c.split_k), est.waves))
+
+
 def fewest_ctas_for_rounds(tiles: int, grid: int, cluster: int) -> int:
     """The smallest grid (whole clusters) that runs ``tiles`` in as many rounds as ``grid`` CTAs do. Normal GEMMs
     launch that many: where the last round is partly filled, fewer CTAs with full rounds measured 0.5-1.8 % faster
@@ -211,14 +220,14 @@ def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int
     estimate of the pick."""
     p = Problem(kind, m_rows, n, k, num_groups, num_sms)
     tiles = candidate_tiles(kind, m_rows)
+    three_wg_tiles = [t for t in tiles if t[0] == THREE_WG_BLOCK_M]
 
     # 1. The model's best tile, multicast and tail over the candidates (192-row tiles aside).
-    pick, est = _best(model_candidates(p, (t for t in tiles if t[0] != THREE_WG_BLOCK_M)))
-    # 2. 192-row tiles only challenge a 256-row pick, the comparison measured (section 16c); their halved per-tile
-    #    overhead is relative to the 256-row tiles' epilogue, not to the 128-row ones'.
+    pick, est = _best(model_candidates(p, [t for t in tiles if t[0] != THREE_WG_BLOCK_M]))
+    # 2. 192-row tiles only challenge a 256-row pick, the comparison measured (benchmarks/NOTES.md section 16c);
+    #    their halved per-tile overhead is relative to the 256-row tiles' epilogue, not to the 128-row ones'.
     if pick.block_m == 256 and k <= THREE_WG_MAX_K:
-        three_wg = model_candidates(p, (t for t in tiles if t[0] == THREE_WG_BLOCK_M))
-        pick, est = _best([(pick, est), *three_wg])
+        pick, est = _best([(pick, est), *model_candidates(p, three_wg_tiles)])
     # 3. A single 128-row A block is not shared.
     if shares_single_a_block(p, pick):
         pick = pick._replace(multicast=0)
@@ -231,10 +240,8 @@ def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int
     # 5. The forced fields.
     fields = forced(kind, n, k)
     pick, est = _apply_overrides(p, pick, est, fields)
-    # 6. Interleaved K where the tile is in its measured regime (not beside a stream-K tail or a split wgmma).
-    interleave = fields.get("interleave_k", not pick.stream_k and fields.get("wgmma_n", pick.block_n) == pick.block_n
-                            and interleave_k_pays(pick.block_m, pick.block_n, split_k_extent(k, pick.split_k),
-                                                  est.waves))
+    # 6. Interleaved K where the tile is in its measured regime.
+    interleave = _interleave_k(p, pick, est, fields)
     # 7. Build it on the grid, with as many stages as fit (capped by the rounds each CTA runs).
     cfg = make_config(kind, n, k, pick.block_m, pick.block_n, num_sms=_grid(p, pick, est), smem_limit=smem_limit,
                       wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),

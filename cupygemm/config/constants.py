@@ -1,8 +1,9 @@
 """The fixed facts configs are built within: GEMM kinds, the kernel's K block, pipeline caps, register budgets."""
 from __future__ import annotations
 
-from ..device import SM90_MAX_SMEM_PER_BLOCK
-from ..layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
+# Hopper's shared memory per block and the contiguous layout's group alignment, for the other config modules.
+from ..device import SM90_MAX_SMEM_PER_BLOCK  # noqa: F401
+from ..layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT  # noqa: F401
 
 
 KIND_NORMAL, KIND_CONTIGUOUS, KIND_MASKED = 0, 1, 2
