@@ -73,6 +73,7 @@ class GemmPlan:
     def _pack(self, ptrs: tuple[int, ...]) -> object:
         a, sfa, b, sfb, d, layout, partials, counters = ptrs
         tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, b, sfa, d)))
+        # In the order of contract.GEMM_PARAM_NAMES.
         params = self.launcher.pack(tmaps + (sfb, layout, d, partials, counters) + self.scalars)
         if len(self._packed) >= _PACKED_LIMIT:
             self._packed.clear()

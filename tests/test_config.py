@@ -29,9 +29,9 @@ def test_seed_configs_are_legal(cfg):
     assert 1 <= cfg.num_stages <= (12 if cfg.interleave_k else 8)
     assert cfg.smem_bytes + 1024 <= C.SM90_MAX_SMEM_PER_BLOCK
     assert cfg.smem_bytes == contract.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages, cfg.interleave_k)
-    # More stages would not fit (the model fills shared memory), unless already at a cap: 8, 12 for split-K tiles of
+    # More stages would not fit (the model fills shared memory), unless already at a cap: 8, 12 for interleaved-K tiles of
     # up to 64 K blocks, one tile's K blocks (3 or more) when CTAs run several tiles.
-    step = 2 if cfg.interleave_k else 1  # split-K stage counts are even
+    step = 2 if cfg.interleave_k else 1  # interleaved-K stage counts are even
     if contract.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + step, cfg.interleave_k) + 1024 <= 232448:
         k_blocks = -(-cfg.shape_k // 128) // cfg.split_k
         assert cfg.num_stages in (8, 12 if cfg.interleave_k and k_blocks <= 64 else 8, max(k_blocks, 3))
@@ -338,7 +338,7 @@ def test_stream_k_choice_and_validation():
     from cupygemm.contract import scratch_sizes
 
     # The model weighs the tail where groups' sizes vary (masked) or a normal GEMM runs several waves, and takes it
-    # only where its estimate over the spread is lower; one partial wave is left to split-K.
+    # only where its estimate over the spread is lower; one partial wave is left to interleaved K.
     masked = C.choose_config(C.KIND_MASKED, 256, 4096, 7168, 4, 132)
     plain = C.estimate(C.KIND_MASKED, 256, 4096, 7168, 4, masked.block_m, masked.block_n, 132, masked.multicast)
     tail = C.estimate(C.KIND_MASKED, 256, 4096, 7168, 4, masked.block_m, masked.block_n, 132, masked.multicast,
@@ -369,7 +369,7 @@ def test_stream_k_choice_and_validation():
         assert scratch_sizes(cfg, 1) == scratch_sizes(cfg, 4096) == (132 * 128 * 160, 132 * 2)
     finally:
         C.override_config("masked", 4096, 7168)
-    C.override_config("normal", 2112, 7168, block_m=64, block_n=128, stream_k=True)  # no split-K over warpgroups then
+    C.override_config("normal", 2112, 7168, block_m=64, block_n=128, stream_k=True)  # no interleaved K then
     try:
         cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
         assert cfg.stream_k and not cfg.interleave_k and cfg.num_sms == 132  # every SM, for the split tail
@@ -419,10 +419,10 @@ def test_setmaxnreg_budgets_fit_the_register_file():
 
 
 def test_stage_caps():
-    """Split-K over two warpgroups drains stages twice as fast: 12 stages for tiles of up to 64 K blocks, 8 beyond;
+    """Interleaved K over two warpgroups drains stages twice as fast: 12 stages for tiles of up to 64 K blocks, 8 beyond;
     a CTA running several tiles keeps about one tile's K blocks in flight (benchmarks/NOTES.md section 23)."""
-    split = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
-    assert split.interleave_k and split.num_stages == 12
+    inter = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
+    assert inter.interleave_k and inter.num_stages == 12
     assert C.choose_config(C.KIND_NORMAL, 64, 7168, 16384, 1, 132).num_stages == 8  # 128 K blocks
     assert C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, interleave_k=True).num_stages == 12
     assert C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, interleave_k=False).num_stages == 8
@@ -436,8 +436,8 @@ def test_stage_caps():
     assert C.make_config(C.KIND_NORMAL, 32768, 512, 64, 128, 128, num_stages=6, tile_rounds=2).num_stages == 6
 
 
-def test_split_k_stage_counts_are_even():
-    """Split-K warpgroups take alternate K blocks: with an odd stage count a stage alternates between them and a
+def test_interleave_k_stage_counts_are_even():
+    """Interleaved-K warpgroups take alternate K blocks: with an odd stage count a stage alternates between them and a
     parity wait two phases on passes early (a crash on the GPU, NOTES 23e). Every pick over a grid of problems has an
     even count, smem-limited widths round down, and an odd count asked for is refused."""
     picks = 0
@@ -476,7 +476,7 @@ def test_raster_stripes_of_sixteen_n_blocks():
             C.make_config(C.KIND_NORMAL, 7168, 2048, 128, 128, 132, raster_n=bad)
 
 
-def test_split_k_refused_where_it_cannot_run():
+def test_interleave_k_refused_where_it_cannot_run():
     """interleave_k asked for a tile it cannot run on raises instead of silently giving the one-warpgroup kernel; the
     model only proposes it where it fits."""
     for args in [dict(block_m=64, block_n=184), dict(block_m=128, block_n=128),
