@@ -3,14 +3,15 @@
 * :mod:`.constants`: GEMM kinds, the kernel's K block, stage caps and register budgets;
 * :mod:`.legality`: :class:`GemmConfig` and :func:`make_config` (which configs the kernel can run);
 * :mod:`.cost`: the cost model (estimated time of a tile, schedule and problem);
-* :mod:`.choose`: :func:`choose_config`, the one choice over named candidates, measured rules and overrides;
+* :mod:`.choice`: :func:`choose` (the one choice over named candidates, measured rules and overrides) and
+  :func:`choose_config`, its memoized entry;
 * :mod:`.overrides`: :func:`override_config`, forced fields for tuning.
 
 What other modules use is re-exported here.
 """
 from __future__ import annotations
 
-from .choose import (B_EVICT_FIRST_ENV, M_CLASS_ROWS, b_evict_first, candidate_block_ms, candidate_tiles, choose,
+from .choice import (B_EVICT_FIRST_ENV, M_CLASS_ROWS, b_evict_first, candidate_block_ms, candidate_tiles, choose,
                      choose_config, clear_memo, fewest_ctas_for_rounds, m_class, memo_info, model_rows, split_k_tile)
 from .constants import (BLOCK_K, KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, M_ALIGNMENT,
                         RASTER_N_BLOCKS, SM90_MAX_SMEM_PER_BLOCK, STREAM_K_KINDS, THREE_WG_BLOCK_M, kind_id)

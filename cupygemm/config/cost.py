@@ -7,7 +7,7 @@ drawn group sizes.
 
 The constants are fitted by scripts/fit_model.py to a sweep of every legal tile (multicast, interleaved-K and serial
 256-row variants included) on the 29 seed shapes on an H200 (benchmarks/results/tune-sweep-*-h200-v2.json,
-benchmarks/NOTES.md section 9). With the rule that 64-row tiles do not share A (see choose.py) the pick is within
+benchmarks/NOTES.md section 9). With the rule that 64-row tiles do not share A (see choice.py) the pick is within
 1.6 % of the fastest measured config on the 19 normal shapes (geomean; 8.5 % worst). The grouped picks are measured
 directly against DeepGEMM and over several group-size draws instead (sections 10 and 13): the v2 sweep has no 256-row
 contiguous tiles and drew other group sizes than the peers.

@@ -1,5 +1,5 @@
 """Forced config fields per (kind, N, K), for tuning: :func:`override_config` checks and stores them, the chooser
-applies them as its last rule (:func:`cupygemm.config.choose.choose`)."""
+applies them as a rule step of :func:`cupygemm.config.choice.choose`."""
 from __future__ import annotations
 
 import threading
