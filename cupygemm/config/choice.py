@@ -264,7 +264,7 @@ def m_class(kind: int, m_rows: int) -> int:
     """
     if kind == KIND_MASKED:
         return m_rows
-    return -(-m_rows // M_CLASS_ROWS)
+    return ceil_div(m_rows, M_CLASS_ROWS)
 
 
 def _check_problem(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int) -> None:
