@@ -26,6 +26,15 @@ def test_py_typed_is_package_data():
     assert 'cupygemm = ["py.typed"]' in _pyproject()
 
 
+def test_wheel_lists_every_python_package():
+    """setuptools' package list is explicit: every package directory of cupygemm and sass_tools is in it."""
+    listed = set(re.search(r"^packages = \[(.*)\]$", _pyproject(), re.M).group(1).replace('"', "").split(", "))
+    for top in ("cupygemm", "sass_tools"):
+        for init in (REPO / top).rglob("__init__.py"):
+            package = ".".join(init.parent.relative_to(REPO).parts)
+            assert package in listed, package
+
+
 def test_sdist_manifest_carries_what_the_tests_read():
     manifest = (REPO / "MANIFEST.in").read_text()
     for line in ("recursive-include cuda_src *.cu *.cuh", "recursive-include tests *.py",
