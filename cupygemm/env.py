@@ -2,7 +2,8 @@
 
 Booleans accept ``1/0``, ``true/false``, ``yes/no``, ``on/off`` (case-insensitive, surrounding whitespace ignored);
 unset or empty means the default. Any other value raises ``ValueError`` naming the variable and the valid
-spellings, so a typo never silently flips a switch (``CUPYGEMM_PRINT_CONFIGS=no`` used to turn printing on).
+spellings, so a typo never silently flips a switch (a non-empty-means-on rule would read
+``CUPYGEMM_PRINT_CONFIGS=no`` as on).
 
 Values are read on every call, not at import, so tests and long-running processes see changes.
 """

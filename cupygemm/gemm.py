@@ -21,6 +21,7 @@ from .plan import GemmPlan, plan_gemm
 from .streams import cupy_stream, resolve, torch_stream
 from .tensors import BF16, Framework, View, cupy_view, empty, export_like, framework_of, gpu_device_of, \
     is_torch_tensor, read, read_cupy, read_torch
+from .util import ceil_div
 from .workspace import scratch
 
 _CALLS_LIMIT = 1024
@@ -155,7 +156,7 @@ def _sfa_m_major_copy(sfa: View, problem: validate.Problem, stream: int, framewo
     """SFA copied into the kernel's layout ([G][ceil(K/128)][m_pad], padding rows unread) on ``stream``; returns
     its pointer and the buffer to keep alive until the launch is queued."""
     g = problem.num_groups if problem.kind == KIND_MASKED else 1
-    kb, m, m_pad = -(-problem.k // 128), problem.m, problem.sfa_m_pad
+    kb, m, m_pad = ceil_div(problem.k, 128), problem.m, problem.sfa_m_pad
     if framework is Framework.TORCH:
         import torch
 

@@ -66,6 +66,7 @@ from jax import lax
 from . import xla_ffi
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL
 from .errors import CupygemmDeviceError
+from .util import ceil_div
 
 __all__ = [
     "TARGET",
@@ -84,10 +85,6 @@ _FP8_MAX = 448.0
 _MIN_AMAX = 1e-4
 _INT32_LIMIT = 2**31
 _FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8))
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return (a + b - 1) // b
 
 
 # --- backends: the CUDA one, and a test double --------------------------------------------------------------
@@ -234,7 +231,7 @@ def _entry(kind: int, m: int, n: int, k: int, g: int, expected_m: int | None,
 
 
 def _sfa_shape(kind: int, m: int, k: int, g: int, m_pad: int) -> tuple[int, ...]:
-    kb = _ceil_div(k, _GROUP)
+    kb = ceil_div(k, _GROUP)
     return (g, kb, m_pad) if kind == KIND_MASKED else (kb, m_pad)
 
 
@@ -316,7 +313,7 @@ def _grouped_b(b: Any, sfb: Any, k: int) -> tuple[int, int]:
     g, n, kb_ = _fp8(b, "b", 3)
     if kb_ != k:
         raise ValueError(f"a has K = {k} but b is [G, N, K] = {(g, n, kb_)}")
-    _f32(sfb, "sfb", (g, _ceil_div(n, _GROUP), _ceil_div(k, _GROUP)))
+    _f32(sfb, "sfb", (g, ceil_div(n, _GROUP), ceil_div(k, _GROUP)))
     return g, n
 
 
@@ -433,9 +430,9 @@ def _gemm_jit(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array) -> jax
     if kb_ != k:
         raise ValueError(f"a is [M, K] = {(m, k)} and b is [N, K] = {(n, kb_)}: K differs")
     _check_dims(k, n, M=m, N=n, K=k)
-    kb = _ceil_div(k, _GROUP)
+    kb = ceil_div(k, _GROUP)
     _f32(sfa, "sfa", (m, kb))
-    _f32(sfb, "sfb", (_ceil_div(n, _GROUP), kb))
+    _f32(sfb, "sfb", (ceil_div(n, _GROUP), kb))
     return _dense_op(a, sfa, b, sfb)
 
 
@@ -463,7 +460,7 @@ def _contiguous_jit(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array, 
     m, k = _fp8(a, "a", 2)
     g, n = _grouped_b(b, sfb, k)
     _check_dims(k, n, M=m, N=n, K=k, G=g)
-    _f32(sfa, "sfa", (m, _ceil_div(k, _GROUP)))
+    _f32(sfa, "sfa", (m, ceil_div(k, _GROUP)))
     _int32_vector(m_indices, "m_indices", m)
     if out is None:
         out = jnp.zeros((m, n), jnp.bfloat16)
@@ -498,7 +495,7 @@ def _masked_jit(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array, mask
     if gb != g:
         raise ValueError(f"a has {g} groups ([G, max_m, K] = {(g, m, k)}) but b has {gb}")
     _check_dims(k, n, max_m=m, N=n, K=k, G=g, total_rows=g * m)
-    _f32(sfa, "sfa", (g, m, _ceil_div(k, _GROUP)))
+    _f32(sfa, "sfa", (g, m, ceil_div(k, _GROUP)))
     _int32_vector(masked_m, "masked_m", g)
     if out is None:
         out = jnp.zeros((g, m, n), jnp.bfloat16)
@@ -575,7 +572,7 @@ def _per_token_jnp(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """
     x32 = _cast_input(x)
     m, n = x32.shape
-    nb = _ceil_div(n, _GROUP)
+    nb = ceil_div(n, _GROUP)
     g = jnp.pad(x32, ((0, 0), (0, nb * _GROUP - n))).reshape(m, nb, _GROUP)
     q, s = _quantize_groups(g, jnp.max(jnp.abs(g), axis=2, keepdims=True, initial=0.0))
     return q.reshape(m, nb * _GROUP)[:, :n], s.reshape(m, nb)
@@ -586,7 +583,7 @@ def _per_block_jnp(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     ceil(n/128)])``, bit-exact with :func:`cupygemm.reference.per_block_cast_to_fp8_reference`."""
     x32 = _cast_input(x)
     m, n = x32.shape
-    mb, nb = _ceil_div(m, _GROUP), _ceil_div(n, _GROUP)
+    mb, nb = ceil_div(m, _GROUP), ceil_div(n, _GROUP)
     g = jnp.pad(x32, ((0, mb * _GROUP - m), (0, nb * _GROUP - n))).reshape(mb, _GROUP, nb, _GROUP)
     q, s = _quantize_groups(g, jnp.max(jnp.abs(g), axis=(1, 3), keepdims=True, initial=0.0))
     return q.reshape(mb * _GROUP, nb * _GROUP)[:m, :n], s.reshape(mb, nb)
@@ -631,7 +628,7 @@ def _ffi_cast(entry: str, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         eid = handler.add(xla_ffi.FfiEntry(f"{entry} {m}x{n} {dtype}", 1, 2, _cast_plan_cuda(entry, dtype, m, n)))
         _cast_entries[key] = eid
     results = [jax.ShapeDtypeStruct((m, n), jnp.float8_e4m3fn),
-               jax.ShapeDtypeStruct((quantization.scale_rows(entry, m), _ceil_div(n, _GROUP)), jnp.float32)]
+               jax.ShapeDtypeStruct((quantization.scale_rows(entry, m), ceil_div(n, _GROUP)), jnp.float32)]
     q, s = jax.ffi.ffi_call(TARGET, results, vmap_method="sequential")(x, entry_id=np.int64(eid))
     return q, s
 

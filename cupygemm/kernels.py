@@ -1,25 +1,42 @@
-"""GEMM kernels by config: render ``cuda_src/fp8_gemm.cu``, build (cache) and load per device."""
+"""GEMM kernels by config: render ``cuda_src/fp8_gemm.cu`` with the contract's constants, build (cache) and load."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
+from . import contract
 from .config import GemmConfig
 from .jit.build import LoadedKernel, build_cubin, load_kernel, relaxed_capture
 from .jit.source import KernelSource, render
-from .launch import DESC, PTR, U32, make_launcher
-
-GEMM_FILE, GEMM_ENTRY = "fp8_gemm.cu", "cupygemm_fp8_gemm"
-# cupygemm_fp8_gemm's parameters: tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d, partials, tile_counters,
-# shape_m, num_groups, ld_d, b_evict_first.
-GEMM_PARAMS = (DESC,) * 4 + (PTR,) * 5 + (U32,) * 4
+from .launch import make_launcher
 
 _lock = threading.Lock()
 _by_config: dict[tuple[int, GemmConfig], LoadedKernel] = {}
 
 
 def gemm_source(cfg: GemmConfig) -> KernelSource:
-    return render(GEMM_FILE, GEMM_ENTRY, cfg.defines())
+    return render(contract.GEMM_FILE, contract.GEMM_ENTRY, _old_macro_names(contract.defines(cfg)))
+
+
+# TEMPORARY (issue 31 merge): kernel sources from before the split-K rename read CUPYGEMM_SPLIT_K as the interleave
+# flag, CUPYGEMM_K_SLICES as the split count and CUPYGEMM_DOUBLE_ACC. Such a source gets the constants under those
+# names; a renamed source (it reads CUPYGEMM_INTERLEAVE_K) gets the contract's as they are. Delete after the merge.
+@functools.lru_cache(maxsize=1)
+def _source_has_old_macros() -> bool:
+    from .jit.source import _read
+
+    return "CUPYGEMM_INTERLEAVE_K" not in _read(contract.GEMM_FILE)
+
+
+def _old_macro_names(defines: dict[str, object]) -> dict[str, object]:
+    if not _source_has_old_macros():
+        return defines
+    out = {k: v for k, v in defines.items() if k not in ("CUPYGEMM_SPLIT_K", "CUPYGEMM_INTERLEAVE_K")}
+    out.update(CUPYGEMM_SPLIT_K=defines["CUPYGEMM_INTERLEAVE_K"], CUPYGEMM_K_SLICES=defines["CUPYGEMM_SPLIT_K"],
+               CUPYGEMM_DOUBLE_ACC=0)
+    return out
+# END TEMPORARY
 
 
 def compile_gemm(cfg: GemmConfig) -> bytes:
@@ -49,7 +66,8 @@ def max_active_clusters(kernel: LoadedKernel, cfg: GemmConfig) -> int:
     fn = getattr(driver(), "cuOccupancyMaxActiveClusters", None)
     if fn is None:
         return 0
-    cfg_struct = _LaunchConfig((cfg.num_sms, 1, 1), (cfg.threads, 1, 1), cfg.smem_bytes, None, None, 0)
+    cfg_struct = _LaunchConfig((cfg.num_sms, 1, 1), (contract.threads(cfg.num_math_wg), 1, 1), cfg.smem_bytes, None,
+                               None, 0)
     out = ctypes.c_int(0)
     res = fn(ctypes.byref(out), ctypes.c_void_p(kernel.function.ptr), ctypes.byref(cfg_struct))
     return out.value if res == 0 else 0
@@ -66,7 +84,7 @@ def get_gemm_kernel(cfg: GemmConfig, device_id: int) -> LoadedKernel:
         k = load_kernel(gemm_source(cfg), config=cfg)
         k.ensure_dynamic_smem(cfg.smem_bytes)
         if k.launcher is None:
-            k.launcher = make_launcher(k.function, GEMM_PARAMS)
+            k.launcher = make_launcher(k.function, contract.GEMM_PARAMS)
         if cfg.multicast and not k.max_clusters:
             with relaxed_capture():
                 k.max_clusters = max_active_clusters(k, cfg) or cfg.num_sms // 2

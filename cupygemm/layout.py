@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from . import util
 from .tensors import export_like, framework_of, require_cupy
 
 __all__ = [
@@ -38,12 +39,13 @@ def _as_int(value: Any, name: str) -> int:
 
 
 def ceil_div(a: int, b: int) -> int:
-    """``ceil(a / b)`` for integers, ``b > 0``."""
+    """``ceil(a / b)`` for integers, ``b > 0`` (arguments checked: this is the public helper; the host modules use
+    the unchecked :func:`cupygemm.util.ceil_div`)."""
     a = _as_int(a, "a")
     b = _as_int(b, "b")
     if b <= 0:
         raise ValueError(f"b: expected a positive divisor, got {b}")
-    return (a + b - 1) // b
+    return util.ceil_div(a, b)
 
 
 def get_tma_aligned_size(x: int, element_size: int) -> int:
@@ -57,8 +59,7 @@ def get_tma_aligned_size(x: int, element_size: int) -> int:
         raise ValueError(f"x: expected a non-negative size, got {x}")
     if element_size <= 0 or TMA_ALIGNMENT_BYTES % element_size:
         raise ValueError(f"element_size: expected a divisor of {TMA_ALIGNMENT_BYTES} (1, 2, 4, 8 or 16), got {element_size}")
-    alignment = TMA_ALIGNMENT_BYTES // element_size
-    return ceil_div(x, alignment) * alignment
+    return util.round_up(x, TMA_ALIGNMENT_BYTES // element_size)
 
 
 def get_m_alignment_for_contiguous_layout() -> int:

@@ -1,10 +1,10 @@
 """Launch plans: everything about a GEMM launch that does not depend on the operands' addresses, made once.
 
-A :class:`GemmPlan` states the GEMM kernel's whole host contract for one problem shape: the config (template
-constants, chosen by :mod:`cupygemm.config`), the loaded kernel, the grid, block and shared memory, how each TMA
-map is laid over its operand, the scalar arguments, and the scratch the launch needs. A call then only supplies
-device pointers and a stream: :meth:`GemmPlan.launch` encodes the TMA maps for new pointers (cached per plan,
-so a call on the same buffers packs nothing) and launches with ``cuLaunchKernel``.
+A :class:`GemmPlan` is one problem shape's launch: the config (chosen by :mod:`cupygemm.config`), the loaded kernel
+(:mod:`cupygemm.kernels`) and the launch values the kernel's contract (:mod:`cupygemm.contract`) gives for that config
+and shape: grid, block, shared memory, TMA map layouts, scalar arguments, scratch sizes. A call then only supplies
+device pointers and a stream: :meth:`GemmPlan.launch` encodes the TMA maps for new pointers (cached per plan, so a
+call on the same buffers packs nothing) and launches with ``cuLaunchKernel``.
 
 Plans are made by :func:`plan_gemm` (memoized) from static sizes and strides alone, so the JAX integration can
 make them at trace time; the eager entry points (:mod:`cupygemm.gemm`) cache them per call signature.
@@ -15,32 +15,17 @@ import ctypes
 import functools
 from dataclasses import dataclass, field
 
-from . import tma
+from . import contract, tma
 from .config import KIND_MASKED, KIND_NORMAL, GemmConfig, b_evict_first, choose_config, config_version, model_rows
+from .contract import TmaSpec
 from .device import get_num_sms, require_hopper
 from .env import B_EVICT_FIRST, setting_key
 from .errors import CupygemmDeviceError
 from .jit.build import LoadedKernel
 from .kernels import get_gemm_kernel
 from .launch import Launcher
-from .layout import ceil_div, get_tma_aligned_size
-from .workspace import scratch_sizes
 
 _PACKED_LIMIT = 64  # pointer sets remembered per plan (a serving loop cycles through a few buffers)
-
-
-@dataclass(frozen=True)
-class _TmaSpec:
-    """A TMA map's layout over one operand; the base address comes with each call."""
-
-    dtype: int
-    dims: tuple[int, ...]
-    strides: tuple[int, ...]
-    box: tuple[int, ...]
-    swizzle: int
-
-    def encode(self, ptr: int) -> bytes:
-        return tma.encode_tiled(self.dtype, ptr, self.dims, self.strides, self.box, self.swizzle)
 
 
 @dataclass
@@ -57,10 +42,12 @@ class GemmPlan:
     kernel: LoadedKernel
     launcher: Launcher
     grid: int
+    threads: int
+    smem_bytes: int
     sfa_m_pad: int  # SFA is read M-major: [G][ceil(K/128)][sfa_m_pad] float32
     scratch_floats: int  # FP32 partial tiles the launch needs (0: none)
     scratch_counters: int  # uint32 tile counters, zero at launch (0: none)
-    tmaps: tuple[_TmaSpec, _TmaSpec, _TmaSpec, _TmaSpec]  # A, B, SFA, D
+    tmaps: tuple[TmaSpec, TmaSpec, TmaSpec, TmaSpec]  # A, B, SFA, D
     scalars: tuple[int, int, int, int]  # shape_m, num_groups, ld_d (elements), b_evict_first
     _packed: dict = field(default_factory=dict, repr=False)
 
@@ -81,11 +68,12 @@ class GemmPlan:
         params = self._packed.get(ptrs)
         if params is None:
             params = self._pack(ptrs)
-        self.launcher.launch(params, self.grid, self.cfg.threads, self.cfg.smem_bytes, stream)
+        self.launcher.launch(params, self.grid, self.threads, self.smem_bytes, stream)
 
     def _pack(self, ptrs: tuple[int, ...]) -> object:
         a, sfa, b, sfb, d, layout, partials, counters = ptrs
         tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, b, sfa, d)))
+        # In the order of contract.GEMM_PARAM_NAMES.
         params = self.launcher.pack(tmaps + (sfb, layout, d, partials, counters) + self.scalars)
         if len(self._packed) >= _PACKED_LIMIT:
             self._packed.clear()
@@ -149,27 +137,10 @@ def _plan(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, ro
         evict_b = b_evict_first(num_groups, n, k, info.l2_bytes)
         cfg = choose_config(kind, rows, n, k, num_groups, num_sms, smem_limit=info.max_smem_per_block)
         kernel = get_gemm_kernel(cfg, device_id)
-    g_a = num_groups if kind == KIND_MASKED else 1
-    kb = ceil_div(k, 128)
-    lda, ldb, ldd = a_strides[-2], b_strides[-2], d_strides[-2]
-    a_group = a_strides[0] if len(a_strides) == 3 else lda * m
-    b_group = b_strides[0] if len(b_strides) == 3 else ldb * n
-    d_group = d_strides[0] if len(d_strides) == 3 else ldd * m
-    m_pad = get_tma_aligned_size(m, 4)
-    wg_m = cfg.block_m if cfg.split_k else cfg.block_m // cfg.num_math_wg
-    slab = cfg.block_n if cfg.swizzle_d == 0 else cfg.swizzle_d // 2
-    # With multicast each CTA of a pair loads half of the shared tile.
-    box_n = cfg.block_n // 2 if cfg.multicast == 2 else cfg.block_n
-    tmaps = (
-        _TmaSpec(tma.UINT8, (k, m, g_a), (lda, a_group), (128, cfg.a_box_rows, 1), 128),
-        _TmaSpec(tma.UINT8, (k, n, num_groups), (ldb, b_group), (128, box_n, 1), 128),
-        _TmaSpec(tma.FLOAT32, (m, kb, g_a), (4 * m_pad, 4 * m_pad * kb), (cfg.block_m, 1, 1), 0),
-        _TmaSpec(tma.BFLOAT16, (n, m, g_a), (ldd, d_group), (slab, wg_m, 1), cfg.swizzle_d),
-    )
-    grid = cfg.num_sms if not cfg.multicast else min(cfg.num_sms, 2 * kernel.max_clusters)
-    floats, counters = scratch_sizes(cfg, m)
-    return GemmPlan(kind, m, n, k, num_groups, device_id, cfg, kernel, kernel.launcher, grid, m_pad, floats, counters, tmaps,
-                    (m, num_groups, ldd // 2, int(evict_b)))
+    c = contract.launch_contract(cfg, m, n, k, num_groups, a_strides, b_strides, d_strides, evict_b)
+    return GemmPlan(kind, m, n, k, num_groups, device_id, cfg, kernel, kernel.launcher,
+                    contract.grid(cfg, kernel.max_clusters), c.threads, c.smem_bytes, c.sfa_m_pad, c.scratch_floats,
+                    c.scratch_counters, c.tmaps, c.scalars)
 
 
 def clear() -> None:

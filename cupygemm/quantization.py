@@ -34,6 +34,7 @@ from .errors import CupygemmDeviceError
 from .streams import cupy_stream, resolve
 from .tensors import BF16, F16, F32, FP8_E4M3, Framework, View, empty, framework_of, gpu_device_of, \
     is_torch_tensor, read, require_cupy
+from .util import ceil_div
 
 __all__ = ["per_token_cast_to_fp8", "per_block_cast_to_fp8"]
 
@@ -126,25 +127,25 @@ def run_cast(entry: str, x: Any, stream: Any, framework: Framework) -> tuple[Any
         launch_stream = resolve(stream, framework, gpu_device_of(x, "x"))
         v, m, n, ld = _prepare(read(x, "x", launch_stream))
     q = empty(framework, (m, n), FP8_E4M3, v.device)
-    s = empty(framework, (scale_rows(entry, m), (n + _GROUP - 1) // _GROUP), F32, v.device)
+    s = empty(framework, (scale_rows(entry, m), ceil_div(n, _GROUP)), F32, v.device)
     launch_cast(entry, v.dtype, v.ptr, _ptr(q), _ptr(s), m, n, ld, launch_stream, v.device)
     return q, s
 
 
 def scale_rows(entry: str, m: int) -> int:
     """Rows of the scales a cast of ``m`` rows returns."""
-    return m if entry == "per_token_cast_to_fp8" else (m + _GROUP - 1) // _GROUP
+    return m if entry == "per_token_cast_to_fp8" else ceil_div(m, _GROUP)
 
 
 def launch_cast(entry: str, dtype: np.dtype, x: int, q: int, s: int, m: int, n: int, ld: int, stream: int,
                 device: int) -> None:
     """Launch a cast kernel over device pointers on ``stream`` (x [m, n] with row stride ``ld`` elements; q and s
     dense). Loads the kernel on first use."""
-    nb = (n + _GROUP - 1) // _GROUP
+    nb = ceil_div(n, _GROUP)
     items = scale_rows(entry, m) * nb
     if not items:
         return
-    grid = (items + _THREADS // 32 - 1) // (_THREADS // 32) if entry == "per_token_cast_to_fp8" else items
+    grid = ceil_div(items, _THREADS // 32) if entry == "per_token_cast_to_fp8" else items
     fn = _get_kernel(dtype, entry, device)
     with on_device(device):
         fn((grid,), (_THREADS,), (np.uint64(x), np.uint64(q), np.uint64(s), np.int64(m), np.int64(n), np.int64(ld),

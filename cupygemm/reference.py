@@ -25,6 +25,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from .util import ceil_div
+
 __all__ = [
     "FP8_E4M3_MAX",
     "MIN_AMAX",
@@ -66,10 +68,6 @@ def _host(x: Any, name: str) -> np.ndarray:
         raise TypeError(f"{name}: expected a NumPy or CuPy array, got {type(x).__name__}") from e
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
-
 def _cast_input(x: Any, name: str = "x") -> np.ndarray:
     x = _host(x, name)
     if x.ndim != 2:
@@ -103,7 +101,7 @@ def per_token_cast_to_fp8_reference(x: Any) -> tuple[np.ndarray, np.ndarray]:
     """
     x32 = _cast_input(x)
     m, n = x32.shape
-    nb = _ceil_div(n, GROUP)
+    nb = ceil_div(n, GROUP)
     padded = np.zeros((m, nb * GROUP), dtype=np.float32)
     padded[:, :n] = x32
     groups = padded.reshape(m, nb, GROUP)
@@ -122,7 +120,7 @@ def per_block_cast_to_fp8_reference(x: Any) -> tuple[np.ndarray, np.ndarray]:
     """
     x32 = _cast_input(x)
     m, n = x32.shape
-    mb, nb = _ceil_div(m, GROUP), _ceil_div(n, GROUP)
+    mb, nb = ceil_div(m, GROUP), ceil_div(n, GROUP)
     padded = np.zeros((mb * GROUP, nb * GROUP), dtype=np.float32)
     padded[:m, :n] = x32
     blocks = padded.reshape(mb, GROUP, nb, GROUP)
@@ -152,7 +150,7 @@ def dequantize_per_token(q: Any, s: Any) -> np.ndarray:
     if qf.ndim < 1:
         raise ValueError("q: expected at least a 1-D array")
     k = qf.shape[-1]
-    expected = qf.shape[:-1] + (_ceil_div(k, GROUP),)
+    expected = qf.shape[:-1] + (ceil_div(k, GROUP),)
     if s.shape != expected:
         raise ValueError(f"s: expected per-token scales of shape {expected} for q of shape {qf.shape}, got {s.shape}")
     return qf * _expand(s, -1, k)
@@ -165,7 +163,7 @@ def dequantize_per_block(q: Any, s: Any) -> np.ndarray:
     if qf.ndim < 2:
         raise ValueError(f"q: expected at least a 2-D array, got shape {qf.shape}")
     n, k = qf.shape[-2:]
-    expected = qf.shape[:-2] + (_ceil_div(n, GROUP), _ceil_div(k, GROUP))
+    expected = qf.shape[:-2] + (ceil_div(n, GROUP), ceil_div(k, GROUP))
     if s.shape != expected:
         raise ValueError(f"s: expected per-block scales of shape {expected} for q of shape {qf.shape}, got {s.shape}")
     return qf * _expand(_expand(s, -1, k), -2, n)

@@ -20,6 +20,7 @@ from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, GemmC
 from .errors import CupygemmError
 from .layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
 from .shapes import GROUPED_NK, NORMAL_NK
+from .util import round_up
 
 #: (N, K) pairs per kind of model presets. DeepSeek-V3 and R1 share their GEMM shapes: the seed shapes.
 PRESETS: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {
@@ -90,7 +91,7 @@ def _m_values(kind: int, ranges: Sequence[tuple[int, int]]) -> list[int]:
     ms: set[int] = set()
     for lo, hi in ranges:
         if kind == KIND_CONTIGUOUS:
-            first = -(-lo // M_ALIGNMENT) * M_ALIGNMENT
+            first = round_up(lo, M_ALIGNMENT)
             ms.update(range(first, hi + 1, M_ALIGNMENT))
         else:
             ms.update(range(lo, hi + 1))
@@ -129,7 +130,7 @@ def problems_from_shapes(kind: int | str, shapes: Iterable[Sequence[int]]) -> li
                 raise ValueError(f"shapes: grouped shapes are GxMxNxK (M = rows per group), got {text}")
             g, m, n, k = s
             if kid == KIND_CONTIGUOUS:
-                m = g * (-(-m // M_ALIGNMENT) * M_ALIGNMENT)
+                m = g * round_up(m, M_ALIGNMENT)
         out.append(Problem(kid, model_rows(kid, max(m, 1)), n, k, g))
     return out
 

@@ -33,10 +33,10 @@ import torch
 
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
 from .gemm import same_framework, run
-from .layout import ceil_div
 from .quantization import run_cast
 from .streams import stream_handle
 from .tensors import Framework
+from .util import ceil_div
 
 _lib = torch.library.Library("cupygemm", "DEF")
 

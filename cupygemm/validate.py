@@ -14,8 +14,9 @@ import numpy as np
 
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
 from .env import check_inputs_enabled  # noqa: F401 - the entry points ask validate whether to check on the host
-from .layout import ceil_div, get_tma_aligned_size
+from .layout import get_tma_aligned_size
 from .tensors import BF16, F32, FP8_E4M3, I32, U8, View
+from .util import ceil_div
 
 _INT32_LIMIT = 2**31
 TMA_ALIGN = 16

@@ -1,5 +1,6 @@
-"""Scratch memory of split-K across CTAs (``GemmConfig.k_slices > 1``) and of the stream-K tail
+"""Scratch memory of split-K across CTAs (``GemmConfig.split_k > 1``) and of the stream-K tail
 (``GemmConfig.stream_k``): FP32 partial tiles and arrival counters, per (device, stream) on which the kernel runs.
+The sizes a launch needs are the kernel contract's (:func:`cupygemm.contract.scratch_sizes`).
 
 Kernels on one stream run in order, so they can share a set; kernels on different streams may overlap, so each
 stream gets its own. The counters start at zero and every kernel leaves them at zero (the last CTA of a tile
@@ -22,30 +23,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import GemmConfig
-from .layout import ceil_div
 from .streams import cupy_stream, is_capturing, torch_stream
 from .tensors import Framework
 
 MAX_SETS = 64
-MAX_PARTIALS = 1 << 30  # floats (4 GiB)
-
-
-def scratch_sizes(cfg: GemmConfig, m: int) -> tuple[int, int]:
-    """(FP32 partials, uint32 counters) a launch of ``cfg`` on M rows needs; (0, 0) without K slices or stream-K."""
-    if cfg.stream_k:
-        # One partial tile per CTA (its piece of a tail unit); a counter per tail tile and row group
-        # (cuda_src/scheduler.cuh).
-        return cfg.num_sms * cfg.block_m * cfg.block_n, cfg.num_sms * cfg.num_math_wg
-    if cfg.k_slices <= 1:
-        return 0, 0
-    tiles = ceil_div(m, cfg.block_m) * ceil_div(cfg.shape_n, cfg.block_n)
-    n_partials = tiles * cfg.k_slices * cfg.block_m * cfg.block_n
-    if n_partials > MAX_PARTIALS:  # the kernel indexes the scratch with 32-bit offsets
-        raise ValueError(f"k_slices={cfg.k_slices} on M={m}, N={cfg.shape_n} with {cfg.block_m}x{cfg.block_n} tiles "
-                         f"needs {n_partials * 4 / 2**30:.1f} GiB of split-K scratch (at most "
-                         f"{MAX_PARTIALS * 4 / 2**30:.0f} GiB); use fewer k_slices or none for a problem this large")
-    return n_partials, tiles * cfg.num_math_wg
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cupygemm import config as C
+from cupygemm import contract
 from cupygemm.errors import CupygemmCompileError
 from cupygemm.jit.compiler import compile_cubin, nvrtc_version
 from cupygemm.jit.source import render
@@ -82,13 +83,13 @@ def test_split_n_and_block_m_256_compile(tmp_path):
         assert "QGMMA" in sass and not re.search(r"\b(LDL|STL)\b", sass)
 
 
-@pytest.mark.parametrize("bm,bn,ks,split", [(64, 128, 8, False), (64, 128, 4, True), (128, 128, 4, False),
+@pytest.mark.parametrize("bm,bn,ks,interleave", [(64, 128, 8, False), (64, 128, 4, True), (128, 128, 4, False),
                                          (256, 128, 2, False)])
-def test_k_slices_compile(bm, bn, ks, split, tmp_path):
+def test_split_k_compile(bm, bn, ks, interleave, tmp_path):
     """Split-K across CTAs: the partial-sum pass adds no spills; one acquire-release arrival per tile."""
-    cfg = C.make_config(C.KIND_NORMAL, 2112, 7168, bm, bn, 132, k_slices=ks, split_k=split,
+    cfg = C.make_config(C.KIND_NORMAL, 2112, 7168, bm, bn, 132, split_k=ks, interleave_k=interleave,
                         serial_m=bm == 256)
-    assert cfg.defines()["CUPYGEMM_K_SLICES"] == ks
+    assert contract.defines(cfg)["CUPYGEMM_SPLIT_K"] == ks
     sass, res = _sass(compile_gemm(cfg), tmp_path)
     assert "QGMMA" in sass and not re.search(r"\b(LDL|STL)\b", sass)
     assert len(re.findall(r"ATOMG\.E\.ADD\.STRONG\.GPU", sass)) == 1
@@ -101,7 +102,7 @@ def test_k_slices_compile(bm, bn, ks, split, tmp_path):
                                           (C.KIND_NORMAL, 64, 128, 0)])
 def test_stream_k_compile(kind, bm, bn, mc, tmp_path):
     """Stream-K tail kernels: the tail pieces run one more, not unrolled, copy of the K loop (4 wgmmas per m64
-    slice); nothing spills; the K loop keeps its wgmma descriptors in uniform registers (a few more R2UR moves than
+    sub-tile); nothing spills; the K loop keeps its wgmma descriptors in uniform registers (a few more R2UR moves than
     without the tail, not one or more per wgmma: NOTES section 15); the pieces' partial sums leave register by
     register (4-byte .cg stores): 16-byte vector stores pinned the accumulators to register quads, which slowed the
     kernel's whole tiles by 2-3 % (NOTES section 19)."""
@@ -123,7 +124,7 @@ def test_masked_partial_rows_leave_staged(bm, bn, mc, sk, tmp_path):
     pieces (LDS.128 -> STG.E.128), not 4-byte stores straight from the accumulators (NOTES section 19); full tiles
     keep their TMA stores."""
     cfg = C.make_config(C.KIND_MASKED, 4096, 7168, bm, bn, 132, multicast=mc, stream_k=sk, serial_m=bm == 256,
-                        split_k=bm == 64)
+                        interleave_k=bm == 64)
     sass, _ = _sass(compile_gemm(cfg), tmp_path)
     assert "LDS.128" in sass and re.search(r"STG\.E\.128 ", sass) and "UTMASTG" in sass
     assert not re.search(r"STG\.E ", sass)
@@ -147,37 +148,37 @@ def test_render_inlines_every_header():
 
 
 @pytest.mark.parametrize("bm,bn,fields,unroll", [(64, 128, {}, 4), (128, 128, {}, 4), (256, 128, {"serial_m": True}, 4),
-                                                (128, 128, {"k_slices": 2}, 1), (192, 128, {}, 4),
+                                                (128, 128, {"split_k": 2}, 1), (192, 128, {}, 4),
                                                 (192, 128, {"multicast": 1}, 4), (64, 184, {}, 1)])
 def test_k_loop_unroll(bm, bn, fields, unroll, tmp_path):
-    """Whole tiles unroll the K loop 4x (benchmarks/NOTES.md 12c, 22); sliced kernels keep one block per iteration, and
+    """Whole tiles unroll the K loop 4x (benchmarks/NOTES.md 12c, 22); split-K kernels keep one block per iteration, and
     so do one-warpgroup tiles that select B scales per column at run time (184 wide: unrolled, they spilled).
-    Counted in wgmmas: 4 per m64 slice and K block of 128, plus a one-block loop over the first slice for tiles whose
-    second slice lies past the last row."""
+    Counted in wgmmas: 4 per m64 sub-tile and K block of 128, plus a one-block loop over the first sub-tile for tiles
+    whose second sub-tile lies past the last row."""
     cfg = C.make_config(C.KIND_NORMAL, 2048, 7168, bm, bn, 132, **fields)
     sass, _ = _sass(compile_gemm(cfg), tmp_path)
-    slices_per_wg = 2 if bm == 256 else 1
-    partial_loop = 4 if slices_per_wg > 1 else 0
-    assert len(re.findall(rf"QGMMA\.64x{bn}x32", sass)) == 4 * slices_per_wg * unroll + partial_loop
+    subtiles_per_wg = 2 if bm == 256 else 1
+    partial_loop = 4 if subtiles_per_wg > 1 else 0
+    assert len(re.findall(rf"QGMMA\.64x{bn}x32", sass)) == 4 * subtiles_per_wg * unroll + partial_loop
     assert not re.search(r"\b(LDL|STL)\b", sass)
 
 
-def test_split_k_widest_tile_compiles_without_spills(tmp_path):
-    """Split-K tiles stop at 176 columns (64x184 spilled under NVRTC 12.9 and 13.5, NOTES 23d): asking for 184 is
+def test_interleave_k_widest_tile_compiles_without_spills(tmp_path):
+    """Interleaved-K tiles stop at 176 columns (64x184 spilled under NVRTC 12.9 and 13.5, NOTES 23d): asking for 184 is
     refused; 176, which selects B scales per column at run time too, compiles without spills."""
     with pytest.raises(ValueError, match="block_n <= 176"):
-        C.make_config(C.KIND_NORMAL, 2048, 7168, 64, 184, 132, split_k=True)
+        C.make_config(C.KIND_NORMAL, 2048, 7168, 64, 184, 132, interleave_k=True)
     for kind in (C.KIND_NORMAL, C.KIND_MASKED):
-        cfg = C.make_config(kind, 2048, 7168, 64, 176, 132, split_k=True)
-        assert cfg.split_k
+        cfg = C.make_config(kind, 2048, 7168, 64, 176, 132, interleave_k=True)
+        assert cfg.interleave_k
         sass, _ = _sass(compile_gemm(cfg), tmp_path)
         assert not re.search(r"\b(LDL|STL)\b", sass)
 
 
-def test_split_k_loop_unrolled(tmp_path):
-    """Split-K over two warpgroups: each takes every other K block in a loop of its own, unrolled 4x, with a remainder
+def test_interleave_k_loop_unrolled(tmp_path):
+    """Interleaved K over two warpgroups: each takes every other K block in a loop of its own, unrolled 4x, with a remainder
     (its trip count depends on the warpgroup), so more than one block's wgmmas appear and nothing spills."""
-    cfg = C.make_config(C.KIND_NORMAL, 2048, 7168, 64, 128, 132, split_k=True)
+    cfg = C.make_config(C.KIND_NORMAL, 2048, 7168, 64, 128, 132, interleave_k=True)
     sass, _ = _sass(compile_gemm(cfg), tmp_path)
     assert len(re.findall(r"QGMMA\.64x128x32", sass)) >= 4 * 4
     assert not re.search(r"\b(LDL|STL)\b", sass)
@@ -191,24 +192,3 @@ def test_three_warpgroup_kernel_registers(tmp_path):
     assert f"USETMAXREG.DEALLOC.CTAPOOL {cfg.producer_regs:#x}" in sass
     assert re.search(rf"USETMAXREG.TRY_ALLOC.CTAPOOL \w+, {cfg.math_regs:#x}", sass)
     assert not re.search(r"\b(LDL|STL)\b", sass)
-
-
-@pytest.mark.parametrize("kind,bm,bn,fields", [
-    (C.KIND_NORMAL, 64, 64, {}), (C.KIND_NORMAL, 128, 128, {"multicast": 1}),
-    (C.KIND_NORMAL, 256, 96, {"serial_m": True, "multicast": 1}),
-    (C.KIND_MASKED, 256, 128, {"serial_m": True, "wgmma_n": 64, "multicast": 1}),
-    (C.KIND_NORMAL, 64, 64, {"k_slices": 3}),
-])
-def test_two_accumulator_sets_overlap(kind, bm, bn, fields, tmp_path):
-    """double_acc: each batch of wgmmas (4 per K block and accumulator unit) stays in flight while the previous batch
-    is promoted (wait_group 1), and nothing makes ptxas serialize them: a wgmma pending across the K loop's back
-    edge, or across a call to a lambda it did not inline, made every QGMMA wait for itself (NOTES 2 and 17)."""
-    k = 1408 if fields.get("k_slices") else 7168
-    cfg = C.make_config(kind, 2112 if bn == 96 else 4096, k, bm, bn, 132, double_acc=True, **fields)
-    sass, res = _sass(compile_gemm(cfg), tmp_path)
-    qgmma, batch_ends = len(re.findall(r"QGMMA\.", sass)), len(re.findall(r"QGMMA[^;]*gsb0", sass))
-    assert qgmma == 4 * batch_ends
-    assert "WARPGROUP.DEPBAR.LE gsb0, 0x1" in sass
-    assert not re.search(r"\b(LDL|STL)\b", sass)
-    m = re.search(r"STACK:(\d+)", res)
-    assert m and int(m.group(1)) == 0

@@ -6,6 +6,9 @@ import dataclasses
 import pytest
 
 from cupygemm import config as C
+from cupygemm import contract
+from cupygemm.config import cost, overrides
+from cupygemm.util import ceil_div
 from seed_shapes import CONTIGUOUS, MASKED, NORMAL
 
 
@@ -23,18 +26,18 @@ def test_seed_configs_are_legal(cfg):
     assert cfg.block_m in (64, 128, 256) or (cfg.block_m == 192 and cfg.kind == C.KIND_NORMAL)
     assert cfg.block_n % 8 == 0 and 16 <= cfg.block_n <= 256
     assert cfg.block_n % cfg.wgmma_n == 0
-    assert 1 <= cfg.num_stages <= (12 if cfg.split_k else 8)
+    assert 1 <= cfg.num_stages <= (12 if cfg.interleave_k else 8)
     assert cfg.smem_bytes + 1024 <= C.SM90_MAX_SMEM_PER_BLOCK
-    assert cfg.smem_bytes == C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages, cfg.split_k)
-    # More stages would not fit (the model fills shared memory), unless already at a cap: 8, 12 for split-K tiles of
+    assert cfg.smem_bytes == contract.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages, cfg.interleave_k)
+    # More stages would not fit (the model fills shared memory), unless already at a cap: 8, 12 for interleaved-K tiles of
     # up to 64 K blocks, one tile's K blocks (3 or more) when CTAs run several tiles.
-    step = 2 if cfg.split_k else 1  # split-K stage counts are even
-    if C.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + step, cfg.split_k) + 1024 <= 232448:
-        k_blocks = -(-cfg.shape_k // 128) // cfg.k_slices
-        assert cfg.num_stages in (8, 12 if cfg.split_k and k_blocks <= 64 else 8, max(k_blocks, 3))
+    step = 2 if cfg.interleave_k else 1  # interleaved-K stage counts are even
+    if contract.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + step, cfg.interleave_k) + 1024 <= 232448:
+        k_blocks = -(-cfg.shape_k // 128) // cfg.split_k
+        assert cfg.num_stages in (8, 12 if cfg.interleave_k and k_blocks <= 64 else 8, max(k_blocks, 3))
     assert 1 <= cfg.num_sms <= 132
-    assert cfg.num_math_wg == (1 if cfg.block_m == 64 and not cfg.split_k else 3 if cfg.block_m == 192 else 2)
-    assert not cfg.split_k or (cfg.block_m == 64 and -(-cfg.shape_k // 128) >= 32 and cfg.kind != C.KIND_CONTIGUOUS)
+    assert cfg.num_math_wg == (1 if cfg.block_m == 64 and not cfg.interleave_k else 3 if cfg.block_m == 192 else 2)
+    assert not cfg.interleave_k or (cfg.block_m == 64 and -(-cfg.shape_k // 128) >= 32 and cfg.kind != C.KIND_CONTIGUOUS)
     if cfg.kind == C.KIND_CONTIGUOUS:  # 256-row blocks holding two groups run as two half tiles
         assert 128 % cfg.block_m == 0 or (cfg.block_m == 256 and cfg.num_math_wg == 2)
 
@@ -46,10 +49,10 @@ def test_contiguous_block_m_is_a_divisor_or_twice_the_alignment():
 
 def test_contiguous_model_charges_half_tiles_for_groups_ending_mid_block():
     """A 256-row block holding two groups runs as two tiles: the model counts about one per two groups."""
-    one = C._estimate(C.KIND_CONTIGUOUS, 8192, 4096, 7168, 1, 256, 128, 132)
-    many = C._estimate(C.KIND_CONTIGUOUS, 8192, 4096, 7168, 8, 256, 128, 132)
+    one = C.estimate(C.KIND_CONTIGUOUS, 8192, 4096, 7168, 1, 256, 128, 132)
+    many = C.estimate(C.KIND_CONTIGUOUS, 8192, 4096, 7168, 8, 256, 128, 132)
     assert many.tiles == one.tiles + 3 * (4096 // 128)
-    assert C._estimate(C.KIND_CONTIGUOUS, 8192, 4096, 7168, 8, 128, 128, 132).tiles == 64 * 32
+    assert C.estimate(C.KIND_CONTIGUOUS, 8192, 4096, 7168, 8, 128, 128, 132).tiles == 64 * 32
 
 
 def test_every_problem_gets_a_legal_config():
@@ -110,22 +113,22 @@ def test_choice_is_deterministic():
 def test_small_m_uses_one_math_warpgroup_and_fills_the_gpu():
     cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
     assert cfg.block_m == 64
-    units = -(-2112 // cfg.block_n) * cfg.k_slices
+    units = -(-2112 // cfg.block_n) * cfg.split_k
     assert units >= 100, "a 64-row GEMM must spread N (and K) over most SMs"
 
 
 @pytest.mark.parametrize("m,n,k,want", [(64, 2112, 7168, (64, 48, 3)), (128, 2112, 7168, (128, 48, 3)),
                                         (1, 2112, 7168, (64, 48, 3)), (200, 512, 7168, (128, 48, 4)),
                                         (64, 4096, 7168, None), (64, 2112, 1024, None), (4096, 2112, 7168, None)])
-def test_k_slices_only_where_tiles_cannot_fill_the_gpu(m, n, k, want):
-    """Split-K across CTAs when 64x64 tiles would fill at most half the SMs, with slices of 8+ K blocks."""
-    assert C.sliced_tile(C.KIND_NORMAL, m, n, k, 132) == want
+def test_split_k_only_where_tiles_cannot_fill_the_gpu(m, n, k, want):
+    """Split-K across CTAs when 64x64 tiles would fill at most half the SMs, with splits of 8+ K blocks."""
+    assert C.split_k_tile(C.KIND_NORMAL, m, n, k, 132) == want
     cfg = C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
-    assert (cfg.block_m, cfg.block_n, cfg.k_slices) == want if want else cfg.k_slices == 1
+    assert (cfg.block_m, cfg.block_n, cfg.split_k) == want if want else cfg.split_k == 1
     if want:
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-        assert cfg.num_sms == min(132, tiles * cfg.k_slices) and not cfg.multicast
-    assert C.sliced_tile(C.KIND_MASKED, m, n, k, 132) is None
+        assert cfg.num_sms == min(132, tiles * cfg.split_k) and not cfg.multicast
+    assert C.split_k_tile(C.KIND_MASKED, m, n, k, 132) is None
 
 
 @pytest.mark.parametrize("k", [2048, 16384])
@@ -134,7 +137,7 @@ def test_one_wave_prefers_widths_with_compiled_scale_offsets(k):
     both one wave (benchmarks/NOTES.md 12d); the model charges the selects on the load-bound tile too."""
     cfg = C.choose_config(C.KIND_NORMAL, 64, 7168, k, 1, 132)
     assert (cfg.block_m, cfg.block_n) == (64, 64)
-    assert C._tile_seconds(64, 56, k) > C._tile_seconds(64, 64, k) * 56 / 64
+    assert cost.tile_seconds(64, 56, k) > cost.tile_seconds(64, 64, k) * 56 / 64
 
 
 def test_fewer_sms_never_gives_a_larger_grid():
@@ -199,10 +202,14 @@ def test_print_configs(monkeypatch, capsys):
 
 def test_defines_cover_every_template_constant():
     cfg = C.choose_config(C.KIND_NORMAL, 4096, 4096, 7168, 1, 132)
+    from cupygemm.kernels import gemm_source
+
     src = open(__import__("cupygemm.jit.source", fromlist=["x"]).cuda_src_dir() / "fp8_gemm.cu").read()
-    for name in cfg.defines():
+    rendered = gemm_source(cfg).text.split(src)[0]  # the #define lines the kernel source gets
+    names = [line.split()[1] for line in rendered.splitlines()]
+    for name in names:
         assert name in src, name
-    assert dataclasses.replace(cfg, num_sms=1).defines() == cfg.defines()
+    assert contract.defines(dataclasses.replace(cfg, num_sms=1)) == contract.defines(cfg)
 
 
 def test_warmup_picks_what_the_api_picks():
@@ -221,9 +228,9 @@ def test_warmup_picks_what_the_api_picks():
                                            (C.KIND_NORMAL, 1000, 2.0, "int"),
                                            (C.KIND_MASKED, 1024, 2, "normal GEMM"),
                                            (C.KIND_CONTIGUOUS, 1024, 2, "normal GEMM")])
-def test_make_config_rejects_bad_k_slices(kind, k, ks, msg):
+def test_make_config_rejects_bad_split_k(kind, k, ks, msg):
     with pytest.raises(ValueError, match=msg):
-        C.make_config(kind, 2048, k, 128, 128, 132, k_slices=ks)
+        C.make_config(kind, 2048, k, 128, 128, 132, split_k=ks)
 
 
 def test_b_evict_first_rule(monkeypatch):
@@ -249,30 +256,30 @@ def test_b_evict_first_rule(monkeypatch):
         C.b_evict_first(1, 7168, 16384, l2)
 
 
-def test_k_slices_override_grid_and_scratch():
-    """Each tile's K slices are separate work units: the grid covers them; the scratch holds one FP32 partial
+def test_split_k_override_grid_and_scratch():
+    """Each tile's K splits are separate work units: the grid covers them; the scratch holds one FP32 partial
     tile per unit and one counter per tile and row group."""
-    from cupygemm.workspace import scratch_sizes
+    from cupygemm.contract import scratch_sizes
 
-    C.override_config("normal", 2112, 7168, block_m=64, block_n=128, k_slices=4)
+    C.override_config("normal", 2112, 7168, block_m=64, block_n=128, split_k=4)
     try:
         cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
     finally:
         C.override_config("normal", 2112, 7168)
-    assert (cfg.block_m, cfg.block_n, cfg.k_slices) == (64, 128, 4)
+    assert (cfg.block_m, cfg.block_n, cfg.split_k) == (64, 128, 4)
     assert cfg.num_sms == 17 * 4
     assert "K over 4 CTAs" in cfg.describe()
     assert scratch_sizes(cfg, 64) == (17 * 4 * 64 * 128, 17 * cfg.num_math_wg)
     assert scratch_sizes(cfg, 65) == (34 * 4 * 64 * 128, 34 * cfg.num_math_wg)
-    assert scratch_sizes(dataclasses.replace(cfg, k_slices=1), 64) == (0, 0)
-    with pytest.raises(ValueError, match="fewer k_slices"):  # 32-bit scratch offsets: refused before any launch
+    assert scratch_sizes(dataclasses.replace(cfg, split_k=1), 64) == (0, 0)
+    with pytest.raises(ValueError, match="smaller split_k"):  # 32-bit scratch offsets: refused before any launch
         scratch_sizes(cfg, 1 << 22)
 
 
-def test_slice_k_is_the_largest_slice():
-    assert C.slice_k(7168, 1) == 7168
-    assert C.slice_k(7168, 8) == 7 * 128
-    assert C.slice_k(1408, 4) == 3 * 128  # 11 blocks: 2, 3, 3, 3
+def test_split_k_extent_is_the_largest_split():
+    assert C.split_k_extent(7168, 1) == 7168
+    assert C.split_k_extent(7168, 8) == 7 * 128
+    assert C.split_k_extent(1408, 4) == 3 * 128  # 11 blocks: 2, 3, 3, 3
 
 
 def test_packed_launch_parameters_follow_the_driver_layout():
@@ -280,7 +287,7 @@ def test_packed_launch_parameters_follow_the_driver_layout():
     import struct
 
     from cupygemm.errors import CupygemmDeviceError
-    from cupygemm.kernels import GEMM_PARAMS
+    from cupygemm.contract import GEMM_PARAMS
     from cupygemm.launch import DESC, PTR, U32, PackedLauncher
 
     layout = [(0, 128), (128, 128), (256, 128), (384, 128)] + [(512 + 8 * i, 8) for i in range(5)] + \
@@ -299,14 +306,14 @@ def test_packed_launch_parameters_follow_the_driver_layout():
 
 def test_masked_plan_averages_group_sizes():
     """Masked group sizes are unknown on the host: the estimate averages fixed draws of expected_m x U(0.7, 1.3)."""
-    draws = C._masked_group_rows(1000, 4)
-    assert len(draws) == C._MASKED_DRAWS and all(len(d) == 4 for d in draws)
+    draws = cost.masked_group_rows(1000, 4)
+    assert len(draws) == cost.MASKED_DRAWS and all(len(d) == 4 for d in draws)
     assert all(700 <= r <= 1300 for d in draws for r in d)
     assert abs(sum(map(sum, draws)) / (4000 * len(draws)) - 1.0) < 0.02
-    assert draws == C._masked_group_rows(1000, 4)  # deterministic
+    assert draws == cost.masked_group_rows(1000, 4)  # deterministic
     # 256x128 tiles fill exactly one wave at 1024 rows (4 x 32 tiles); the draws above 1024 rows need a second.
-    est = C._estimate(C.KIND_MASKED, 1024, 4096, 7168, 1, 256, 128, 132, 1)
-    single = C._tile_seconds(256, 128, 7168, 1)
+    est = C.estimate(C.KIND_MASKED, 1024, 4096, 7168, 1, 256, 128, 132, 1)
+    single = cost.tile_seconds(256, 128, 7168, 1)
     assert est.waves == 1 and 1.2 * single < est.seconds < 2 * single
 
 
@@ -328,13 +335,13 @@ def test_stream_k_tail_plan(units, clusters, k_blocks, want):
 
 
 def test_stream_k_choice_and_validation():
-    from cupygemm.workspace import scratch_sizes
+    from cupygemm.contract import scratch_sizes
 
     # The model weighs the tail where groups' sizes vary (masked) or a normal GEMM runs several waves, and takes it
-    # only where its estimate over the spread is lower; one partial wave is left to split-K.
+    # only where its estimate over the spread is lower; one partial wave is left to interleaved K.
     masked = C.choose_config(C.KIND_MASKED, 256, 4096, 7168, 4, 132)
-    plain = C._estimate(C.KIND_MASKED, 256, 4096, 7168, 4, masked.block_m, masked.block_n, 132, masked.multicast)
-    tail = C._estimate(C.KIND_MASKED, 256, 4096, 7168, 4, masked.block_m, masked.block_n, 132, masked.multicast,
+    plain = C.estimate(C.KIND_MASKED, 256, 4096, 7168, 4, masked.block_m, masked.block_n, 132, masked.multicast)
+    tail = C.estimate(C.KIND_MASKED, 256, 4096, 7168, 4, masked.block_m, masked.block_n, 132, masked.multicast,
                        stream_k=True)
     assert masked.stream_k and tail.seconds < plain.seconds
     assert not C.choose_config(C.KIND_MASKED, 1024, 7168, 2048, 1, 132).stream_k  # 16 K blocks: the tail does not pay
@@ -344,47 +351,47 @@ def test_stream_k_choice_and_validation():
     # The kernel factor, refitted per kind (NOTES 20): 8 masked groups of ~1024 rows at N = 4096, K = 7168 measured
     # 6.6 % faster on 256x128 tiles with the tail than on the 128x160 tiles without that the old 2 % picked; normal
     # GEMMs keep it (4096x2112x7168 on 256x112 with the tail measured 3.5 % slower than 256x96 without).
-    assert C._SK_KERNEL_FACTOR[C.KIND_MASKED] < C._SK_KERNEL_FACTOR[C.KIND_NORMAL]
+    assert cost.SK_KERNEL_FACTOR[C.KIND_MASKED] < cost.SK_KERNEL_FACTOR[C.KIND_NORMAL]
     masked8 = C.choose_config(C.KIND_MASKED, 1024, 4096, 7168, 8, 132)
     assert masked8.stream_k and (masked8.block_m, masked8.block_n) == (256, 128)
     assert not C.choose_config(C.KIND_NORMAL, 4096, 2112, 7168, 1, 132).stream_k
-    C.override_config("normal", 7168, 7168, k_slices=2)  # a forced split replaces the model's tail
+    C.override_config("normal", 7168, 7168, split_k=2)  # a forced split replaces the model's tail
     try:
         cfg = C.choose_config(C.KIND_NORMAL, 6144, 7168, 7168, 1, 132)
-        assert cfg.k_slices == 2 and not cfg.stream_k
+        assert cfg.split_k == 2 and not cfg.stream_k
     finally:
         C.override_config("normal", 7168, 7168)
     C.override_config("masked", 4096, 7168, block_m=128, block_n=160, multicast=1, stream_k=True)
     try:
         cfg = C.choose_config(C.KIND_MASKED, 256, 4096, 7168, 4, 132)
-        assert cfg.stream_k and cfg.defines()["CUPYGEMM_STREAM_K"] == 1 and "stream-K tail" in cfg.describe()
+        assert cfg.stream_k and contract.defines(cfg)["CUPYGEMM_STREAM_K"] == 1 and "stream-K tail" in cfg.describe()
         # One partial tile per CTA and a counter per tail tile and math warpgroup, whatever the rows.
         assert scratch_sizes(cfg, 1) == scratch_sizes(cfg, 4096) == (132 * 128 * 160, 132 * 2)
     finally:
         C.override_config("masked", 4096, 7168)
-    C.override_config("normal", 2112, 7168, block_m=64, block_n=128, stream_k=True)  # no split-K over warpgroups then
+    C.override_config("normal", 2112, 7168, block_m=64, block_n=128, stream_k=True)  # no interleaved K then
     try:
         cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
-        assert cfg.stream_k and not cfg.split_k and cfg.num_sms == 132  # every SM, for the split tail
+        assert cfg.stream_k and not cfg.interleave_k and cfg.num_sms == 132  # every SM, for the split tail
     finally:
         C.override_config("normal", 2112, 7168)
     with pytest.raises(ValueError, match="stream_k needs a normal or masked GEMM, got contiguous"):
         C.override_config("contiguous", 4096, 7168, stream_k=True)  # refused before any estimate
-    for bad in [dict(kind=C.KIND_CONTIGUOUS), dict(k_slices=2), dict(split_k=True, block_m=64, block_n=64)]:
+    for bad in [dict(kind=C.KIND_CONTIGUOUS), dict(split_k=2), dict(interleave_k=True, block_m=64, block_n=64)]:
         args = dict(kind=C.KIND_NORMAL, n=2048, k=1024, block_m=128, block_n=128, num_sms=132, stream_k=True) | bad
         with pytest.raises(ValueError, match="stream_k"):
             C.make_config(**args)
 
 
 def test_three_warpgroup_tiles():
-    """192-row tiles run three math warpgroups (one m64 slice each, 160 registers, the producer at 24); only normal
+    """192-row tiles run three math warpgroups (one m64 sub-tile each, 160 registers, the producer at 24); only normal
     GEMMs, and the model proposes them only up to K = 1536, where they measured faster than 256-row tiles."""
     cfg = C.make_config(C.KIND_NORMAL, 32768, 512, 192, 128, 132, multicast=1)
     assert cfg.num_math_wg == 3 and cfg.threads == 512 and cfg.wgmma_n == 128 and not cfg.serial_m
     assert cfg.math_regs * 384 + cfg.producer_regs * 128 <= 65536
     assert C.wgmma_n_for(192, 128) == 128 and C.wgmma_n_for(192, 136) is None
-    for bad in [dict(kind=C.KIND_MASKED), dict(kind=C.KIND_CONTIGUOUS), dict(k_slices=2), dict(stream_k=True),
-                dict(multicast=2), dict(double_acc=True)]:
+    for bad in [dict(kind=C.KIND_MASKED), dict(kind=C.KIND_CONTIGUOUS), dict(split_k=2), dict(stream_k=True),
+                dict(multicast=2)]:
         args = dict(kind=C.KIND_NORMAL, n=2048, k=1024, block_m=192, block_n=128, num_sms=132) | bad
         with pytest.raises(ValueError, match="block_m 192"):
             C.make_config(**args)
@@ -401,43 +408,24 @@ def test_three_warpgroup_tiles():
         assert 192 not in C.candidate_block_ms(kind, 4096)
 
 
-def test_two_accumulator_sets_fit():
-    """Two temporary accumulator sets: per m64 slice group with serial slices (256-row tiles, wgmma N split where
-    the whole width does not fit), whole-width otherwise; 40 registers besides accumulators."""
-    assert C.double_acc_fits(256, 128, 64, serial_m=True) and not C.double_acc_fits(256, 128, 128, serial_m=True)
-    assert C.double_acc_fits(256, 96, 96, serial_m=True) and not C.double_acc_fits(256, 112, 112, serial_m=True)
-    assert C.double_acc_fits(64, 128, 128) and not C.double_acc_fits(64, 144, 144)
-    assert C.double_acc_fits(128, 128, 128) and not C.double_acc_fits(128, 144, 144)
-    assert C.wgmma_n_for(256, 128, serial_m=True, double_acc=True) == 64
-    assert C.wgmma_n_for(256, 128, serial_m=True) == 128
-    cfg = C.make_config(C.KIND_NORMAL, 4096, 7168, 256, 128, 132, double_acc=True, serial_m=True, multicast=1)
-    assert cfg.wgmma_n == 64 and cfg.double_acc and cfg.serial_m
-    with pytest.raises(ValueError, match="two accumulator sets do not fit"):
-        C.make_config(C.KIND_NORMAL, 4096, 7168, 256, 128, 132, double_acc=True, serial_m=True, wgmma_n=128)
-    with pytest.raises(ValueError, match="stream_k"):
-        C.make_config(C.KIND_NORMAL, 4096, 7168, 128, 128, 132, double_acc=True, stream_k=True)
-    # Off by default: measured no faster than one set on the seed shapes (NOTES 17).
-    assert not C.choose_config(C.KIND_NORMAL, 4096, 4096, 7168, 1, 132).double_acc
-
-
 def test_setmaxnreg_budgets_fit_the_register_file():
     """The producer's and the math warpgroups' registers (passed to the kernel, which static_asserts the same) fill at
     most the 64K registers of an SM, for one CTA of each thread count."""
-    for bm, fields in [(128, {}), (256, {"serial_m": True}), (192, {}), (64, {"split_k": True})]:
+    for bm, fields in [(128, {}), (256, {"serial_m": True}), (192, {}), (64, {"interleave_k": True})]:
         cfg = C.make_config(C.KIND_NORMAL, 4096, 1024, bm, 64 if bm == 64 else 128, 132, **fields)
         assert cfg.num_math_wg > 1
         assert cfg.producer_regs * 128 + cfg.math_regs * 128 * cfg.num_math_wg <= 64 * 1024
-        assert cfg.defines()["CUPYGEMM_PRODUCER_REGS"] == cfg.producer_regs
+        assert contract.defines(cfg)["CUPYGEMM_PRODUCER_REGS"] == cfg.producer_regs
 
 
 def test_stage_caps():
-    """Split-K over two warpgroups drains stages twice as fast: 12 stages for tiles of up to 64 K blocks, 8 beyond;
+    """Interleaved K over two warpgroups drains stages twice as fast: 12 stages for tiles of up to 64 K blocks, 8 beyond;
     a CTA running several tiles keeps about one tile's K blocks in flight (benchmarks/NOTES.md section 23)."""
-    split = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
-    assert split.split_k and split.num_stages == 12
+    inter = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
+    assert inter.interleave_k and inter.num_stages == 12
     assert C.choose_config(C.KIND_NORMAL, 64, 7168, 16384, 1, 132).num_stages == 8  # 128 K blocks
-    assert C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, split_k=True).num_stages == 12
-    assert C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, split_k=False).num_stages == 8
+    assert C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, interleave_k=True).num_stages == 12
+    assert C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, interleave_k=False).num_stages == 8
     one_round = C.make_config(C.KIND_NORMAL, 32768, 512, 64, 128, 128)
     assert one_round.num_stages == 8  # (fills shared memory)
     two_rounds = C.choose_config(C.KIND_NORMAL, 64, 32768, 512, 1, 132)
@@ -448,8 +436,8 @@ def test_stage_caps():
     assert C.make_config(C.KIND_NORMAL, 32768, 512, 64, 128, 128, num_stages=6, tile_rounds=2).num_stages == 6
 
 
-def test_split_k_stage_counts_are_even():
-    """Split-K warpgroups take alternate K blocks: with an odd stage count a stage alternates between them and a
+def test_interleave_k_stage_counts_are_even():
+    """Interleaved-K warpgroups take alternate K blocks: with an odd stage count a stage alternates between them and a
     parity wait two phases on passes early (a crash on the GPU, NOTES 23e). Every pick over a grid of problems has an
     even count, smem-limited widths round down, and an odd count asked for is refused."""
     picks = 0
@@ -459,13 +447,13 @@ def test_split_k_stage_counts_are_even():
                 for n in (2112, 4096, 7168, 24576):
                     for k in (4096, 7168, 16384):
                         cfg = C.choose_config(kind, m, n, k, g, 132)
-                        if cfg.split_k:
+                        if cfg.interleave_k:
                             picks += 1
                             assert cfg.num_stages % 2 == 0, cfg.describe()
     assert picks > 20
-    assert C.make_config(C.KIND_MASKED, 4096, 7168, 64, 128, 132, split_k=True).num_stages == 6  # 7 would fit
+    assert C.make_config(C.KIND_MASKED, 4096, 7168, 64, 128, 132, interleave_k=True).num_stages == 6  # 7 would fit
     with pytest.raises(ValueError, match="even num_stages"):
-        C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, split_k=True, num_stages=7)
+        C.make_config(C.KIND_NORMAL, 4096, 7168, 64, 32, 132, interleave_k=True, num_stages=7)
 
 
 def test_raster_stripes_of_sixteen_n_blocks():
@@ -479,7 +467,7 @@ def test_raster_stripes_of_sixteen_n_blocks():
         cfg = C.choose_config(kind, rows, n, k, g, 132)
         blocks_per_unit = 2 if cfg.multicast == 1 else 1
         want = 16 // blocks_per_unit
-        assert cfg.raster_n == want == cfg.defines()["CUPYGEMM_RASTER_N"], cfg.describe()
+        assert cfg.raster_n == want == contract.defines(cfg)["CUPYGEMM_RASTER_N"], cfg.describe()
         seen.add((kind, cfg.multicast))
     assert {(C.KIND_NORMAL, 1), (C.KIND_NORMAL, 2), (C.KIND_MASKED, 1), (C.KIND_CONTIGUOUS, 1)} <= seen
     assert C.make_config(C.KIND_NORMAL, 7168, 2048, 256, 128, 132, multicast=1, serial_m=True, raster_n=3).raster_n == 3
@@ -488,19 +476,19 @@ def test_raster_stripes_of_sixteen_n_blocks():
             C.make_config(C.KIND_NORMAL, 7168, 2048, 128, 128, 132, raster_n=bad)
 
 
-def test_split_k_refused_where_it_cannot_run():
-    """split_k asked for a tile it cannot run on raises instead of silently giving the one-warpgroup kernel; the
+def test_interleave_k_refused_where_it_cannot_run():
+    """interleave_k asked for a tile it cannot run on raises instead of silently giving the one-warpgroup kernel; the
     model only proposes it where it fits."""
     for args in [dict(block_m=64, block_n=184), dict(block_m=128, block_n=128),
-                 dict(block_m=64, block_n=64, double_acc=True), dict(block_m=64, block_n=128, wgmma_n=64)]:
-        with pytest.raises(ValueError, match="split_k needs"):
-            C.make_config(C.KIND_NORMAL, 4096, 7168, num_sms=132, split_k=True, **args)
-    assert not C.split_k_pays(64, 184, 7168, 1) and C.split_k_pays(64, 176, 7168, 1)
-    assert C.split_k_regime(64, 7168, 1) and not C.split_k_regime(64, 7168, 3)
-    C.override_config("normal", 4096, 7168, block_m=64, block_n=64, double_acc=True)
-    try:  # the model's split-K wish gives way to forced fields that exclude it
+                 dict(block_m=64, block_n=128, wgmma_n=64)]:
+        with pytest.raises(ValueError, match="interleave_k needs"):
+            C.make_config(C.KIND_NORMAL, 4096, 7168, num_sms=132, interleave_k=True, **args)
+    assert not C.interleave_k_pays(64, 184, 7168, 1) and C.interleave_k_pays(64, 176, 7168, 1)
+    assert C.interleave_k_regime(64, 7168, 1) and not C.interleave_k_regime(64, 7168, 3)
+    C.override_config("normal", 4096, 7168, block_m=64, block_n=128, wgmma_n=64)
+    try:  # the model's interleaved-K wish gives way to forced fields that exclude it
         cfg = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
-        assert cfg.double_acc and not cfg.split_k
+        assert cfg.wgmma_n == 64 and not cfg.interleave_k
     finally:
         C.override_config("normal", 4096, 7168)
 
@@ -521,21 +509,20 @@ def _grid_ms(limit: int) -> list[int]:
 def test_memoized_choice_equals_the_search():
     """choose_config (memoized by m_class) returns what the unmemoized search returns for the exact M: normal over a
     grid of M up to 8192 on the six serving (N, K) pairs and at 78 SMs, contiguous over total rows, masked exact."""
-    search = C._choose_memo.__wrapped__
+    def search(kind, m, n, k, g, sms):
+        return C.choose(kind, m, n, k, g, sms)[0]
     for n, k in SERVING_NK:
         for m in _grid_ms(8192)[::3] + [4095, 4096, 4097]:
-            assert C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132) == search(C.KIND_NORMAL, m, n, k, 1, 132,
-                                                                             C.SM90_MAX_SMEM_PER_BLOCK, 0), (m, n, k)
+            assert C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132) == search(C.KIND_NORMAL, m, n, k, 1, 132), (m, n, k)
     for m in _grid_ms(2048)[::5]:
-        assert C.choose_config(C.KIND_NORMAL, m, 4096, 7168, 1, 78) == search(C.KIND_NORMAL, m, 4096, 7168, 1, 78,
-                                                                            C.SM90_MAX_SMEM_PER_BLOCK, 0), m
+        assert C.choose_config(C.KIND_NORMAL, m, 4096, 7168, 1, 78) == search(C.KIND_NORMAL, m, 4096, 7168, 1, 78), m
     for rows in range(128, 8 * 4096 + 1, 128 * 37):
         for g in (4, 8):
             assert C.choose_config(C.KIND_CONTIGUOUS, rows, 7168, 2048, g, 132) == search(
-                C.KIND_CONTIGUOUS, rows, 7168, 2048, g, 132, C.SM90_MAX_SMEM_PER_BLOCK, 0), (rows, g)
+                C.KIND_CONTIGUOUS, rows, 7168, 2048, g, 132), (rows, g)
     for m in (1, 17, 64, 65, 200, 256):
         assert C.choose_config(C.KIND_MASKED, m, 4096, 7168, 4, 132) == search(
-            C.KIND_MASKED, m, 4096, 7168, 4, 132, C.SM90_MAX_SMEM_PER_BLOCK, 0)
+            C.KIND_MASKED, m, 4096, 7168, 4, 132)
 
 
 def test_m_class_matches_every_ceil_div_the_search_reads():
@@ -543,14 +530,14 @@ def test_m_class_matches_every_ceil_div_the_search_reads():
     for m in range(1, 4 * 4096):
         c = C.m_class(C.KIND_NORMAL, m)
         for b in (64, 128, 192, 256):
-            assert C.ceil_div(c, b // 64) == C.ceil_div(m, b)
+            assert ceil_div(c, b // 64) == ceil_div(m, b)
         assert (m <= 64) == (c <= 1) and (m <= 128) == (c <= 2)
     assert C.m_class(C.KIND_MASKED, 77) == 77
 
 
 def test_memo_serving_loop_has_no_misses_after_the_first_pass():
     """M = 1..4096 over six (N, K) pairs: the first pass misses once per class (6 x 64), the second never."""
-    C._choose_memo.cache_clear()
+    C.clear_memo()
     for n, k in SERVING_NK:
         for m in range(1, 4097):
             C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
@@ -589,30 +576,34 @@ def test_choose_config_rejects_degenerate_problems(args, name, exc):
     (dict(num_sms=0), "num_sms", ValueError),
     (dict(raster_n=-1), "raster_n", ValueError),
     (dict(multicast=3), "multicast", ValueError),
-    (dict(k_slices=0), "k_slices", ValueError),
-    (dict(k_slices=99), r"k_slices: expected an int in \[1, 56\]", ValueError),
-    (dict(split_k="yes"), "split_k", TypeError),
-    (dict(double_acc=2), "double_acc", TypeError),
+    (dict(split_k=0), "split_k", ValueError),
+    (dict(split_k=99), r"split_k: expected an int in \[1, 56\]", ValueError),
+    (dict(interleave_k="yes"), "interleave_k", TypeError),
+    (dict(interleave_k=2), "interleave_k", TypeError),
+    (dict(double_acc=True), r"unknown fields \['double_acc'\]; allowed: \[.*'interleave_k'", ValueError),
+    (dict(k_slices=2), "k_slices: the field is split_k", ValueError),
+    (dict(split_k=True), "split_k: expected an int .* interleave_k", ValueError),
+    (dict(split_k=False), "interleave_k", ValueError),
     (dict(block_m=256, block_n=256), "accumulators do not fit", ValueError),  # the combination, via make_config
-    (dict(block_m=128, block_n=128, split_k=True), "split_k needs block_m == 64", ValueError),
+    (dict(block_m=128, block_n=128, interleave_k=True), "interleave_k needs block_m == 64", ValueError),
 ])
 def test_override_config_rejects_bad_fields_at_once(fields, match, exc):
     with pytest.raises(exc, match=match):
         C.override_config("normal", 4096, 7168, **fields)
-    assert (C.KIND_NORMAL, 4096, 7168) not in C._overrides  # nothing half-applied
+    assert (C.KIND_NORMAL, 4096, 7168) not in overrides._overrides  # nothing half-applied
 
 
 def test_override_config_grouped_block_m_and_bad_dims():
     with pytest.raises(ValueError, match="block_m: expected one of 64, 128, 256 for contiguous GEMMs, got 192"):
         C.override_config("contiguous", 4096, 7168, block_m=192)
-    with pytest.raises(ValueError, match="k_slices > 1"):
-        C.override_config("masked", 4096, 7168, k_slices=2)
+    with pytest.raises(ValueError, match="split_k > 1"):
+        C.override_config("masked", 4096, 7168, split_k=2)
     with pytest.raises(ValueError, match="n: expected a positive int"):
         C.override_config("normal", 0, 7168, block_m=64)
     with pytest.raises(TypeError, match="k: expected a positive int"):
         C.override_config("normal", 4096, "7168", block_m=64)
-    C.override_config("normal", 4096, 7168, split_k=1)  # 0/1 stand for booleans
+    C.override_config("normal", 4096, 7168, interleave_k=1)  # 0/1 stand for booleans
     try:
-        assert C._overrides[(C.KIND_NORMAL, 4096, 7168)] == {"split_k": True}
+        assert overrides._overrides[(C.KIND_NORMAL, 4096, 7168)] == {"interleave_k": True}
     finally:
         C.override_config("normal", 4096, 7168)

@@ -33,7 +33,7 @@ def test_print_configs_no_means_no(monkeypatch, capsys):
     from cupygemm import config as C
 
     monkeypatch.setenv(env.PRINT_CONFIGS, "no")
-    C._choose_memo.cache_clear()
+    C.clear_memo()
     C.choose_config(C.KIND_NORMAL, 1000, 4096, 7168, 1, 132)
     assert "[cupygemm]" not in capsys.readouterr().err
 

@@ -79,14 +79,11 @@ def check_with_override(m, n, k, fields, seed, what):
         C.override_config("normal", n, k)
 
 
-@pytest.mark.parametrize("dacc", [False, True], ids=["one_acc", "two_acc"])
 @pytest.mark.parametrize("bm,bn,wn", VARIANTS)
-def test_kernel_variants(bm, bn, wn, dacc):
-    if dacc and not C.double_acc_fits(bm, bn, wn or bn):
-        pytest.skip("two accumulator sets do not fit this tile")
+def test_kernel_variants(bm, bn, wn):
     m, n, k = 1000, 1160, 1408  # ragged in M and N, K not a multiple of 128 blocks of the tile
-    fields = dict(block_m=bm, block_n=bn, double_acc=dacc, **({"wgmma_n": wn} if wn else {}))
-    check_with_override(m, n, k, fields, bm + bn, f"block {bm}x{bn}/{wn} two_acc={dacc}")
+    fields = dict(block_m=bm, block_n=bn, **({"wgmma_n": wn} if wn else {}))
+    check_with_override(m, n, k, fields, bm + bn, f"block {bm}x{bn}/{wn}")
 
 
 @pytest.mark.parametrize("bm,bn,mc", [(64, 16, 1), (64, 64, 2), (128, 128, 1), (128, 128, 2), (128, 160, 2),
@@ -100,7 +97,7 @@ def test_multicast_variants(bm, bn, mc):
 @pytest.mark.parametrize("bn,mc,k", [(128, 0, 1408), (128, 1, 1408), (128, 2, 1408), (104, 0, 576), (64, 0, 128),
                                      (120, 1, 1408)])
 def test_serial_m_variants(bn, mc, k):
-    """256-row tiles whose warpgroups run their two m64 slices one after the other."""
+    """256-row tiles whose warpgroups run their two m64 sub-tiles one after the other."""
     m, n = 1000 if mc != 2 else 1024, 1280 if bn != 120 else 1200
     check_with_override(m, n, k, dict(block_m=256, block_n=bn, multicast=mc, serial_m=True), bn + mc + k,
                         f"serial 256x{bn} multicast {mc} K={k}")
@@ -115,10 +112,10 @@ def test_raster_stripes(raster):
 
 
 @pytest.mark.parametrize("bm,m,extra", [(256, 769, {}), (256, 833, {"multicast": 1}), (256, 897, {}),
-                                        (256, 769, {"k_slices": 3}), (128, 1025, {}), (128, 1025, {"multicast": 1}),
+                                        (256, 769, {"split_k": 3}), (128, 1025, {}), (128, 1025, {"multicast": 1}),
                                         (192, 1000, {}), (192, 1100, {"multicast": 1}), (192, 1024, {})])
-def test_last_block_with_empty_slices(bm, m, extra):
-    """The last m block ends inside a warpgroup's first slice (or before its rows): the empty m64 slices are
+def test_last_block_with_empty_subtiles(bm, m, extra):
+    """The last m block ends inside a warpgroup's first sub-tile (or before its rows): the empty m64 sub-tiles are
     skipped (and with A multicast, the A half past the last row is not loaded)."""
     k, n = 1408, 1280
     fields = dict(block_m=bm, block_n=128, serial_m=bm == 256, **extra)
@@ -128,49 +125,35 @@ def test_last_block_with_empty_slices(bm, m, extra):
 @pytest.mark.parametrize("bn,mc,k", [(128, 0, 1408), (128, 1, 512), (96, 0, 1408), (120, 1, 576), (16, 0, 128),
                                      (56, 1, 1408)])
 def test_three_warpgroup_variants(bn, mc, k):
-    """192-row tiles, one m64 slice per math warpgroup (straddling widths, A multicast, a single K block)."""
+    """192-row tiles, one m64 sub-tile per math warpgroup (straddling widths, A multicast, a single K block)."""
     m, n = 1000, 1200 if bn == 120 else 1232 if bn == 56 else 1280
     check_with_override(m, n, k, dict(block_m=192, block_n=bn, multicast=mc), bn + mc + k,
                         f"192x{bn} multicast {mc} K={k}")
 
 
-@pytest.mark.parametrize("bm,bn,fields,k", [
-    (256, 128, {"wgmma_n": 64, "serial_m": True, "multicast": 1}, 1408), (256, 96, {"serial_m": True}, 1408),
-    (256, 120, {"wgmma_n": 40, "serial_m": True, "multicast": 1}, 576), (256, 128, {"wgmma_n": 64, "serial_m": True}, 128),
-    (128, 128, {"multicast": 2}, 2176), (128, 112, {}, 1408), (64, 128, {}, 1408), (64, 64, {"k_slices": 3}, 1408),
-    (128, 128, {"k_slices": 2, "multicast": 1}, 2432),
-])
-def test_two_accumulator_variants(bm, bn, fields, k):
-    """Two accumulator sets (double_acc): serial m64 slices and split wgmma N as units, straddling widths, a single K
-    block, 17 K blocks (two chunks of 8 and one), K slices with run-time bounds (chunks of 8, 2 and 1)."""
-    m, n = 1024, 1200 if bn == 120 else 1280
-    check_with_override(m, n, k, dict(block_m=bm, block_n=bn, double_acc=True, **fields), bm + bn + k,
-                        f"two acc sets {bm}x{bn} {fields} K={k}")
-
-
 @pytest.mark.parametrize("bn,mc,k", [(16, 0, 1408), (64, 0, 128), (112, 0, 1408), (128, 2, 1408), (64, 1, 256),
                                      (176, 0, 640)])
-def test_split_k_variants(bn, mc, k):
+def test_interleave_k_variants(bn, mc, k):
     """Two warpgroups on alternate K blocks of one 64-row tile (odd and single K-block counts included)."""
     m, n = 1024, 1280
-    check_with_override(m, n, k, dict(block_m=64, block_n=bn, multicast=mc, split_k=True), bn + mc + k,
-                        f"split-K 64x{bn} multicast {mc} K={k}")
+    check_with_override(m, n, k, dict(block_m=64, block_n=bn, multicast=mc, interleave_k=True), bn + mc + k,
+                        f"interleaved K 64x{bn} multicast {mc} K={k}")
 
 
 @pytest.mark.parametrize("bm,bn,ks,extra,m,k", [
     (64, 128, 2, {}, 1000, 1408), (64, 128, 11, {}, 1000, 1408), (64, 16, 5, {}, 200, 1408),
-    (64, 128, 3, {"split_k": True}, 1000, 4096), (128, 128, 4, {}, 1000, 1408), (128, 160, 3, {}, 1000, 1408),
+    (64, 128, 3, {"interleave_k": True}, 1000, 4096), (128, 128, 4, {}, 1000, 1408), (128, 160, 3, {}, 1000, 1408),
     (128, 128, 2, {"multicast": 2}, 1024, 1408), (128, 128, 2, {"multicast": 1}, 1000, 1408),
-    (256, 128, 2, {"serial_m": True}, 1000, 1408), (64, 64, 3, {"double_acc": True}, 1000, 1408),
+    (256, 128, 2, {"serial_m": True}, 1000, 1408),
     (64, 128, 4, {}, 64, 7168), (128, 256, 4, {"wgmma_n": 128}, 128, 2112),
 ])
-def test_k_slices_variants(bm, bn, ks, extra, m, k):
-    """Split-K across CTAs: ragged tiles, one K block per slice (11 of 11), uneven slices, with the other
+def test_split_k_variants(bm, bn, ks, extra, m, k):
+    """Split-K across CTAs: ragged tiles, one K block per split (11 of 11), uneven splits, with the other
     variants; the repeat check asserts the reduction is deterministic."""
     from cupygemm import workspace
 
     n = 1280
-    check_with_override(m, n, k, dict(block_m=bm, block_n=bn, k_slices=ks, **extra), bm + bn + ks,
+    check_with_override(m, n, k, dict(block_m=bm, block_n=bn, split_k=ks, **extra), bm + bn + ks,
                         f"{bm}x{bn} K over {ks} CTAs {extra} M={m} K={k}")
     for s in workspace._sets.values():  # every kernel leaves its tile counters at zero for the next one
         assert int(s.counters.sum()) == 0
@@ -193,10 +176,10 @@ def test_stream_k_tail_variants(bm, bn, extra, m, n, k):
         assert int(s.counters.sum()) == 0
 
 
-def test_k_slices_streams_and_graph():
+def test_split_k_streams_and_graph():
     """Split-K scratch is per stream: GEMMs on two streams at once, and one replayed from a CUDA graph."""
     m, n, k = 128, 2048, 4096
-    C.override_config("normal", n, k, block_m=64, block_n=128, k_slices=4)
+    C.override_config("normal", n, k, block_m=64, block_n=128, split_k=4)
     try:
         ins = [make_normal(m, n, k, 40 + i)[:4] for i in range(2)]
         # SFA in the kernel's layout already: nothing is allocated while capturing.
@@ -343,7 +326,7 @@ def test_packed_launch_matches_cupy_launch():
     """The driver launch with a packed parameter buffer and CuPy's launch give bitwise the same output."""
     import dataclasses
 
-    from cupygemm.kernels import GEMM_PARAMS
+    from cupygemm.contract import GEMM_PARAMS
     from cupygemm.launch import CupyLauncher, PackedLauncher
     from cupygemm.plan import plan_gemm
 

@@ -76,12 +76,12 @@ def test_grouped_multicast_on_a(mc):
             C.override_config(kind, n, k)
 
 
-def test_grouped_split_k():
+def test_grouped_interleave_k():
     from cupygemm import config as C
 
     n, k = 768, 1408
     for kind in ("contiguous", "masked"):
-        C.override_config(kind, n, k, block_m=64, block_n=96, split_k=True)
+        C.override_config(kind, n, k, block_m=64, block_n=96, interleave_k=True)
     try:
         run_contiguous(3, 300, n, k, seed=21)
         run_masked(3, 200, n, k, [200, 0, 65], seed=22)
@@ -109,7 +109,7 @@ def test_grouped_raster_stripes(raster):
 
 @pytest.mark.parametrize("mc", [0, 1])
 def test_masked_serial_m(mc):
-    """256-row tiles (serial m64 slices) in the masked layout: rows past masked_m inside a 256-row block."""
+    """256-row tiles (serial m64 sub-tiles) in the masked layout: rows past masked_m inside a 256-row block."""
     from cupygemm import config as C
 
     n, k = 1024, 1408
@@ -120,22 +120,19 @@ def test_masked_serial_m(mc):
         C.override_config("masked", n, k)
 
 
-# Group sizes ending in every m64 slice of a 256-row block (1..4 slices with rows), empty and full groups.
+# Group sizes ending in every m64 sub-tile of a 256-row block (1..4 sub-tiles with rows), empty and full groups.
 PARTIAL_BLOCK_SIZES = [1, 64, 65, 128, 129, 192, 193, 255, 256, 0, 257, 320, 449, 512]
 
 
-@pytest.mark.parametrize("bm,bn,mc,serial,dacc", [(256, 128, 0, True, False), (256, 128, 1, True, False),
-                                                  (256, 112, 1, True, False), (128, 160, 1, False, False),
-                                                  (128, 128, 0, False, False), (256, 128, 1, True, True),
-                                                  (128, 128, 1, False, True)])
-def test_masked_partial_blocks(bm, bn, mc, serial, dacc):
-    """A group's last block with some m64 slices past masked_m: those slices' A boxes, MMAs and promotions are
-    skipped (cuda_src/fp8_gemm.cu); with two accumulator sets they are computed and not stored."""
+@pytest.mark.parametrize("bm,bn,mc,serial", [(256, 128, 0, True), (256, 128, 1, True), (256, 112, 1, True),
+                                             (128, 160, 1, False), (128, 128, 0, False)])
+def test_masked_partial_blocks(bm, bn, mc, serial):
+    """A group's last block with some m64 sub-tiles past masked_m: those sub-tiles' A boxes, MMAs and promotions are
+    skipped (cuda_src/fp8_gemm.cu)."""
     from cupygemm import config as C
 
     n, k = 8 * bn, 1408  # an even number of n blocks (multicast pairs)
-    extra = dict(double_acc=True, wgmma_n=64 if bm == 256 else bn) if dacc else {}
-    C.override_config("masked", n, k, block_m=bm, block_n=bn, multicast=mc, serial_m=serial, **extra)
+    C.override_config("masked", n, k, block_m=bm, block_n=bn, multicast=mc, serial_m=serial)
     try:
         run_masked(len(PARTIAL_BLOCK_SIZES), 512, n, k, PARTIAL_BLOCK_SIZES, seed=bm + bn + mc, expected_m=256)
     finally:
@@ -180,16 +177,15 @@ def test_masked_stream_k_tail(bm, bn, mc, serial, n_blocks, masked, k):
         assert int(s.counters.sum()) == 0
 
 
-@pytest.mark.parametrize("mc,serial,dacc", [(0, True, False), (1, True, False), (0, False, False), (1, True, True)])
-def test_contiguous_256_row_tiles(mc, serial, dacc):
+@pytest.mark.parametrize("mc,serial", [(0, True), (1, True), (0, False)])
+def test_contiguous_256_row_tiles(mc, serial):
     """256-row tiles in the contiguous layout. Padded group sizes 384, 0, 128, 256, 256, 128 put the 128-row blocks
     in the order g0 g0 | g0 g2 | g3 g3 | g4 g4 | g5 -: one block holds two groups (two half tiles), the last one
     ends after its first half."""
     from cupygemm import config as C
 
     n, k = 1024, 1408
-    extra = dict(double_acc=True, wgmma_n=64) if dacc else {}
-    C.override_config("contiguous", n, k, block_m=256, block_n=128, multicast=mc, serial_m=serial, **extra)
+    C.override_config("contiguous", n, k, block_m=256, block_n=128, multicast=mc, serial_m=serial)
     try:
         run_contiguous(6, 0, n, k, seed=41 + mc, sizes=[300, 0, 100, 256, 129, 1])
     finally:
@@ -198,7 +194,7 @@ def test_contiguous_256_row_tiles(mc, serial, dacc):
 
 @pytest.mark.parametrize("mc,serial", [(0, True), (1, True), (0, False)])
 def test_contiguous_half_tiles(mc, serial):
-    """Half tiles, where both math warpgroups take one m64 slice of a 256-row block's half: 128-row blocks
+    """Half tiles, where both math warpgroups take one m64 sub-tile of a 256-row block's half: 128-row blocks
     g0 g0 | g0 g1 | g2 g1' with g1' the last 70 rows (M = 710, not a multiple of 128), so the second half tile of
     the last block has rows past the end; a row of g0's is padding (-1) inside the lower half of block 1."""
     from cupygemm import config as C
@@ -264,14 +260,14 @@ def test_masked(g, max_m, n, k, masked):
     run_masked(g, max_m, n, k, masked, seed=g + max_m)
 
 
-def test_masked_decode_split_k_deep_tiles():
-    """MoE decode: 8 groups of 11-20 rows, N=4096, K=7168 pick 64x128 split-K tiles over 56 K blocks. With 7
-    stages (an odd count) a warpgroup's parity wait passed early and the kernel crashed now and then (NOTES 23e);
-    the count is even now. Several calls, each checked."""
+def test_masked_decode_interleave_k_deep_tiles():
+    """MoE decode: 8 groups of 11-20 rows, N=4096, K=7168 pick 64x128 interleaved-K tiles over 56 K blocks. With an
+    odd stage count a warpgroup's parity wait passes early and the kernel crashes now and then (NOTES 23e), so the
+    count must be even. Several calls, each checked."""
     from cupygemm import config as C
 
     cfg = C.choose_config(C.KIND_MASKED, 16, 4096, 7168, 8, 132)
-    assert cfg.split_k and cfg.block_n == 128 and cfg.num_stages % 2 == 0
+    assert cfg.interleave_k and cfg.block_n == 128 and cfg.num_stages % 2 == 0
     for seed in range(3):
         masked = [int(v) for v in np.random.default_rng(seed).integers(11, 21, 8)]
         run_masked(8, 256, 4096, 7168, masked, seed=40 + seed, expected_m=16)

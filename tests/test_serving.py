@@ -33,8 +33,7 @@ def fresh_cache(tmp_path, monkeypatch):
 
 def _expected(kind, nk, ms, groups=1, sms=132):
     """Configs and kernels from the unmemoized search, problem by problem."""
-    search = C._choose_memo.__wrapped__
-    cfgs = {search(kind, m, n, k, groups, sms, C.SM90_MAX_SMEM_PER_BLOCK, 0) for n, k in nk for m in ms}
+    cfgs = {C.choose(kind, m, n, k, groups, sms)[0] for n, k in nk for m in ms}
     return cfgs, {cache_key(gemm_source(c)) for c in cfgs}
 
 
