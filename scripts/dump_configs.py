@@ -3,27 +3,21 @@
     PYTHONPATH=$PWD python scripts/dump_configs.py out.json            # write the dump
     PYTHONPATH=$PWD python scripts/dump_configs.py --check old.json    # compare against a dump, list differences
 
-Covers all three kinds, the seed shapes (tests/seed_shapes.py), M = 1..4096 at the memo-class boundaries for the
+Covers all three kinds, the seed shapes (cupygemm.shapes), M = 1..4096 at the memo-class boundaries for the
 DeepSeek-V3 (N, K) pairs, grouped problems over several group counts, 132 and 114 SMs (H100 SXM and PCIe), and
-problems under overrides. Configs are written in the split-K vocabulary (split_k: int, interleave_k: bool), and the
-script reads configs of either vocabulary, so dumps made before the rename compare with those made after it.
+problems under overrides.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from cupygemm import config as C
+from cupygemm.shapes import CONTIGUOUS, K_TAIL_SHAPE, MASKED, NORMAL, NORMAL_NK
 
-from cupygemm import config as C  # noqa: E402
-from seed_shapes import CONTIGUOUS, MASKED, NORMAL  # noqa: E402
-
-_OLD_VOCABULARY = "k_slices" in {f.name for f in dataclasses.fields(C.GemmConfig)}
-
-DEEPSEEK_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+DEEPSEEK_NK = list(NORMAL_NK)
 EXTRA_NK = [(7168, 576), (576, 7168), (1536, 7168), (256, 7168), (7168, 4096), (4096, 4096), (8192, 8192),
             (1000, 1000), (200, 3000)]
 # Every memo class of normal M up to 4096 (M = 64 j), and values inside classes.
@@ -34,7 +28,7 @@ GROUPS = (1, 2, 4, 8, 16, 32)
 CONTIG_ROWS_PER_GROUP = (128, 256, 512, 1024, 2048, 4096, 8192)
 MASKED_EXPECTED_M = (1, 8, 32, 64, 100, 128, 192, 256, 512, 1024)
 
-# Overrides in the new vocabulary: (kind, n, k, fields, M values).
+# Overrides: (kind, n, k, fields, M values).
 OVERRIDES = [
     ("normal", 4096, 7168, dict(block_m=128, block_n=128), (64, 4096)),
     ("normal", 4096, 7168, dict(block_m=256, block_n=128, serial_m=True, multicast=2), (4096,)),
@@ -69,23 +63,9 @@ OVERRIDES = [
 def normalize(cfg) -> dict:
     """A config as a dict in the split-K vocabulary, with the derived launch values."""
     d = dataclasses.asdict(cfg)
-    if _OLD_VOCABULARY:
-        if d.pop("double_acc"):
-            raise AssertionError(f"the chooser proposed double_acc: {cfg}")
-        d["interleave_k"] = d.pop("split_k")
-        d["split_k"] = d.pop("k_slices")
     for name in ("threads", "math_regs", "producer_regs", "a_box_rows"):
         d[name] = getattr(cfg, name)
     return dict(sorted(d.items()))
-
-
-def _old_fields(fields: dict) -> dict:
-    if not _OLD_VOCABULARY:
-        return fields
-    out = {}
-    for name, v in fields.items():
-        out[{"split_k": "k_slices", "interleave_k": "split_k"}.get(name, name)] = v
-    return out
 
 
 def choose(kind: int, m: int, n: int, k: int, g: int, sms: int) -> dict:
@@ -102,7 +82,7 @@ def dump() -> dict[str, dict]:
         out[f"{C.KIND_NAMES[kind]} m={m} n={n} k={k} g={g} sms={sms}{tag}"] = choose(kind, m, n, k, g, sms)
 
     for sms in SMS:
-        for m, n, k in NORMAL:
+        for m, n, k in NORMAL + (K_TAIL_SHAPE,):
             put(C.KIND_NORMAL, m, n, k, 1, sms)
         for g, m, n, k in CONTIGUOUS:
             put(C.KIND_CONTIGUOUS, g * m, n, k, g, sms)
@@ -121,7 +101,7 @@ def dump() -> dict[str, dict]:
         kid = C.kind_id(kind)
         tag = " override " + ",".join(f"{a}={b}" for a, b in sorted(fields.items()))
         try:
-            C.override_config(kind, n, k, **_old_fields(fields))
+            C.override_config(kind, n, k, **fields)
         except ValueError as e:
             out[f"{kind} n={n} k={k}{tag}"] = {"error": str(e).split(":")[0]}
             continue

@@ -1,4 +1,4 @@
-"""Fit the cost model's constants (cupygemm/config.py) to config sweeps from scripts/tune.py.
+"""Fit the cost model's constants (cupygemm/config/cost.py) to config sweeps from scripts/tune.py.
 
 For a set of constants, the score is how far the model's pick is from the fastest measured config of each
 shape (geometric mean and worst case of measured(pick) / best). A coordinate search over a small grid of each
@@ -11,6 +11,7 @@ import math
 import sys
 
 from cupygemm import config as C
+from cupygemm.config import cost
 
 KINDS = {"normal": C.KIND_NORMAL, "contiguous": C.KIND_CONTIGUOUS, "masked": C.KIND_MASKED}
 
@@ -38,12 +39,12 @@ def model_args(kind, shape):
 
 
 def score(table, verbose=False):
-    C._choose_memo.cache_clear()
+    C.clear_memo()
     ratios, missing = [], 0
     for (kind, shape), measured in sorted(table.items()):
         kid, m, n, k, g = model_args(kind, shape)
         cfg = C.choose_config(kid, m, n, k, g, 132)
-        key = (cfg.block_m, cfg.block_n, cfg.multicast, cfg.split_k, cfg.serial_m)
+        key = (cfg.block_m, cfg.block_n, cfg.multicast, cfg.interleave_k, cfg.serial_m)
         best = min(measured.values())
         if key not in measured:
             missing += 1
@@ -61,26 +62,26 @@ GRID = {
     "eff64": [0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6],
     "eff128": [0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7],
     "eff256": [0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8],
-    "_LOAD_BYTES_PER_SM": [30e9, 40e9, 50e9, 60e9, 70e9, 85e9, 100e9, 120e9],
-    "_TILE_OVERHEAD_S": [0.2e-6, 0.5e-6, 1.0e-6, 1.5e-6, 2.0e-6],
-    "_STRADDLE_PENALTY": [0.0, 0.1, 0.2, 0.3],
-    "_STRADDLE_SPECIALIZED_PENALTY": [0.0, 0.03, 0.05, 0.1, 0.15],
-    "_MULTICAST_PENALTY": [1.0, 1.01, 1.02, 1.03, 1.05],
-    "_SPLIT_K_FACTOR": [0.85, 0.9, 0.93, 0.96, 1.0],
+    "LOAD_BYTES_PER_SM": [30e9, 40e9, 50e9, 60e9, 70e9, 85e9, 100e9, 120e9],
+    "TILE_OVERHEAD_S": [0.2e-6, 0.5e-6, 1.0e-6, 1.5e-6, 2.0e-6],
+    "STRADDLE_PENALTY": [0.0, 0.1, 0.2, 0.3],
+    "STRADDLE_SPECIALIZED_PENALTY": [0.0, 0.03, 0.05, 0.1, 0.15],
+    "MULTICAST_PENALTY": [1.0, 1.01, 1.02, 1.03, 1.05],
+    "INTERLEAVE_K_FACTOR": [0.85, 0.9, 0.93, 0.96, 1.0],
 }
 
 
 def set_param(name, value):
     if name.startswith("eff"):
-        C._MMA_EFFICIENCY[int(name[3:])] = value
+        cost.MMA_EFFICIENCY[int(name[3:])] = value
     else:
-        setattr(C, name, value)
+        setattr(cost, name, value)
 
 
 def get_param(name):
     if name.startswith("eff"):
-        return C._MMA_EFFICIENCY[int(name[3:])]
-    return getattr(C, name)
+        return cost.MMA_EFFICIENCY[int(name[3:])]
+    return getattr(cost, name)
 
 
 def main():

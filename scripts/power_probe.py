@@ -27,8 +27,8 @@ from cupygemm.bench import cases, inputs, providers, timing
 
 SHAPES = [cases.Shape("normal", (4096, 7168, 16384)), cases.Shape("normal", (4096, 4096, 7168))]
 VARIANTS = [("cupygemm", {}),
-            ("cupygemm 256x128 two acc sets",
-             {"block_m": 256, "block_n": 128, "wgmma_n": 64, "serial_m": True, "double_acc": True, "multicast": 1})]
+            ("cupygemm 256x128 serial, wgmma n64",
+             {"block_m": 256, "block_n": 128, "wgmma_n": 64, "serial_m": True, "multicast": 1})]
 FLOP_PER_CYCLE_PER_SM = 8192  # FP8 dense wgmma: 256x128x128 MACs per 1024 cycles (microbench/wgmma_chain)
 
 

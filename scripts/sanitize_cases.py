@@ -33,7 +33,7 @@ for bm, bn, mc, (m, n, k) in [(64, 16, 0, (65, 136, 576)), (128, 160, 0, (129, 3
 # Split-K across CTAs (FP32 partials, last CTA reduces): ragged tiles, uneven splits, two row groups, multicast.
 for bm, bn, ks, mc, (m, n, k) in [(64, 128, 3, 0, (65, 264, 1408)), (128, 128, 4, 2, (256, 384, 1024)),
                                   (64, 16, 7, 0, (33, 40, 896))]:
-    C.override_config("normal", n, k, block_m=bm, block_n=bn, multicast=mc, k_slices=ks)
+    C.override_config("normal", n, k, block_m=bm, block_n=bn, multicast=mc, split_k=ks)
     a, sfa, b, sfb = make_normal(m, n, k, bm + bn + ks)
     out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     C.override_config("normal", n, k)
@@ -52,12 +52,12 @@ C.override_config("contiguous", n, k)
 a3, s3 = cp.stack([a[:128]] * 3), cp.stack([sfa[:128]] * 3)
 out3 = cp.zeros((3, 128, n), dtype=cupygemm.tensors.BF16)
 cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a3, s3), (b, sfb), out3, cp.asarray(np.array([0, 77, 999], np.int32)), 64)
-# Masked, split-K over two warpgroups on 64-row tiles straddling scale blocks, four groups of uneven sizes.
+# Masked, K interleaved over two warpgroups on 64-row tiles straddling scale blocks, four groups of uneven sizes.
 g4, n4, k4 = 4, 1008, 1024
 b4, sfb4 = grouped_weights(g4, n4, k4, rng)
 a4, s4 = cupygemm.per_token_cast_to_fp8(randn_bf16((g4 * 320, k4), rng))
 a4, s4 = a4.reshape(g4, 320, k4), s4.reshape(g4, 320, -1)
-C.override_config("masked", n4, k4, block_m=64, block_n=168, split_k=True)
+C.override_config("masked", n4, k4, block_m=64, block_n=168, interleave_k=True)
 cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a4, s4), (b4, sfb4), None, cp.asarray(np.array([277, 220, 0, 181], np.int32)), 256)
 C.override_config("masked", n4, k4)
 # Masked on 256-row serial tiles with A multicast: groups ending in each m64 sub-tile of a block (skipped sub-tiles, A
@@ -76,14 +76,6 @@ C.override_config("normal", 640, 1408, block_m=128, block_n=128, stream_k=True, 
 a, sfa, b, sfb = make_normal(100, 640, 1408, 7)
 out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
 C.override_config("normal", 640, 1408)
-# Two accumulator sets: serial 256-row tiles with split wgmma N and A multicast (a chunk of 8 K blocks and one of 3),
-# and a 64-row tile over 3 K splits (run-time chunk lengths).
-for bm, bn, fields, (m, n, k) in [(256, 128, {"serial_m": True, "wgmma_n": 64, "multicast": 1}, (300, 512, 1408)),
-                                  (64, 64, {"k_slices": 3}, (70, 320, 1408))]:
-    C.override_config("normal", n, k, block_m=bm, block_n=bn, double_acc=True, **fields)
-    a, sfa, b, sfb = make_normal(m, n, k, bm + bn + 1)
-    out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
-    C.override_config("normal", n, k)
 cupygemm.per_block_cast_to_fp8(randn_bf16((130, 200), rng))
 cp.cuda.Device().synchronize()
 print("sanitize cases done")

@@ -1,6 +1,6 @@
 """Config sweep: time every legal tile config on the seed shapes (and cuBLAS block-scaled as a yardstick).
 
-Writes JSON rows {kind, shape, config, us}; used to calibrate the cost model in cupygemm/config.py.
+Writes JSON rows {kind, shape, config, us}; used to calibrate the cost model in cupygemm/config/cost.py.
 Run on a Hopper machine: python scripts/tune.py OUT.json [normal|grouped|all|small|large]
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def variants(kind, m_rows, n, k):
             for mc in C.multicast_options(kind, m_rows, n, bm, bn):
                 for split in ((False, True) if bm == 64 else (False,)):
                     try:
-                        out.append(C.make_config(kind, n, k, bm, bn, 132, multicast=mc, split_k=split, serial_m=ser))
+                        out.append(C.make_config(kind, n, k, bm, bn, 132, multicast=mc, interleave_k=split, serial_m=ser))
                     except ValueError:
                         pass
     return out
@@ -154,8 +154,8 @@ def main():
         rows.append({"kind": kind, "shape": s, "config": "default " + default.describe(), "us": dflt})
         best = None
         for cfg in variants(kid, m_hint if kind != "contiguous" else m_hint, n, k):
-            C.override_config(kid, n, k, block_m=cfg.block_m, block_n=cfg.block_n, double_acc=cfg.double_acc,
-                              multicast=cfg.multicast, split_k=cfg.split_k, serial_m=cfg.serial_m)
+            C.override_config(kid, n, k, block_m=cfg.block_m, block_n=cfg.block_n,
+                              multicast=cfg.multicast, interleave_k=cfg.interleave_k, serial_m=cfg.serial_m)
             try:
                 us = timed(call, iters=7)
             except Exception as e:
@@ -163,8 +163,8 @@ def main():
                 continue
             finally:
                 C.override_config(kid, n, k)
-            rows.append({"kind": kind, "shape": s, "bm": cfg.block_m, "bn": cfg.block_n, "dacc": cfg.double_acc,
-                         "mc": cfg.multicast, "split": cfg.split_k, "serial": cfg.serial_m, "stages": cfg.num_stages,
+            rows.append({"kind": kind, "shape": s, "bm": cfg.block_m, "bn": cfg.block_n,
+                         "mc": cfg.multicast, "split": cfg.interleave_k, "serial": cfg.serial_m, "stages": cfg.num_stages,
                          "us": us})
             if best is None or us < best[0]:
                 best = (us, cfg.describe())

@@ -9,7 +9,7 @@ from cupygemm import config as C
 from cupygemm import contract
 from cupygemm.config import cost, overrides
 from cupygemm.util import ceil_div
-from seed_shapes import CONTIGUOUS, MASKED, NORMAL
+from seed_shapes import CONTIGUOUS, MASKED, NORMAL, NORMAL_NK
 
 
 def _all_seed_configs():
@@ -495,9 +495,6 @@ def test_interleave_k_refused_where_it_cannot_run():
 
 # ---- issue 32: memo by M class, degenerate inputs, override checks ---------------------------------------------------
 
-SERVING_NK = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
-
-
 def _grid_ms(limit: int) -> list[int]:
     """Every class boundary (64j, 64j + 1) and a few inner points up to ``limit``, plus 1..130 exhaustively."""
     ms = set(range(1, 131))
@@ -511,7 +508,7 @@ def test_memoized_choice_equals_the_search():
     grid of M up to 8192 on the six serving (N, K) pairs and at 78 SMs, contiguous over total rows, masked exact."""
     def search(kind, m, n, k, g, sms):
         return C.choose(kind, m, n, k, g, sms)[0]
-    for n, k in SERVING_NK:
+    for n, k in NORMAL_NK:
         for m in _grid_ms(8192)[::3] + [4095, 4096, 4097]:
             assert C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132) == search(C.KIND_NORMAL, m, n, k, 1, 132), (m, n, k)
     for m in _grid_ms(2048)[::5]:
@@ -538,12 +535,12 @@ def test_m_class_matches_every_ceil_div_the_search_reads():
 def test_memo_serving_loop_has_no_misses_after_the_first_pass():
     """M = 1..4096 over six (N, K) pairs: the first pass misses once per class (6 x 64), the second never."""
     C.clear_memo()
-    for n, k in SERVING_NK:
+    for n, k in NORMAL_NK:
         for m in range(1, 4097):
             C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
     first = C.memo_info()
     assert first.misses == 6 * 64 and first.currsize == 6 * 64
-    for n, k in SERVING_NK:
+    for n, k in NORMAL_NK:
         for m in range(1, 4097):
             C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
     assert C.memo_info().misses == first.misses
