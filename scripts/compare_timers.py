@@ -3,9 +3,9 @@ each: two CUPTI clients must not share a process) and compares the medians shape
 
     python scripts/compare_timers.py --out $OUT/timers [--shapes ...] [--iters 30]
 
-Timers: cupti (libcupti through ctypes, reading activity structs at fixed offsets), cupti-python (NVIDIA's package),
+Timers: cupti-ctypes (libcupti through ctypes, reading activity structs at fixed offsets), cupti-python (NVIDIA's package),
 events (CUDA events around each call, for scale: it adds launch gaps). Writes timers.json and prints, per shape, the
-three medians and cupti-python / cupti; exits 1 when any shape's ratio is outside 1 +- --tolerance (default 2 %,
+three medians and cupti-python / cupti-ctypes; exits 1 when any shape's ratio is outside 1 +- --tolerance (default 2 %,
 about a rerun's spread on the small shapes) or a run failed.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TIMERS = ("cupti", "cupti-python", "events")
+TIMERS = ("cupti-ctypes", "cupti-python", "events")
 
 
 def main() -> int:
@@ -50,7 +50,7 @@ def main() -> int:
         return 1
     rows, bad = [], 0
     print(f"{'shape':<24} {'cupti us':>10} {'cupti-python':>13} {'events':>10} {'py/ctypes':>10}")
-    for label, us in medians["cupti"].items():
+    for label, us in medians["cupti-ctypes"].items():
         py, ev = medians["cupti-python"].get(label), medians["events"].get(label)
         ratio = py / us if py else None
         ok = ratio is not None and abs(ratio - 1) <= args.tolerance

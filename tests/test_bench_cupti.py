@@ -121,10 +121,16 @@ def test_cupti_python_backend_parses_records(monkeypatch):
     timer, why = KT.open_kernel_timer(probe, "noop", lambda: None, backend="python")
     assert timer is not None and why == "cupti-python", why
     assert timer.time(probe, 2) == [2.5, 2.5]
+    timer, why = KT.open_kernel_timer(probe, "noop", lambda: None)  # the default prefers the package
+    assert isinstance(timer, KT.CuptiPythonTimer) and why == "cupti-python", why
     _, why = KT.open_kernel_timer(probe, "other", lambda: None, backend="python")
     assert "records do not parse" in why
     monkeypatch.setitem(sys.modules, "cupti", None)
     timer, why = KT.open_kernel_timer(probe, "noop", lambda: None, backend="python")
     assert timer is None and "pip install cupti-python" in why
-    with pytest.raises(ValueError, match="backend: expected one of ctypes, python"):
+    # Without the package the default falls back to libcupti through ctypes, and says why when that fails too.
+    monkeypatch.setattr(KT, "_candidate_paths", lambda: ["/nonexistent/libcupti.so"])
+    timer, why = KT.open_kernel_timer(probe, "noop", lambda: None)
+    assert timer is None and "pip install cupti-python" in why and "/nonexistent/libcupti.so" in why, why
+    with pytest.raises(ValueError, match="backend: expected one of auto, python, ctypes"):
         KT.open_kernel_timer(probe, "noop", lambda: None, backend="nvtx")

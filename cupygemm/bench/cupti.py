@@ -137,10 +137,10 @@ class KernelTimer:
 
 class CuptiPythonTimer(KernelTimer):
     """The same timer through NVIDIA's ``cupti-python`` (``from cupti import cupti``): CUPTI's activity records as
-    Python objects, instead of driver structs read at fixed offsets. Selected with ``backend="python"``
-    (``cupygemm bench --timing cupti-python``). It times like the ctypes path (within 0.5 % on an H100,
-    ``scripts/compare_timers.py``, benchmarks/results/timers-h100-2026-11-25.json); the ctypes path stays the default
-    because it needs no package beyond libcupti itself."""
+    Python objects, instead of driver structs read at fixed offsets. The default wherever the package is installed
+    (``bench`` extra); it times like the ctypes path (within 0.5 % on an H100, ``scripts/compare_timers.py``,
+    benchmarks/results/timers-h100-2026-11-25.json), which stays as the fallback: it needs nothing beyond
+    libcupti, which the CUDA toolkit and torch's wheels carry."""
 
     def __init__(self, cupti_mod: Any):
         self.cupti, self.lib = cupti_mod, None
@@ -187,16 +187,22 @@ def _checked(timer: KernelTimer, probe: Callable[[], Any], probe_name: str, sync
     return None
 
 
-BACKENDS = ("ctypes", "python")
+BACKENDS = ("auto", "python", "ctypes")
 
 
 def open_kernel_timer(probe: Callable[[], Any], probe_name: str, sync: Callable[[], Any],
-                      backend: str = "ctypes") -> tuple[KernelTimer | None, str]:
+                      backend: str = "auto") -> tuple[KernelTimer | None, str]:
     """A working KernelTimer, checked on ``probe`` (a call launching one kernel named ``probe_name``), or None
-    and the reason. ``backend``: ``"ctypes"`` (libcupti through ctypes, the default) or ``"python"``
-    (NVIDIA's cupti-python package)."""
+    and the reason. ``backend``: ``"python"`` (NVIDIA's cupti-python package), ``"ctypes"`` (libcupti through
+    ctypes) or ``"auto"`` (python where it works, else ctypes)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        timer, why_python = open_kernel_timer(probe, probe_name, sync, "python")
+        if timer is not None:
+            return timer, why_python
+        timer, why = open_kernel_timer(probe, probe_name, sync, "ctypes")
+        return (timer, why) if timer is not None else (None, f"{why_python}; {why}")
     if backend == "python":
         try:
             from cupti import cupti as cupti_mod

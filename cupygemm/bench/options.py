@@ -65,11 +65,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--match-rows", default=None, metavar="PEERS.json",
                    help="grouped shapes: draw group sizes that sum to the valid rows the peer table measured "
                         "(e.g. benchmarks/peers/h200-2026-11-21.json in the source tree), so both runs do the same work")
-    p.add_argument("--timing", choices=("cupti", "cupti-python", "events"), default="cupti",
-                   help="cupti: kernel time from CUPTI activity records, falling back to events when libcupti "
-                        "is missing (CUPYGEMM_CUPTI names the library); cupti-python: the same records through "
-                        "NVIDIA's cupti-python package (pip install cupti-python); events: CUDA events around each "
-                        "call (default: %(default)s)")
+    p.add_argument("--timing", choices=("cupti", "cupti-python", "cupti-ctypes", "events"), default="cupti",
+                   help="cupti: kernel time from CUPTI activity records, through NVIDIA's cupti-python when it is "
+                        "installed (bench extra), else libcupti through ctypes (CUPYGEMM_CUPTI names the library), "
+                        "else CUDA events; cupti-python / cupti-ctypes: only that path; events: CUDA events around "
+                        "each call (default: %(default)s)")
     p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1, help="parallel kernel compilations (default: the CPU count, %(default)s here)")
     p.set_defaults(func=run_bench)
     return p

@@ -24,6 +24,10 @@ from .report import (build_report, fmt_us, format_configs, format_markdown, form
 from .timing import FLUSH_BYTES, Timer, measure_copy_bandwidth, measure_event_overhead, open_cupti_timer, timing_method
 
 
+#: ``--timing`` choice -> CUPTI backend of :func:`cupygemm.bench.cupti.open_kernel_timer`.
+TIMING_BACKENDS = {"cupti": "auto", "cupti-python": "python", "cupti-ctypes": "ctypes"}
+
+
 def _err(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0] if msg else ''}"[:300]
@@ -188,7 +192,7 @@ def _run(args: argparse.Namespace, shapes: Sequence[Shape], sizes: dict[Shape, S
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s (device-to-device, read + write); "
           f"floor = max(bytes / copy bandwidth, FLOPs / {FP8_DENSE_FLOPS / 1e12:.0f} TFLOPS)")
     kernel_timer, why = ((None, "--timing events") if args.timing == "events"
-                         else open_cupti_timer("python" if args.timing == "cupti-python" else "ctypes"))
+                         else open_cupti_timer(TIMING_BACKENDS[args.timing]))
     timer = Timer(meta["flush_bytes"], kernel_timer)
     meta["timing"] = f"cupti ({why})" if kernel_timer is not None else "events"
     meta["method"] = timing_method(kernel_timer is not None, meta["flush_bytes"])

@@ -77,7 +77,7 @@ def _noop_call() -> Callable[[], None]:
     return call
 
 
-def open_cupti_timer(backend: str = "ctypes") -> tuple[Any, str]:
+def open_cupti_timer(backend: str = "auto") -> tuple[Any, str]:
     """A CUPTI kernel timer (``backend``: see :func:`cupygemm.bench.cupti.open_kernel_timer`) checked on an empty kernel, or None
     and why not."""
     import cupy
