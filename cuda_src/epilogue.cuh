@@ -48,8 +48,8 @@ template <class T> struct Epilogue {
     }
   }
 
-  __device__ __forceinline__ void store(typename T::TileAcc& acc, const Tile& tile, const WarpgroupRows& rows,
-                                        const RowGroups& rg) const {
+  __device__ __forceinline__ void store(typename T::TileAcc& acc, const Tile& tile, uint32_t n0,
+                                        const WarpgroupRows& rows, const RowGroups& rg) const {
     const uint32_t barrier = th.barrier;
     bool rows_ok = true;  // every row of this warpgroup's part may be written by a TMA store
     if constexpr (T::kKind == kGroupedContiguous) {
@@ -68,11 +68,11 @@ template <class T> struct Epilogue {
     if (rows_ok || kStagedRows) {
       stage(acc, barrier);
       if (rows_ok)
-        tma_store(tile, rows, barrier);
+        tma_store(tile, n0, rows, barrier);
       else
-        copy_valid_rows(tile, rows, barrier);
+        copy_valid_rows(tile, n0, rows, barrier);
     } else {
-      store_direct(acc, tile, rows, rg);
+      store_direct(acc, tile, n0, rows, rg);
     }
   }
 
@@ -97,14 +97,14 @@ template <class T> struct Epilogue {
           }
   }
 
-  __device__ __forceinline__ void tma_store(const Tile& tile, const WarpgroupRows& rows, uint32_t barrier) const {
+  __device__ __forceinline__ void tma_store(const Tile& tile, uint32_t n0, const WarpgroupRows& rows, uint32_t barrier) const {
     fence_proxy_async_shared();
     named_barrier_sync(barrier, 128);
     if (th.tid == 0) {
       const int d_group = T::kKind == kGroupedMasked ? static_cast<int>(tile.group) : 0;
 #pragma unroll
       for (uint32_t slab = 0; slab < T::kNumSlabs; ++slab)
-        tma_store_3d(&tmap_d, th.smem_d + slab * T::kSlabBytes, static_cast<int>(tile.n_block * T::BLOCK_N + slab * T::kSlabCols),
+        tma_store_3d(&tmap_d, th.smem_d + slab * T::kSlabBytes, static_cast<int>(n0 + slab * T::kSlabCols),
                      static_cast<int>(rows.first), d_group);
       tma_store_commit();
     }
@@ -112,10 +112,10 @@ template <class T> struct Epilogue {
 
   // Consecutive threads take consecutive 8-column pieces of a row: whole rows go out coalesced. (The next tile's
   // staging waits at the barrier in stage() until every thread has read its pieces.)
-  __device__ __forceinline__ void copy_valid_rows(const Tile& tile, const WarpgroupRows& rows, uint32_t barrier) const {
+  __device__ __forceinline__ void copy_valid_rows(const Tile& tile, uint32_t n0, const WarpgroupRows& rows,
+                                                  uint32_t barrier) const {
     named_barrier_sync(barrier, 128);
     constexpr uint32_t kPiecesPerRow = T::BLOCK_N / 8;
-    const uint32_t n0 = tile.n_block * T::BLOCK_N;
     const uint32_t valid_rows = cmin(T::WG_M, tile.rows - rows.first);
     uint16_t* d_tile = d_ptr + (uint64_t(tile.group) * shape_m + rows.first) * ld_d + n0;
 #pragma unroll 4
@@ -128,8 +128,8 @@ template <class T> struct Epilogue {
   }
 
   // Contiguous rows of other groups or padding must stay untouched: direct stores of the group's rows.
-  __device__ __forceinline__ void store_direct(typename T::TileAcc& acc, const Tile& tile, const WarpgroupRows& rows,
-                                               const RowGroups& rg) const {
+  __device__ __forceinline__ void store_direct(typename T::TileAcc& acc, const Tile& tile, uint32_t n0,
+                                               const WarpgroupRows& rows, const RowGroups& rg) const {
     const uint32_t valid_m = tile.rows;
 #pragma unroll
     for (uint32_t ms = 0; ms < T::kNumMSub; ++ms)
@@ -145,7 +145,7 @@ template <class T> struct Epilogue {
         for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
 #pragma unroll
           for (uint32_t g = 0; g < T::WGMMA_N / 8; ++g) {
-            const uint32_t col = tile.n_block * T::BLOCK_N + ns * T::WGMMA_N + g * 8 + th.col_in_group;
+            const uint32_t col = n0 + ns * T::WGMMA_N + g * 8 + th.col_in_group;
             if (col < T::SHAPE_N)
               *reinterpret_cast<uint32_t*>(d_row + col) =
                   pack_bf16x2(acc[ms][ns][g * 4 + 2 * h], acc[ms][ns][g * 4 + 2 * h + 1]);

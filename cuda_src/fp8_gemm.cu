@@ -48,12 +48,8 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     // ---------------- producer warpgroup: one thread issues every TMA load ----------------
     if (T::kNumMathWG > 1) regs_dealloc<T::kProducerRegs>();
     if (threadIdx.x / 32 != T::kNumMathThreads / 32) return;
-    typename T::ProducerScheduler scheduler(shape_m, num_groups, grouped_layout);  // by a whole warp (scheduler.cuh)
-    if (threadIdx.x != T::kNumMathThreads) return;
-    const Producer<T> producer{tmap_a, tmap_b, tmap_sfa, smem, scheduler.rank, b_evict_first};
-    PipelineState<T::kNumStages> pipe;
-    while (scheduler.next(tile)) producer.load_tile(tile, pipe);
-    producer.drain(pipe);
+    const Producer<T> producer{tmap_a, tmap_b, tmap_sfa, smem};
+    producer.run(shape_m, num_groups, grouped_layout, b_evict_first);
     return;
   }
 
@@ -63,13 +59,15 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
   const MathThread th = MathThread::make<T>(warpgroup, smem);
   const Epilogue<T> epilogue{tmap_d, d_ptr, grouped_layout, shape_m, ld_d, th};
   const CrossCtaReduction<T> cross_cta{partials, tile_counters, th};
+  typename Mainloop<T>::Acc wgmma_acc;  // one wgmma batch's result, promoted into acc
   typename T::TileAcc acc;
   Mainloop<T> mainloop(smem, th);
 
   while (scheduler.next(tile)) {
+    const uint32_t n0 = tile.n_block * T::BLOCK_N;
     // A piece of a stream-K tail unit: part of the tile's K blocks, partial sums met in global memory.
     const bool sk_piece = T::kStreamK && tile.sk_unit != kWholeUnit;
-    const BScaleRows<T> sfb_rows(sfb, tile);
+    const BScaleRows<T> sfb_rows(sfb, tile, n0);
     Mainloop<T>::clear(acc);
     const WarpgroupRows rows = WarpgroupRows::make<T>(tile, th);
     if (rows.active == 0) {
@@ -79,7 +77,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     typename Epilogue<T>::RowGroups row_groups;
     epilogue.read_row_groups(row_groups, tile, rows);
 
-    mainloop.run(acc, tile, rows, sfb_rows, sk_piece);
+    mainloop.run(acc, wgmma_acc, tile, n0, rows, sfb_rows, sk_piece);
 
     if constexpr (T::kInterleaveK) {
       if (!interleave_handoff<T>(acc, smem.handoff, th)) continue;
@@ -87,7 +85,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     if (T::kSplitK > 1 || sk_piece) {
       if (!cross_cta.reduce(acc, tile, scheduler)) continue;
     }
-    epilogue.store(acc, tile, rows, row_groups);
+    epilogue.store(acc, tile, n0, rows, row_groups);
   }
   epilogue.finish();
 }

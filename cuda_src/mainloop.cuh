@@ -21,8 +21,7 @@ template <class T> struct BScaleRows {
   const float* row[T::kMaxSFB];
   uint32_t boundary;
 
-  __device__ __forceinline__ BScaleRows(const float* sfb, const Tile& tile) {
-    const uint32_t n0 = tile.n_block * T::BLOCK_N;
+  __device__ __forceinline__ BScaleRows(const float* sfb, const Tile& tile, uint32_t n0) {
     const uint32_t b_group = T::kKind == kNormal ? 0 : tile.group;
     const float* sfb_tile = sfb + (b_group * T::kNumSFBRows) * T::kNumKBlocks;
 #pragma unroll
@@ -30,7 +29,7 @@ template <class T> struct BScaleRows {
       row[i] = sfb_tile + cmin(n0 / kBlockK + i, T::kNumSFBRows - 1) * T::kNumKBlocks;
     boundary = kBlockK - n0 % kBlockK;
   }
-  __device__ __forceinline__ void load(Scales<T>& sc, uint32_t kb) const {
+  __device__ void load(Scales<T>& sc, uint32_t kb) const {
 #pragma unroll
     for (uint32_t i = 0; i < T::kMaxSFB; ++i) sc.b[i] = __ldg(row[i] + kb);
   }
@@ -42,7 +41,6 @@ template <class T> struct Mainloop {
   MathThread th;
   uint64_t desc_a0, desc_b0;  // stage 0's operand descriptors for this warpgroup's rows
   PipelineState<T::kNumStages> pipe;
-  Acc acc;
 
   __device__ __forceinline__ Mainloop(const SharedStorage<T>& smem_, const MathThread& th_)
       : smem(smem_), th(th_), desc_a0(make_smem_desc_k128_sw128(smem_.a + th_.wg_row0 * kBlockK)),
@@ -63,40 +61,51 @@ template <class T> struct Mainloop {
     for (uint32_t kb = tile.k_begin; kb < tile.k_end; ++kb) {
       mbarrier_wait(&smem.full_bar[pipe.stage], pipe.phase);
       release(pipe.stage);
-      pipe.advance();
+      advance();
     }
   }
 
   // Sums the tile's K blocks [tile.k_begin, tile.k_end) into `out`. `piece`: a stream-K tail piece (run-time K
   // bounds).
-  __device__ __forceinline__ void run(typename T::TileAcc& out, const Tile& tile, const WarpgroupRows& rows,
+  __device__ __forceinline__ void run(typename T::TileAcc& out, Acc& acc, const Tile& tile, uint32_t n0, const WarpgroupRows& rows,
                                       const BScaleRows<T>& sfb, bool piece) {
     Scales<T> cur, next;
     const uint32_t kb0 = tile.k_begin + (T::kInterleaveK ? th.warpgroup : 0);
     if (kb0 < tile.k_end) sfb.load(next, kb0);
     if ((T::kNumMSub > 1 && !T::kInterleaveK && rows.active < T::kNumMSub) || piece) {
-      k_loop_partial(out, tile, rows, sfb, cur, next);
+      k_loop_partial(out, acc, tile, rows, sfb, cur, next);
     } else if constexpr (T::kSpecializeBoundary) {
-      const uint32_t offset = (tile.n_block * T::BLOCK_N % kBlockK) / T::kOffsetStep;
-      dispatch_uconst<0, T::kNumOffsets>(offset, [&](auto offset_case) {
-        k_loop(out, tile, sfb, cur, next, offset_case);
-      });
+      dispatch_uconst<0, T::kNumOffsets>((n0 % kBlockK) / T::kOffsetStep, KLoopCase{*this, out, acc, tile, sfb, cur, next});
     } else {
-      k_loop(out, tile, sfb, cur, next, UConst<0>{});
+      k_loop(out, acc, tile, sfb, cur, next, UConst<0>{});
     }
   }
+
+  // k_loop for a boundary offset known at compile time (dispatch_uconst's callee).
+  struct KLoopCase {
+    Mainloop& m;
+    typename T::TileAcc& out;
+    Acc& acc;
+    const Tile& tile;
+    const BScaleRows<T>& sfb;
+    Scales<T>& cur;
+    Scales<T>& next;
+    template <uint32_t kOffset> __device__ __forceinline__ void operator()(UConst<kOffset> c) const {
+      m.k_loop(out, acc, tile, sfb, cur, next, c);
+    }
+  };
 
   // The K loop of whole tiles (and K splits), over compile-time bounds where the tile is whole. Where a tile
   // straddles 128-column scale blocks at one of a few offsets, the boundary is a compile-time constant per copy.
   // interleave_k: this warpgroup's blocks are every other one from its own (a loop without per-block branches, so
   // it unrolls); the stage count still steps over the other warpgroup's blocks.
   template <uint32_t kOffset>
-  __device__ __forceinline__ void k_loop(typename T::TileAcc& out, const Tile& tile, const BScaleRows<T>& sfb,
+  __device__ void k_loop(typename T::TileAcc& out, Acc& acc, const Tile& tile, const BScaleRows<T>& sfb,
                                          Scales<T>& cur, Scales<T>& next, UConst<kOffset>) {
     constexpr uint32_t kStep = T::kInterleaveK ? 2 : 1;
     const uint32_t boundary = T::kSpecializeBoundary ? kBlockK - kOffset * T::kOffsetStep : sfb.boundary;
     const uint32_t lo = T::kSplitK == 1 ? 0u : tile.k_begin, hi = T::kSplitK == 1 ? T::kNumKBlocks : tile.k_end;
-    if (T::kInterleaveK && th.warpgroup == 1) pipe.advance();
+    if (T::kInterleaveK && th.warpgroup == 1) advance();
 #pragma unroll T::kKLoopUnroll
     for (uint32_t kb = lo + (T::kInterleaveK ? th.warpgroup : 0); kb < hi; kb += kStep) {
       cur = next;
@@ -106,14 +115,14 @@ template <class T> struct Mainloop {
       for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
 #pragma unroll
         for (uint32_t ms = 0; ms < T::kNumMSub; ms += T::kAccSubTiles) {
-          issue(pipe.stage, ns, ms, ms + T::kAccSubTiles);
+          issue(acc, pipe.stage, ns, ms, ms + T::kAccSubTiles);
           wgmma_wait<0>();
-          settle();
+          settle(acc);
           if (ns == T::kNumNSub - 1 && ms + T::kAccSubTiles == T::kNumMSub) release(pipe.stage);  // stage consumed
-          promote(out, cur, ns, ms, ms + T::kAccSubTiles, boundary);
+          promote(out, acc, cur, ns, ms, ms + T::kAccSubTiles, boundary);
         }
-      pipe.advance();
-      if (T::kInterleaveK && kb + 1 < hi) pipe.advance();
+      advance();
+      if (T::kInterleaveK && kb + 1 < hi) advance();
     }
   }
 
@@ -121,7 +130,7 @@ template <class T> struct Mainloop {
   // issued and promoted), of stream-K tail pieces (run-time K bounds) and of contiguous half tiles (the
   // warpgroup's rows moved by row0 - wg_row0). One copy, neither unrolled nor specialized per boundary: at most one
   // m block per group and the last round's pieces take it.
-  __device__ __forceinline__ void k_loop_partial(typename T::TileAcc& out, const Tile& tile, const WarpgroupRows& rows,
+  __device__ void k_loop_partial(typename T::TileAcc& out, Acc& acc, const Tile& tile, const WarpgroupRows& rows,
                                                  const BScaleRows<T>& sfb, Scales<T>& cur, Scales<T>& next) {
     const uint32_t sub_tiles = rows.active;
     const uint64_t a_shift = (static_cast<uint64_t>(rows.row0) - th.wg_row0) * (kBlockK / 16);  // may wrap: moves up
@@ -136,19 +145,19 @@ template <class T> struct Mainloop {
         for (uint32_t ms = 0; ms < T::kNumMSub; ms += T::kAccSubTiles) {
           if (ms >= sub_tiles) break;
           const uint32_t hi = cmin(ms + T::kAccSubTiles, sub_tiles);
-          issue(pipe.stage, ns, ms, hi, a_shift);
+          issue(acc, pipe.stage, ns, ms, hi, a_shift);
           wgmma_wait<0>();
-          settle();
+          settle(acc);
           if (ns == T::kNumNSub - 1 && hi == sub_tiles) release(pipe.stage);
-          promote(out, cur, ns, ms, hi, sfb.boundary);
+          promote(out, acc, cur, ns, ms, hi, sfb.boundary);
         }
-      pipe.advance();
+      advance();
     }
   }
 
   // Waits for the stage's TMA data, then reads this thread's A scales from it: `sub_tiles` m64 sub-tiles from tile
   // row `row0`.
-  __device__ __forceinline__ void wait_stage(Scales<T>& sc, uint32_t s, uint32_t ph, uint32_t row0,
+  __device__ void wait_stage(Scales<T>& sc, uint32_t s, uint32_t ph, uint32_t row0,
                                              uint32_t sub_tiles) const {
     mbarrier_wait(&smem.full_bar[s], ph);
     const float* sfa = smem.sfa + s * (T::SMEM_SFA / 4) + row0;
@@ -163,7 +172,7 @@ template <class T> struct Mainloop {
   // Issues the wgmmas of m64 sub-tiles [ms_lo, ms_hi) (sub-tile ms accumulates into acc[ms - ms_lo]). Descriptors
   // are stage 0's plus compile-time offsets: the 14-bit address field never carries (shared memory < 256 KB).
   // `a_shift`: descriptor units (16 bytes) added to A's address, for a contiguous half tile's moved rows.
-  __device__ __forceinline__ void issue(uint32_t s, uint32_t ns, uint32_t ms_lo, uint32_t ms_hi,
+  __device__ void issue(Acc& acc, uint32_t s, uint32_t ns, uint32_t ms_lo, uint32_t ms_hi,
                                         uint64_t a_shift = 0) {
     const uint64_t da = desc_a0 + a_shift + s * (T::SMEM_A / 16);
     const uint64_t db = desc_b0 + (s * T::SMEM_B + ns * T::WGMMA_N * kBlockK) / 16;
@@ -179,7 +188,7 @@ template <class T> struct Mainloop {
   }
 
   // After the wgmma wait: the accumulators are read only from here on.
-  __device__ __forceinline__ void settle() {
+  __device__ void settle(Acc& acc) {
 #pragma unroll
     for (uint32_t ms = 0; ms < T::kAccSubTiles; ++ms)
 #pragma unroll
@@ -187,7 +196,7 @@ template <class T> struct Mainloop {
   }
 
   // Promotion on the CUDA cores: out += (scale_a(row) * scale_b(block)) * acc.
-  __device__ __forceinline__ void promote(typename T::TileAcc& out, const Scales<T>& sc, uint32_t ns, uint32_t ms_lo,
+  __device__ void promote(typename T::TileAcc& out, const Acc& acc, const Scales<T>& sc, uint32_t ns, uint32_t ms_lo,
                                           uint32_t ms_hi, uint32_t boundary) const {
 #pragma unroll
     for (uint32_t ms = 0; ms < T::kNumMSub; ++ms) {
@@ -215,8 +224,10 @@ template <class T> struct Mainloop {
     }
   }
 
+  __device__ void advance() { pipe.advance(); }
+
   // Hands the stage back to the producer(s): with multicast both CTAs' producers wrote into it.
-  __device__ __forceinline__ void release(uint32_t s) const {
+  __device__ void release(uint32_t s) const {
     if constexpr (T::kCluster > 1) {
       if (th.lane < T::kCluster) mbarrier_arrive_cluster(&smem.empty_bar[s], th.lane);
     } else {

@@ -48,7 +48,7 @@ template <class T> struct CrossCtaReduction {
   uint32_t* tile_counters;
   const MathThread& th;
 
-  static __device__ __forceinline__ float* at(float* base, uint32_t ms, uint32_t ns, uint32_t j) {
+  static __device__ float* at(float* base, uint32_t ms, uint32_t ns, uint32_t j) {
     return base + ((ms * T::kNumNSub + ns) * T::kAccPerSub + j) * 128;
   }
 
