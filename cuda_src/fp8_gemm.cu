@@ -68,6 +68,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     // A piece of a stream-K tail unit: part of the tile's K blocks, partial sums met in global memory.
     const bool sk_piece = T::kStreamK && tile.sk_unit != kWholeUnit;
     const BScaleRows<T> sfb_rows(sfb, tile, n0);
+    const uint32_t scale_boundary = kBlockK - n0 % kBlockK;  // tile column where the B scale block changes
     Mainloop<T>::clear(acc);
     const WarpgroupRows rows = WarpgroupRows::make<T>(tile, th);
     if (rows.active == 0) {
@@ -77,7 +78,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     typename Epilogue<T>::RowGroups row_groups;
     epilogue.read_row_groups(row_groups, tile, rows);
 
-    mainloop.run(acc, wgmma_acc, tile, n0, rows, sfb_rows, sk_piece);
+    mainloop.run(acc, wgmma_acc, tile, n0, rows, sfb_rows, scale_boundary, sk_piece);
 
     if constexpr (T::kInterleaveK) {
       if (!interleave_handoff<T>(acc, smem.handoff, th)) continue;

@@ -15,11 +15,9 @@ template <class T> struct Scales {
   float b[T::kMaxSFB];
 };
 
-// Where a tile's B scales are: one row of per-K-block scales per 128-column block the tile touches, and the tile
-// column at which the block changes (used only when a tile can straddle blocks).
+// Where a tile's B scales are: one row of per-K-block scales per 128-column block the tile touches.
 template <class T> struct BScaleRows {
   const float* row[T::kMaxSFB];
-  uint32_t boundary;
 
   __device__ __forceinline__ BScaleRows(const float* sfb, const Tile& tile, uint32_t n0) {
     const uint32_t b_group = T::kKind == kNormal ? 0 : tile.group;
@@ -27,7 +25,6 @@ template <class T> struct BScaleRows {
 #pragma unroll
     for (uint32_t i = 0; i < T::kMaxSFB; ++i)
       row[i] = sfb_tile + cmin(n0 / kBlockK + i, T::kNumSFBRows - 1) * T::kNumKBlocks;
-    boundary = kBlockK - n0 % kBlockK;
   }
   __device__ void load(Scales<T>& sc, uint32_t kb) const {
 #pragma unroll
@@ -68,16 +65,16 @@ template <class T> struct Mainloop {
   // Sums the tile's K blocks [tile.k_begin, tile.k_end) into `out`. `piece`: a stream-K tail piece (run-time K
   // bounds).
   __device__ __forceinline__ void run(typename T::TileAcc& out, Acc& acc, const Tile& tile, uint32_t n0, const WarpgroupRows& rows,
-                                      const BScaleRows<T>& sfb, bool piece) {
+                                      const BScaleRows<T>& sfb, uint32_t boundary, bool piece) {
     Scales<T> cur, next;
     const uint32_t kb0 = tile.k_begin + (T::kInterleaveK ? th.warpgroup : 0);
     if (kb0 < tile.k_end) sfb.load(next, kb0);
     if ((T::kNumMSub > 1 && !T::kInterleaveK && rows.active < T::kNumMSub) || piece) {
-      k_loop_partial(out, acc, tile, rows, sfb, cur, next);
+      k_loop_partial(out, acc, tile, rows, sfb, boundary, cur, next);
     } else if constexpr (T::kSpecializeBoundary) {
-      dispatch_uconst<0, T::kNumOffsets>((n0 % kBlockK) / T::kOffsetStep, KLoopCase{*this, out, acc, tile, sfb, cur, next});
+      dispatch_uconst<0, T::kNumOffsets>((n0 % kBlockK) / T::kOffsetStep, KLoopCase{*this, out, acc, tile, sfb, boundary, cur, next});
     } else {
-      k_loop(out, acc, tile, sfb, cur, next, UConst<0>{});
+      k_loop(out, acc, tile, sfb, boundary, cur, next, UConst<0>{});
     }
   }
 
@@ -88,10 +85,11 @@ template <class T> struct Mainloop {
     Acc& acc;
     const Tile& tile;
     const BScaleRows<T>& sfb;
+    uint32_t boundary;
     Scales<T>& cur;
     Scales<T>& next;
     template <uint32_t kOffset> __device__ __forceinline__ void operator()(UConst<kOffset> c) const {
-      m.k_loop(out, acc, tile, sfb, cur, next, c);
+      m.k_loop(out, acc, tile, sfb, boundary, cur, next, c);
     }
   };
 
@@ -100,10 +98,10 @@ template <class T> struct Mainloop {
   // interleave_k: this warpgroup's blocks are every other one from its own (a loop without per-block branches, so
   // it unrolls); the stage count still steps over the other warpgroup's blocks.
   template <uint32_t kOffset>
-  __device__ void k_loop(typename T::TileAcc& out, Acc& acc, const Tile& tile, const BScaleRows<T>& sfb,
+  __device__ void k_loop(typename T::TileAcc& out, Acc& acc, const Tile& tile, const BScaleRows<T>& sfb, uint32_t tile_boundary,
                                          Scales<T>& cur, Scales<T>& next, UConst<kOffset>) {
     constexpr uint32_t kStep = T::kInterleaveK ? 2 : 1;
-    const uint32_t boundary = T::kSpecializeBoundary ? kBlockK - kOffset * T::kOffsetStep : sfb.boundary;
+    const uint32_t boundary = T::kSpecializeBoundary ? kBlockK - kOffset * T::kOffsetStep : tile_boundary;
     const uint32_t lo = T::kSplitK == 1 ? 0u : tile.k_begin, hi = T::kSplitK == 1 ? T::kNumKBlocks : tile.k_end;
     if (T::kInterleaveK && th.warpgroup == 1) advance();
 #pragma unroll T::kKLoopUnroll
@@ -131,7 +129,8 @@ template <class T> struct Mainloop {
   // warpgroup's rows moved by row0 - wg_row0). One copy, neither unrolled nor specialized per boundary: at most one
   // m block per group and the last round's pieces take it.
   __device__ void k_loop_partial(typename T::TileAcc& out, Acc& acc, const Tile& tile, const WarpgroupRows& rows,
-                                                 const BScaleRows<T>& sfb, Scales<T>& cur, Scales<T>& next) {
+                                                 const BScaleRows<T>& sfb, uint32_t boundary, Scales<T>& cur,
+                                                 Scales<T>& next) {
     const uint32_t sub_tiles = rows.active;
     const uint64_t a_shift = (static_cast<uint64_t>(rows.row0) - th.wg_row0) * (kBlockK / 16);  // may wrap: moves up
 #pragma unroll 1
@@ -149,7 +148,7 @@ template <class T> struct Mainloop {
           wgmma_wait<0>();
           settle(acc);
           if (ns == T::kNumNSub - 1 && hi == sub_tiles) release(pipe.stage);
-          promote(out, acc, cur, ns, ms, hi, sfb.boundary);
+          promote(out, acc, cur, ns, ms, hi, boundary);
         }
       advance();
     }
