@@ -78,7 +78,8 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     typename Epilogue<T>::RowGroups row_groups;
     epilogue.read_row_groups(row_groups, tile, rows);
 
-    mainloop.run(acc, wgmma_acc, tile, n0, rows, sfb_rows, scale_boundary, sk_piece);
+    Scales<T> cur, next;
+    mainloop.run(acc, wgmma_acc, tile, n0, rows, sfb_rows, scale_boundary, sk_piece, cur, next);
 
     if constexpr (T::kInterleaveK) {
       if (!interleave_handoff<T>(acc, smem.handoff, th)) continue;

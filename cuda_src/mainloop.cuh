@@ -63,10 +63,10 @@ template <class T> struct Mainloop {
   }
 
   // Sums the tile's K blocks [tile.k_begin, tile.k_end) into `out`. `piece`: a stream-K tail piece (run-time K
-  // bounds).
+  // bounds). `cur`, `next`: the scales of the K block being promoted and of the one after it.
   __device__ __forceinline__ void run(typename T::TileAcc& out, Acc& acc, const Tile& tile, uint32_t n0, const WarpgroupRows& rows,
-                                      const BScaleRows<T>& sfb, uint32_t boundary, bool piece) {
-    Scales<T> cur, next;
+                                      const BScaleRows<T>& sfb, uint32_t boundary, bool piece, Scales<T>& cur,
+                                      Scales<T>& next) {
     const uint32_t kb0 = tile.k_begin + (T::kInterleaveK ? th.warpgroup : 0);
     if (kb0 < tile.k_end) sfb.load(next, kb0);
     if ((T::kNumMSub > 1 && !T::kInterleaveK && rows.active < T::kNumMSub) || piece) {

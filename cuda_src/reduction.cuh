@@ -26,7 +26,7 @@ __device__ __forceinline__ bool interleave_handoff(typename T::TileAcc& acc, flo
       for (uint32_t j = 0; j < T::kAccPerSub; ++j) acc[0][ns][j] += handoff[(ns * T::kAccPerSub + j) * 128 + th.tid];
   }
   named_barrier_sync(NamedBarrier::kInterleavePair, 256);  // the buffer is free again before warpgroup 1 reuses it
-  return th.warpgroup == 0;
+  return th.warpgroup != 1;
 }
 
 // K splits and stream-K pieces. Each CTA's sums go to global memory register by register, each a coalesced
