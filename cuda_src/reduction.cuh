@@ -57,12 +57,14 @@ template <class T> struct CrossCtaReduction {
   // cluster that ran it.
   __device__ __forceinline__ bool reduce(typename T::TileAcc& acc, const Tile& tile,
                                          const typename T::MathScheduler& scheduler) const {
-    const uint32_t row_group = T::kInterleaveK ? 0 : th.warpgroup;
+    const uint32_t tid = th.tid, row_group = T::kInterleaveK ? 0 : th.warpgroup;
+    float* const sums = partials;
+    uint32_t* const counters = tile_counters;
     const uint32_t tile_id = tile.m_block * ceil_div(T::SHAPE_N, T::BLOCK_N) + tile.n_block;
     auto piece_sums = [&](uint32_t i) -> float* {
       const uint32_t slot = T::kStreamK ? scheduler.sk_slot(tile.sk_unit, i) * T::kCluster + scheduler.rank
                                         : tile_id * T::kSplitK + i;
-      return partials + (slot * T::kRowGroups + row_group) * kPartial + th.tid;
+      return sums + (slot * T::kRowGroups + row_group) * kPartial + tid;
     };
     const uint32_t pieces = T::kStreamK ? scheduler.sk_split : T::kSplitK;
     const uint32_t mine = tile.k_split;
@@ -76,10 +78,11 @@ template <class T> struct CrossCtaReduction {
 #pragma unroll
         for (uint32_t j = 0; j < T::kAccPerSub; ++j) st_global_cg(at(my_sums, ms, ns, j), acc[ms][ns][j]);
     named_barrier_sync(barrier, 128);  // every thread's stores precede the release below
-    uint32_t* counter = tile_counters + counter_idx * T::kRowGroups + row_group;
-    const bool last = named_barrier_vote<true>(barrier, 128, th.tid == 0 && arrive_counter_acq_rel(counter) == pieces - 1);
-    if (!__shfl_sync(0xffffffffu, last, 0)) return false;
-    if (th.tid == 0) reset_counter(counter);  // ready for the next launch
+    uint32_t* counter = counters + counter_idx * T::kRowGroups + row_group;
+    const bool last = named_barrier_vote<true>(barrier, 128, tid == 0 && arrive_counter_acq_rel(counter) == pieces - 1);
+    const bool reduces = __shfl_sync(0xffffffffu, last, 0);
+    if (reduces) {
+    if (tid == 0) reset_counter(counter);  // ready for the next launch
 #pragma unroll
     for (uint32_t ms = 0; ms < T::kNumMSub; ++ms) {
 #pragma unroll
@@ -110,7 +113,8 @@ template <class T> struct CrossCtaReduction {
           }
       }
     }
-    return true;
+    }
+    return reduces;
   }
 };
 
