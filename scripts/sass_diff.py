@@ -3,7 +3,8 @@
 
     python scripts/sass_diff.py                      # base = main at 02afdcf, new = this checkout's cuda_src/
     python scripts/sass_diff.py --base REV --jobs 2
-    python scripts/sass_diff.py --hashes             # print the new tree's stream hashes (tests/test_sass_pinned.py)
+    python scripts/sass_diff.py --hashes             # print the new tree's stream hashes of the chosen configs
+    python scripts/sass_diff.py --pin                # print tests/test_sass_pinned.py's PINNED_HASHES entry
 
 NVRTC builds sm_90a cubins on the CPU; no GPU is needed. The instruction stream is the kernel's .text section
 (sass_tools.elf): branch targets are relative and the kernel calls nothing, so identical code gives identical bytes,
@@ -215,9 +216,19 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", default="", help="regex over the config's short description")
     ap.add_argument("--hashes", action="store_true", help="print the new tree's instruction-stream hashes only")
+    ap.add_argument("--pin", action="store_true",
+                    help="print the PINNED_HASHES entry of tests/test_sass_pinned.py for this tree and NVRTC")
     ap.add_argument("--show-diff", action="store_true", help="print the opcode diff of differing configs")
     args = ap.parse_args()
 
+    if args.pin:
+        import test_sass_pinned as pinned
+
+        print(f"    {nvrtc_version()}: {{")
+        for name in pinned.PINNED_CONFIGS:
+            print(f"        {name!r}: {pinned.instruction_hash(name)!r},")
+        print("    },")
+        return 0
     configs = [(n, c) for n, c in chosen_configs() if re.search(args.only, short(c))]
     new_tree = Path(args.new).resolve()
     if args.hashes:
