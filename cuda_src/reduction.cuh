@@ -98,7 +98,7 @@ template <class T> struct CrossCtaReduction {
         for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
 #pragma unroll
           for (uint32_t j = 0; j < T::kAccPerSub; j += 4) {
-            // Loads unconditional (a short last pass re-reads the last piece, added never): predicated ones were
+            // Loads unconditional (a short last pass re-reads the last piece, added never): predicated ones are
             // issued one at a time, each waited for before the next (stream-K read-back ~8x slower).
             float p[kPass][4];
 #pragma unroll

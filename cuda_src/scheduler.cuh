@@ -34,13 +34,12 @@ constexpr uint32_t kWholeUnit = ~0u;
 // the clusters) are each split along K into s = min(G / R, K blocks, kMaxSplit) equal pieces, one piece per
 // cluster, so the tail takes about 1/s of a round instead of a whole one. Piece j of every tail unit covers the
 // same K blocks, and the pieces run side by side, so they share A and B tiles in L2 as a full round does (a
-// stream-K split into contiguous K ranges per cluster lost that sharing and measured slower: benchmarks/NOTES.md
-// section 14). Each piece stores FP32 partial sums in its cluster's slot; the unit's last piece to arrive adds
+// stream-K split into contiguous K ranges per cluster loses that sharing and measures slower). Each piece stores FP32 partial sums in its cluster's slot; the unit's last piece to arrive adds
 // all s in K order. The host's model weighs it (GemmConfig.stream_k): the read-back runs on one SM, so it pays
-// where the tail's pieces save more than that (NOTES section 15).
+// where the tail's pieces save more than that.
 // kWarpWide: all 32 lanes of a warp call next() together (math warpgroups). Values read from the group layout are
 // then broadcast from lane 0, so the compiler knows the tile loop's branches are warp-uniform and keeps the K loop's
-// descriptors and stage counters in uniform registers (per-lane loads made it move them through R2UR every block).
+// descriptors and stage counters in uniform registers (with per-lane loads it moves them through R2UR every block).
 template <int kKind, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kRasterN, int kMulticast,
           uint32_t kSplitK, bool kStreamK, uint32_t kNumKBlocks, bool kWarpWide>
 struct TileScheduler {
@@ -174,7 +173,7 @@ struct TileScheduler {
   __device__ __forceinline__ bool next(Tile& t) {
     if constexpr (kStreamK || kKind == kGroupedMasked) {
       // Whole units and tail pieces take one path through here, with selects for the difference: a separate
-      // return path for the pieces cost the K loop its uniform-register descriptors (R2UR 9 -> ~290).
+      // return path for the pieces costs the K loop its uniform-register descriptors (R2UR 9 -> ~290).
       if (next_tile >= end_units) return false;
       const uint32_t index = next_tile;
       next_tile += stride;
@@ -204,7 +203,7 @@ struct TileScheduler {
       const int g0 = valid_group(uniform(raw_group(row0)));
       const int g1 = BLOCK_M > kGroupAlign ? valid_group(uniform(raw_group(row0 + kGroupAlign))) : g0;
       // A 256-row block holding two groups runs as two tiles, its first half then (the same block again) its
-      // second. No separate early return for the pending half: one cost the K loop its uniform registers.
+      // second. No separate early return for the pending half: one costs the K loop its uniform registers.
       const bool two_groups = g0 >= 0 && g1 >= 0 && g0 != g1;
       const bool second = two_groups && on_second_half;  // this call returns the block's second half
       on_second_half = two_groups && !on_second_half;    // the next call does
