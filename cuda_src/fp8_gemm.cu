@@ -85,7 +85,9 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
       if (!interleave_handoff<T>(acc, smem.handoff, th)) continue;
     }
     if (T::kSplitK > 1 || sk_piece) {
-      if (!cross_cta.reduce(acc, tile, scheduler)) continue;
+      uint32_t* counter;
+      if (!cross_cta.store_and_arrive(acc, tile, scheduler, counter)) continue;
+      cross_cta.read_back(acc, tile, scheduler, counter);
     }
     epilogue.store(acc, tile, n0, rows, row_groups);
   }

@@ -52,37 +52,45 @@ template <class T> struct CrossCtaReduction {
     return base + ((ms * T::kNumNSub + ns) * T::kAccPerSub + j) * 128;
   }
 
-  // Stores this CTA's part of the tile and counts it; returns whether it was the last, whose `acc` then holds the
-  // tile's whole sum. Piece i's partial sums are a K split of the tile, or the tail piece in the slot of the
-  // cluster that ran it.
-  __device__ __forceinline__ bool reduce(typename T::TileAcc& acc, const Tile& tile,
-                                         const typename T::MathScheduler& scheduler) const {
-    const uint32_t tid = th.tid, row_group = T::kInterleaveK ? 0 : th.warpgroup;
-    float* const sums = partials;
-    uint32_t* const counters = tile_counters;
+  // Piece i's partial sums (this thread's first float): a K split of the tile, or the tail piece in the slot of
+  // the cluster that ran it.
+  __device__ __forceinline__ float* piece_sums(const Tile& tile, const typename T::MathScheduler& scheduler,
+                                               uint32_t i) const {
     const uint32_t tile_id = tile.m_block * ceil_div(T::SHAPE_N, T::BLOCK_N) + tile.n_block;
-    auto piece_sums = [&](uint32_t i) -> float* {
-      const uint32_t slot = T::kStreamK ? scheduler.sk_slot(tile.sk_unit, i) * T::kCluster + scheduler.rank
-                                        : tile_id * T::kSplitK + i;
-      return sums + (slot * T::kRowGroups + row_group) * kPartial + tid;
-    };
+    const uint32_t slot = T::kStreamK ? scheduler.sk_slot(tile.sk_unit, i) * T::kCluster + scheduler.rank
+                                      : tile_id * T::kSplitK + i;
+    return partials + (slot * T::kRowGroups + (T::kInterleaveK ? 0 : th.warpgroup)) * kPartial + th.tid;
+  }
+
+  // Stores this CTA's part of the tile and counts it at the tile's counter; returns whether it was the last to
+  // arrive (the same answer in every thread of the warpgroup).
+  __device__ __forceinline__ int store_and_arrive(const typename T::TileAcc& acc, const Tile& tile,
+                                                  const typename T::MathScheduler& scheduler,
+                                                  uint32_t*& counter) const {
+    const uint32_t tid = th.tid, row_group = T::kInterleaveK ? 0 : th.warpgroup;
+    const uint32_t tile_id = tile.m_block * ceil_div(T::SHAPE_N, T::BLOCK_N) + tile.n_block;
     const uint32_t pieces = T::kStreamK ? scheduler.sk_split : T::kSplitK;
-    const uint32_t mine = tile.k_split;
     const uint32_t counter_idx = T::kStreamK ? tile.sk_unit * T::kCluster + scheduler.rank : tile_id;
-    const uint32_t barrier = th.barrier;
-    float* my_sums = piece_sums(mine);
+    float* my_sums = piece_sums(tile, scheduler, tile.k_split);
 #pragma unroll
     for (uint32_t ms = 0; ms < T::kNumMSub; ++ms)
 #pragma unroll
       for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
 #pragma unroll
         for (uint32_t j = 0; j < T::kAccPerSub; ++j) st_global_cg(at(my_sums, ms, ns, j), acc[ms][ns][j]);
-    named_barrier_sync(barrier, 128);  // every thread's stores precede the release below
-    uint32_t* counter = counters + counter_idx * T::kRowGroups + row_group;
-    const bool last = named_barrier_vote<true>(barrier, 128, tid == 0 && arrive_counter_acq_rel(counter) == pieces - 1);
-    const bool reduces = __shfl_sync(0xffffffffu, last, 0);
-    if (reduces) {
-    if (tid == 0) reset_counter(counter);  // ready for the next launch
+    named_barrier_sync(th.barrier, 128);  // every thread's stores precede the release below
+    counter = tile_counters + counter_idx * T::kRowGroups + row_group;
+    bool arrived_last = tid == 0;  // thread 0 counts for the warpgroup
+    if (arrived_last) arrived_last = arrive_counter_acq_rel(counter) == pieces - 1;
+    const bool last = named_barrier_vote<true>(th.barrier, 128, arrived_last);
+    return __shfl_sync(0xffffffffu, last, 0);
+  }
+
+  // The last CTA to arrive: adds every piece, its own too, in K order into `acc`.
+  __device__ __forceinline__ void read_back(typename T::TileAcc& acc, const Tile& tile,
+                                            const typename T::MathScheduler& scheduler, uint32_t* counter) const {
+    const uint32_t pieces = T::kStreamK ? scheduler.sk_split : T::kSplitK;
+    if (th.tid == 0) reset_counter(counter);  // ready for the next launch
 #pragma unroll
     for (uint32_t ms = 0; ms < T::kNumMSub; ++ms) {
 #pragma unroll
@@ -93,7 +101,7 @@ template <class T> struct CrossCtaReduction {
       for (uint32_t first = 0; first < pieces; first += kPass) {
         float* base[kPass];
 #pragma unroll
-        for (uint32_t i = 0; i < kPass; ++i) base[i] = piece_sums(cmin(first + i, pieces - 1));
+        for (uint32_t i = 0; i < kPass; ++i) base[i] = piece_sums(tile, scheduler, cmin(first + i, pieces - 1));
 #pragma unroll
         for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
 #pragma unroll
@@ -113,8 +121,6 @@ template <class T> struct CrossCtaReduction {
           }
       }
     }
-    }
-    return reduces;
   }
 };
 

@@ -54,11 +54,11 @@ PINNED_CONFIGS = {
 PINNED_HASHES = {
     (13, 5): {
         'normal-128x128': '54f1d3f73437bfbd',
-        'normal-64x48-split3': '40d37d24106116eb',
+        'normal-64x48-split3': '4bfaa2ce39496621',
         'normal-64x64-interleave-mcB': 'eb5744d0e932f6cf',
         'normal-192x128-3wg-mcA': '83c90bb1848b2153',
         'contiguous-256x128-serial': '62919a76da54437f',
-        'masked-256x128-streamk': '238923495009a4b5',
+        'masked-256x128-streamk': 'd4609339564c9b13',
         'masked-128x144-boundary': '92e369aa90736664',
     },
 }
