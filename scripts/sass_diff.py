@@ -91,6 +91,40 @@ def chosen_configs() -> list[tuple[str, object]]:
     return list(seen.values())
 
 
+def _make(kind: int, n: int, k: int, bm: int, bn: int, interleave_k: bool = False, split_k: int = 1, **fields):
+    """C.make_config with the vocabulary's names mapped to whichever the host's make_config takes."""
+    import inspect
+
+    if "interleave_k" in inspect.signature(C.make_config).parameters:
+        fields.update(interleave_k=interleave_k, split_k=split_k)
+    else:
+        fields.update(split_k=interleave_k, k_slices=split_k)
+    return C.make_config(kind, n, k, bm, bn, NUM_SMS, **fields)
+
+
+def extra_configs() -> list[tuple[str, object]]:
+    """Kernel features the chooser does not propose for the seed shapes, built explicitly (--extras): split wgmmas,
+    B scales picked per column at run time, interleave_k on masked GEMMs, 64/128-row contiguous tiles, 256-row
+    tiles without serial sub-tiles, stream-K without multicast."""
+    specs = [
+        ("extra split wgmma", (C.KIND_NORMAL, 2048, 7168, 256, 128), dict(wgmma_n=64)),
+        ("extra run-time scale select", (C.KIND_NORMAL, 2048, 7168, 64, 184), {}),
+        ("extra masked interleave_k", (C.KIND_MASKED, 4096, 7168, 64, 128), dict(interleave_k=True)),
+        ("extra contiguous 128-row", (C.KIND_CONTIGUOUS, 4096, 7168, 128, 128), {}),
+        ("extra contiguous 64-row", (C.KIND_CONTIGUOUS, 4096, 7168, 64, 128), {}),
+        ("extra masked stream-K", (C.KIND_MASKED, 4096, 7168, 128, 128), dict(stream_k=True)),
+        ("extra split-K 4 + interleave_k", (C.KIND_NORMAL, 2112, 7168, 64, 128), dict(interleave_k=True, split_k=4)),
+        ("extra split-K 2 on 256 rows", (C.KIND_NORMAL, 2112, 7168, 256, 128), dict(split_k=2, serial_m=True)),
+    ]
+    out = []
+    for name, args, fields in specs:
+        try:
+            out.append((name, _make(*args, **fields)))
+        except (TypeError, ValueError) as e:  # the host no longer builds it: say so, check the rest
+            print(f"skipping {name}: {e}", file=sys.stderr)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------- builds
 def base_tree(rev: str, dest: Path) -> Path:
     """cuda_src/ of git revision ``rev`` under ``dest``."""
@@ -215,6 +249,8 @@ def main() -> int:
     ap.add_argument("--new", default=str(ROOT / "cuda_src"), help="cuda_src/ directory to check (default: this tree)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", default="", help="regex over the config's short description")
+    ap.add_argument("--extras", action="store_true",
+                    help="also check kernel features the chooser does not propose for these shapes (extra_configs)")
     ap.add_argument("--hashes", action="store_true", help="print the new tree's instruction-stream hashes only")
     ap.add_argument("--pin", action="store_true",
                     help="print the PINNED_HASHES entry of tests/test_sass_pinned.py for this tree and NVRTC")
@@ -229,7 +265,8 @@ def main() -> int:
             print(f"        {name!r}: {pinned.instruction_hash(name)!r},")
         print("    },")
         return 0
-    configs = [(n, c) for n, c in chosen_configs() if re.search(args.only, short(c))]
+    configs = chosen_configs() + (extra_configs() if args.extras else [])
+    configs = [(n, c) for n, c in configs if re.search(args.only, short(c))]
     new_tree = Path(args.new).resolve()
     if args.hashes:
         for name, cfg in configs:
