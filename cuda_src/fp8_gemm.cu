@@ -43,13 +43,15 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
   // initialised.
   if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
 
+  // The tile record both roles fill from their schedulers; it lives here, not in the roles' functions, because
+  // where values live changes NVRTC's code (cuda_src/README.md, "Changing the kernel").
   Tile tile;
   if (warpgroup == T::kNumMathWG) {
     // ---------------- producer warpgroup: one thread issues every TMA load ----------------
     if (T::kNumMathWG > 1) regs_dealloc<T::kProducerRegs>();
     if (threadIdx.x / 32 != T::kNumMathThreads / 32) return;
     const Producer<T> producer{tmap_a, tmap_b, tmap_sfa, smem};
-    producer.run(shape_m, num_groups, grouped_layout, b_evict_first);
+    producer.run(shape_m, num_groups, grouped_layout, b_evict_first, tile);
     return;
   }
 

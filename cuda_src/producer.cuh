@@ -16,12 +16,12 @@ template <class T> struct Producer {
 
   // Called by the producer warpgroup's first warp, which builds the scheduler (scheduler.cuh: a whole warp may
   // share the work of planning); then one thread loads the K blocks [tile.k_begin, tile.k_end) of every tile the
-  // scheduler hands this CTA into the ring of stages, and waits until the consumers released them all.
+  // scheduler hands this CTA (into `tile`) into the ring of stages, and waits until the consumers released them
+  // all.
   __device__ __forceinline__ void run(uint32_t shape_m, uint32_t num_groups, const int* grouped_layout,
-                                      uint32_t b_evict_first) const {
+                                      uint32_t b_evict_first, Tile& tile) const {
     typename T::ProducerScheduler scheduler(shape_m, num_groups, grouped_layout);
     if (threadIdx.x != T::kNumMathThreads) return;
-    Tile tile;
     uint32_t stage = 0, phase = 0;
     while (scheduler.next(tile)) {
       const int a_row = static_cast<int>(tile.m_block * T::BLOCK_M);

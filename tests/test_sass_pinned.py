@@ -58,7 +58,7 @@ PINNED_HASHES = {
         'normal-64x64-interleave-mcB': 'eb5744d0e932f6cf',
         'normal-192x128-3wg-mcA': '83c90bb1848b2153',
         'contiguous-256x128-serial': '62919a76da54437f',
-        'masked-256x128-streamk': 'd4609339564c9b13',
+        'masked-256x128-streamk': '9637768cdd45293f',
         'masked-128x144-boundary': '92e369aa90736664',
     },
 }
