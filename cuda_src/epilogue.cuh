@@ -97,7 +97,8 @@ template <class T> struct Epilogue {
           }
   }
 
-  __device__ __forceinline__ void tma_store(const Tile& tile, uint32_t n0, const WarpgroupRows& rows, uint32_t barrier) const {
+  __device__ __forceinline__ void tma_store(const Tile& tile, uint32_t n0, const WarpgroupRows& rows,
+                                            uint32_t barrier) const {
     fence_proxy_async_shared();
     named_barrier_sync(barrier, 128);
     if (th.tid == 0) {

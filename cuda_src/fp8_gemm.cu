@@ -61,7 +61,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
   const MathThread th = MathThread::make<T>(warpgroup, smem);
   const Epilogue<T> epilogue{tmap_d, d_ptr, grouped_layout, shape_m, ld_d, th};
   const CrossCtaReduction<T> cross_cta{partials, tile_counters, th};
-  typename Mainloop<T>::Acc wgmma_acc;  // one wgmma batch's result, promoted into acc
+  typename Mainloop<T>::Acc wgmma_acc;  // one wgmma batch's result, promoted into acc (mainloop.cuh: why apart)
   typename T::TileAcc acc;
   Mainloop<T> mainloop(smem, th);
 

@@ -33,7 +33,8 @@ struct KernelTraits {
   static_assert(!kInterleaveK || (kNumMathWG == 2 && BLOCK_M == 64), "interleave_k: two warpgroups, 64 rows");
   // With an odd stage count a stage would alternate between the warpgroups, and a parity wait two phases on would
   // pass while the other warpgroup's phase in between is still loading.
-  static_assert(!kInterleaveK || kNumStages % 2 == 0, "interleave_k: an even stage count, so each stage has one reader");
+  static_assert(!kInterleaveK || kNumStages % 2 == 0,
+                "interleave_k: an even stage count, so each stage has one reader");
   static constexpr uint32_t kRowGroups = kInterleaveK ? 1 : kNumMathWG;  // warpgroups that own different rows
   static constexpr uint32_t kConsumersPerStage = kNumMathWG / (kInterleaveK ? 2 : 1);
 
@@ -87,7 +88,8 @@ struct KernelTraits {
   // ---- operand loads ----
   // Multicast: each CTA of a 2-CTA cluster loads half of the shared tile into both CTAs' shared memory.
   static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
-  static_assert(kMulticast != 2 || (BLOCK_N % 16 == 0 && kKind == kNormal), "B multicast: halves of whole swizzle atoms");
+  static_assert(kMulticast != 2 || (BLOCK_N % 16 == 0 && kKind == kNormal),
+                "B multicast: halves of whole swizzle atoms");
   // A arrives in boxes of A_BOX_M rows (with A multicast, each CTA of the pair loads half of them into both).
   static constexpr uint32_t kABoxes = BLOCK_M / A_BOX_M;
   static constexpr uint32_t kABoxesPerCta = kMulticast == 1 ? kABoxes / 2 : kABoxes;

@@ -32,6 +32,10 @@ template <class T> struct BScaleRows {
   }
 };
 
+// One math warpgroup's pipeline position and operand descriptors, and the steps of its K loops. The steps are plain
+// device functions: NVRTC inlines them all (the SASS has no calls). The accumulators are the caller's arrays, not
+// members: an array member indexed in a loop keeps the whole object in memory through NVRTC's early passes, and with
+// it the shared-memory pointers, which then stay generic (64-bit) addresses.
 template <class T> struct Mainloop {
   using Acc = float[T::kAccSubTiles][T::kAccPerSub];  // one wgmma batch's result, before promotion
   SharedStorage<T> smem;
@@ -62,17 +66,20 @@ template <class T> struct Mainloop {
     }
   }
 
-  // Sums the tile's K blocks [tile.k_begin, tile.k_end) into `out`. `piece`: a stream-K tail piece (run-time K
-  // bounds). `cur`, `next`: the scales of the K block being promoted and of the one after it.
-  __device__ __forceinline__ void run(typename T::TileAcc& out, Acc& acc, const Tile& tile, uint32_t n0, const WarpgroupRows& rows,
-                                      const BScaleRows<T>& sfb, uint32_t boundary, bool piece, Scales<T>& cur,
-                                      Scales<T>& next) {
+  // Sums the tile's K blocks [tile.k_begin, tile.k_end) into `out`, through the wgmma accumulator `acc`. `n0`:
+  // the tile's first column; `boundary`: the tile column where the B scale block changes; `piece`: a stream-K tail
+  // piece (run-time K bounds); `cur`, `next`: the scales of the K block being promoted and of the one after it.
+  // (`boundary` goes by reference: passed by value, NVRTC computes the B scale addresses once per K loop variant.)
+  __device__ __forceinline__ void run(typename T::TileAcc& out, Acc& acc, const Tile& tile, uint32_t n0,
+                                      const WarpgroupRows& rows, const BScaleRows<T>& sfb, const uint32_t& boundary,
+                                      bool piece, Scales<T>& cur, Scales<T>& next) {
     const uint32_t kb0 = tile.k_begin + (T::kInterleaveK ? th.warpgroup : 0);
     if (kb0 < tile.k_end) sfb.load(next, kb0);
     if ((T::kNumMSub > 1 && !T::kInterleaveK && rows.active < T::kNumMSub) || piece) {
       k_loop_partial(out, acc, tile, rows, sfb, boundary, cur, next);
     } else if constexpr (T::kSpecializeBoundary) {
-      dispatch_uconst<0, T::kNumOffsets>((n0 % kBlockK) / T::kOffsetStep, KLoopCase{*this, out, acc, tile, sfb, boundary, cur, next});
+      dispatch_uconst<0, T::kNumOffsets>((n0 % kBlockK) / T::kOffsetStep,
+                                         KLoopCase{*this, out, acc, tile, sfb, boundary, cur, next});
     } else {
       k_loop(out, acc, tile, sfb, boundary, cur, next, UConst<0>{});
     }
@@ -98,8 +105,8 @@ template <class T> struct Mainloop {
   // interleave_k: this warpgroup's blocks are every other one from its own (a loop without per-block branches, so
   // it unrolls); the stage count still steps over the other warpgroup's blocks.
   template <uint32_t kOffset>
-  __device__ void k_loop(typename T::TileAcc& out, Acc& acc, const Tile& tile, const BScaleRows<T>& sfb, uint32_t tile_boundary,
-                                         Scales<T>& cur, Scales<T>& next, UConst<kOffset>) {
+  __device__ void k_loop(typename T::TileAcc& out, Acc& acc, const Tile& tile, const BScaleRows<T>& sfb,
+                         uint32_t tile_boundary, Scales<T>& cur, Scales<T>& next, UConst<kOffset>) {
     constexpr uint32_t kStep = T::kInterleaveK ? 2 : 1;
     const uint32_t boundary = T::kSpecializeBoundary ? kBlockK - kOffset * T::kOffsetStep : tile_boundary;
     const uint32_t lo = T::kSplitK == 1 ? 0u : tile.k_begin, hi = T::kSplitK == 1 ? T::kNumKBlocks : tile.k_end;
@@ -129,8 +136,8 @@ template <class T> struct Mainloop {
   // warpgroup's rows moved by row0 - wg_row0). One copy, neither unrolled nor specialized per boundary: at most one
   // m block per group and the last round's pieces take it.
   __device__ void k_loop_partial(typename T::TileAcc& out, Acc& acc, const Tile& tile, const WarpgroupRows& rows,
-                                                 const BScaleRows<T>& sfb, uint32_t boundary, Scales<T>& cur,
-                                                 Scales<T>& next) {
+                                 const BScaleRows<T>& sfb, const uint32_t& boundary, Scales<T>& cur,
+                                 Scales<T>& next) {
     const uint32_t sub_tiles = rows.active;
     const uint64_t a_shift = (static_cast<uint64_t>(rows.row0) - th.wg_row0) * (kBlockK / 16);  // may wrap: moves up
 #pragma unroll 1
@@ -156,8 +163,7 @@ template <class T> struct Mainloop {
 
   // Waits for the stage's TMA data, then reads this thread's A scales from it: `sub_tiles` m64 sub-tiles from tile
   // row `row0`.
-  __device__ void wait_stage(Scales<T>& sc, uint32_t s, uint32_t ph, uint32_t row0,
-                                             uint32_t sub_tiles) const {
+  __device__ void wait_stage(Scales<T>& sc, uint32_t s, uint32_t ph, uint32_t row0, uint32_t sub_tiles) const {
     mbarrier_wait(&smem.full_bar[s], ph);
     const float* sfa = smem.sfa + s * (T::SMEM_SFA / 4) + row0;
 #pragma unroll
@@ -171,8 +177,7 @@ template <class T> struct Mainloop {
   // Issues the wgmmas of m64 sub-tiles [ms_lo, ms_hi) (sub-tile ms accumulates into acc[ms - ms_lo]). Descriptors
   // are stage 0's plus compile-time offsets: the 14-bit address field never carries (shared memory < 256 KB).
   // `a_shift`: descriptor units (16 bytes) added to A's address, for a contiguous half tile's moved rows.
-  __device__ void issue(Acc& acc, uint32_t s, uint32_t ns, uint32_t ms_lo, uint32_t ms_hi,
-                                        uint64_t a_shift = 0) {
+  __device__ void issue(Acc& acc, uint32_t s, uint32_t ns, uint32_t ms_lo, uint32_t ms_hi, uint64_t a_shift = 0) {
     const uint64_t da = desc_a0 + a_shift + s * (T::SMEM_A / 16);
     const uint64_t db = desc_b0 + (s * T::SMEM_B + ns * T::WGMMA_N * kBlockK) / 16;
     wgmma_fence();
@@ -196,7 +201,7 @@ template <class T> struct Mainloop {
 
   // Promotion on the CUDA cores: out += (scale_a(row) * scale_b(block)) * acc.
   __device__ void promote(typename T::TileAcc& out, const Acc& acc, const Scales<T>& sc, uint32_t ns, uint32_t ms_lo,
-                                          uint32_t ms_hi, uint32_t boundary) const {
+                          uint32_t ms_hi, uint32_t boundary) const {
 #pragma unroll
     for (uint32_t ms = 0; ms < T::kNumMSub; ++ms) {
       if (ms < ms_lo || ms >= ms_hi) continue;

@@ -34,9 +34,10 @@ constexpr uint32_t kWholeUnit = ~0u;
 // the clusters) are each split along K into s = min(G / R, K blocks, kMaxSplit) equal pieces, one piece per
 // cluster, so the tail takes about 1/s of a round instead of a whole one. Piece j of every tail unit covers the
 // same K blocks, and the pieces run side by side, so they share A and B tiles in L2 as a full round does (a
-// stream-K split into contiguous K ranges per cluster loses that sharing and measures slower). Each piece stores FP32 partial sums in its cluster's slot; the unit's last piece to arrive adds
-// all s in K order. The host's model weighs it (GemmConfig.stream_k): the read-back runs on one SM, so it pays
-// where the tail's pieces save more than that.
+// stream-K split into contiguous K ranges per cluster loses that sharing and measures slower). Each piece stores
+// FP32 partial sums in its cluster's slot; the unit's last piece to arrive adds all s in K order. The host's model
+// weighs it (the config's stream_k): the read-back runs on one SM, so it pays where the tail's pieces save more
+// than that.
 // kWarpWide: all 32 lanes of a warp call next() together (math warpgroups). Values read from the group layout are
 // then broadcast from lane 0, so the compiler knows the tile loop's branches are warp-uniform and keeps the K loop's
 // descriptors and stage counters in uniform registers (with per-lane loads it moves them through R2UR every block).

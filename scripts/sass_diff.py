@@ -245,7 +245,8 @@ def short(cfg) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", default=DEFAULT_BASE, help="git revision of the reference cuda_src/ (default %(default)s)")
+    ap.add_argument("--base", default=DEFAULT_BASE,
+                    help="git revision of the reference cuda_src/ (default %(default)s)")
     ap.add_argument("--new", default=str(ROOT / "cuda_src"), help="cuda_src/ directory to check (default: this tree)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", default="", help="regex over the config's short description")
