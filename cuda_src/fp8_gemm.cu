@@ -80,14 +80,14 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     typename Epilogue<T>::RowGroups row_groups;
     epilogue.read_row_groups(row_groups, tile, rows);
 
-    Scales<T> cur, next;
+    Scales<T> cur, next;  // of the K block being promoted and the next; per tile, in this loop (README)
     mainloop.run(acc, wgmma_acc, tile, n0, rows, sfb_rows, scale_boundary, sk_piece, cur, next);
 
     if constexpr (T::kInterleaveK) {
       if (!interleave_handoff<T>(acc, smem.handoff, th)) continue;
     }
     if (T::kSplitK > 1 || sk_piece) {
-      uint32_t* counter;
+      uint32_t* counter;  // the tile's arrival counter, which the CTA that reduces resets
       if (!cross_cta.store_and_arrive(acc, tile, scheduler, counter)) continue;
       cross_cta.read_back(acc, tile, scheduler, counter);
     }
