@@ -62,25 +62,6 @@ template <uint32_t kRegs> __device__ __forceinline__ void regs_alloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
-// Named barrier among `count` threads (id 0 is __syncthreads).
-__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
-// Named barrier that also reduces a predicate over the participating threads: all of them (kAny = false) or any
-// (= not all of the negations).
-template <bool kAny>
-__device__ __forceinline__ bool named_barrier_vote(uint32_t id, uint32_t count, bool pred) {
-  uint32_t result;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\n"
-      "bar.red.and.pred q, %2, %3, p;\nselp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(result)
-      : "r"(static_cast<uint32_t>(pred != kAny)), "r"(id), "r"(count)
-      : "memory");
-  return (result != 0) != kAny;
-}
-
 // Two floats to packed bf16x2 (round to nearest even); `lo` lands in the low half.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   uint32_t r;

@@ -1,12 +1,12 @@
 // Global memory accesses the compiler is not left to choose: 16-byte output stores, and what the CTAs that compute
-// K slices (or stream-K pieces) of one output tile share: their FP32 partial sums and the per-tile arrival counter
+// K splits (or stream-K pieces) of one output tile share: their FP32 partial sums and the per-tile arrival counter
 // that tells the last of them to reduce.
 #pragma once
 #include "ptx_common.cuh"
 
 namespace cupygemm {
 
-// One 16-byte store (a plain uint4 assignment was sometimes split into four 4-byte stores).
+// One 16-byte store (the compiler may split a plain uint4 assignment into four 4-byte stores).
 __device__ __forceinline__ void st_global_v4(void* ptr, uint4 v) {
   asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }

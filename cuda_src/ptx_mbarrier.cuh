@@ -23,7 +23,7 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
 
 // Arrive on the barrier at the same shared-memory offset in CTA `cta_rank` of this cluster. Default (CTA-scope
 // release) semantics: only the consumer's reads must be done, which its wgmma wait already ensured; a
-// cluster-scope release here stalled every K block (benchmarks/NOTES.md, 3.).
+// cluster-scope release here stalls every K block.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"

@@ -16,7 +16,7 @@ struct Tile {
   // then scheduled as two tiles, one per half. Every other tile has both bits set.
   uint32_t halves;
   uint32_t rows;  // rows of the group's A and D: the clamped masked_m (masked), else all rows
-  uint32_t k_slice;  // normal GEMMs split over K across CTAs: which slice of the K blocks this tile sums
+  uint32_t k_split;  // which K split (split-K) or stream-K piece of the tile this CTA sums
   uint32_t k_begin, k_end;  // the K blocks [k_begin, k_end) this CTA sums for the tile
   // Stream-K tail: the tail unit whose K blocks several clusters share (partial sums, the last one reduces), or
   // kWholeUnit when this CTA sums all of the tile's K blocks itself.
@@ -28,24 +28,24 @@ constexpr uint32_t kWholeUnit = ~0u;
 // kMulticast: 0 = one CTA per tile; 1 = 2-CTA clusters on neighbouring n blocks (they share A);
 // 2 = 2-CTA clusters on neighbouring m blocks (they share B; normal GEMMs only). The host only picks a
 // multicast mode when the paired dimension has an even number of blocks, so a pair is always complete.
-// kKSlices > 1 (normal GEMMs): every output tile is computed as kKSlices work units, one per slice of the K
+// kSplitK > 1 (normal GEMMs): every output tile is computed as kSplitK work units, one per split of the K
 // blocks, on different CTAs; the units of one tile are consecutive, so they run in the same wave.
 // kStreamK (normal and masked GEMMs): the R units of the last, partly filled round (all units, when fewer than
 // the clusters) are each split along K into s = min(G / R, K blocks, kMaxSplit) equal pieces, one piece per
 // cluster, so the tail takes about 1/s of a round instead of a whole one. Piece j of every tail unit covers the
 // same K blocks, and the pieces run side by side, so they share A and B tiles in L2 as a full round does (a
-// stream-K split into contiguous K ranges per cluster lost that sharing and measured slower: benchmarks/NOTES.md
-// section 14). Each piece stores FP32 partial sums in its cluster's slot; the unit's last piece to arrive adds
-// all s in K order. The host's model weighs it (GemmConfig.stream_k): the read-back runs on one SM, so it pays
-// where the tail's pieces save more than that (NOTES section 15).
+// stream-K split into contiguous K ranges per cluster loses that sharing and measures slower). Each piece stores
+// FP32 partial sums in its cluster's slot; the unit's last piece to arrive adds all s in K order. The host's model
+// weighs it (the config's stream_k): the read-back runs on one SM, so it pays where the tail's pieces save more
+// than that.
 // kWarpWide: all 32 lanes of a warp call next() together (math warpgroups). Values read from the group layout are
 // then broadcast from lane 0, so the compiler knows the tile loop's branches are warp-uniform and keeps the K loop's
-// descriptors and stage counters in uniform registers (per-lane loads made it move them through R2UR every block).
+// descriptors and stage counters in uniform registers (with per-lane loads it moves them through R2UR every block).
 template <int kKind, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kRasterN, int kMulticast,
-          uint32_t kKSlices, bool kStreamK, uint32_t kNumKBlocks, bool kWarpWide>
+          uint32_t kSplitK, bool kStreamK, uint32_t kNumKBlocks, bool kWarpWide>
 struct TileScheduler {
-  static_assert(kKSlices == 1 || kKind == kNormal, "K slices across CTAs: normal GEMMs only");
-  static_assert(!kStreamK || (kKSlices == 1 && kKind != kGroupedContiguous), "stream-K tail: normal or masked");
+  static_assert(kSplitK == 1 || kKind == kNormal, "split-K across CTAs: normal GEMMs only");
+  static_assert(!kStreamK || (kSplitK == 1 && kKind != kGroupedContiguous), "stream-K tail: normal or masked");
   static constexpr uint32_t kMaxSplit = 8;  // pieces per tail unit, at most (the last one reads them all back)
   static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
   static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
@@ -159,7 +159,7 @@ struct TileScheduler {
     return false;
   }
 
-  // Unit `unit` of a normal GEMM or the masked groups into `t` (its K range, k_slice and sk_unit are set by the
+  // Unit `unit` of a normal GEMM or the masked groups into `t` (its K range, k_split and sk_unit are set by the
   // caller).
   __device__ __forceinline__ bool unit_tile(uint32_t unit, Tile& t) {
     if constexpr (kKind == kGroupedMasked) return masked_unit(unit, t);
@@ -174,23 +174,23 @@ struct TileScheduler {
   __device__ __forceinline__ bool next(Tile& t) {
     if constexpr (kStreamK || kKind == kGroupedMasked) {
       // Whole units and tail pieces take one path through here, with selects for the difference: a separate
-      // return path for the pieces cost the K loop its uniform-register descriptors (R2UR 9 -> ~290).
+      // return path for the pieces costs the K loop its uniform-register descriptors (R2UR 9 -> ~290).
       if (next_tile >= end_units) return false;
       const uint32_t index = next_tile;
       next_tile += stride;
       const bool piece = kStreamK && index >= dp_units;
       const uint32_t u = piece ? (index - dp_units) % sk_units : 0, j = piece ? (index - dp_units) / sk_units : 0;
       t.k_begin = piece ? sk_k_begin(j) : 0, t.k_end = piece ? sk_k_begin(j + 1) : kNumKBlocks;
-      t.k_slice = j;
+      t.k_split = j;
       t.sk_unit = piece ? u : kWholeUnit;
       return unit_tile(piece ? dp_units + u : index, t);
     }
-    const uint32_t num_tiles = num_m_units() * kNumNUnits * kKSlices;
+    const uint32_t num_tiles = num_m_units() * kNumNUnits * kSplitK;
     while (next_tile < num_tiles) {
-      rasterize(next_tile / kKSlices, num_m_units(), t);
-      t.k_slice = next_tile % kKSlices;
-      // The K blocks of this slice: balanced, never empty.
-      t.k_begin = t.k_slice * kNumKBlocks / kKSlices, t.k_end = (t.k_slice + 1) * kNumKBlocks / kKSlices;
+      rasterize(next_tile / kSplitK, num_m_units(), t);
+      t.k_split = next_tile % kSplitK;
+      // The K blocks of this split: balanced, never empty.
+      t.k_begin = t.k_split * kNumKBlocks / kSplitK, t.k_end = (t.k_split + 1) * kNumKBlocks / kSplitK;
       t.sk_unit = kWholeUnit;
       t.halves = 0b11;
       t.rows = shape_m;
@@ -204,7 +204,7 @@ struct TileScheduler {
       const int g0 = valid_group(uniform(raw_group(row0)));
       const int g1 = BLOCK_M > kGroupAlign ? valid_group(uniform(raw_group(row0 + kGroupAlign))) : g0;
       // A 256-row block holding two groups runs as two tiles, its first half then (the same block again) its
-      // second. No separate early return for the pending half: one cost the K loop its uniform registers.
+      // second. No separate early return for the pending half: one costs the K loop its uniform registers.
       const bool two_groups = g0 >= 0 && g1 >= 0 && g0 != g1;
       const bool second = two_groups && on_second_half;  // this call returns the block's second half
       on_second_half = two_groups && !on_second_half;    // the next call does

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 
 from . import contract
@@ -16,27 +15,7 @@ _by_config: dict[tuple[int, GemmConfig], LoadedKernel] = {}
 
 
 def gemm_source(cfg: GemmConfig) -> KernelSource:
-    return render(contract.GEMM_FILE, contract.GEMM_ENTRY, _old_macro_names(contract.defines(cfg)))
-
-
-# TEMPORARY (issue 31 merge): kernel sources from before the split-K rename read CUPYGEMM_SPLIT_K as the interleave
-# flag, CUPYGEMM_K_SLICES as the split count and CUPYGEMM_DOUBLE_ACC. Such a source gets the constants under those
-# names; a renamed source (it reads CUPYGEMM_INTERLEAVE_K) gets the contract's as they are. Delete after the merge.
-@functools.lru_cache(maxsize=1)
-def _source_has_old_macros() -> bool:
-    from .jit.source import _read
-
-    return "CUPYGEMM_INTERLEAVE_K" not in _read(contract.GEMM_FILE)
-
-
-def _old_macro_names(defines: dict[str, object]) -> dict[str, object]:
-    if not _source_has_old_macros():
-        return defines
-    out = {k: v for k, v in defines.items() if k not in ("CUPYGEMM_SPLIT_K", "CUPYGEMM_INTERLEAVE_K")}
-    out.update(CUPYGEMM_SPLIT_K=defines["CUPYGEMM_INTERLEAVE_K"], CUPYGEMM_K_SLICES=defines["CUPYGEMM_SPLIT_K"],
-               CUPYGEMM_DOUBLE_ACC=0)
-    return out
-# END TEMPORARY
+    return render(contract.GEMM_FILE, contract.GEMM_ENTRY, contract.defines(cfg))
 
 
 def compile_gemm(cfg: GemmConfig) -> bytes:

@@ -143,8 +143,9 @@ def test_compile_error_carries_log_and_config():
 def test_render_inlines_every_header():
     src = render("fp8_gemm.cu", "cupygemm_fp8_gemm", {"X": 1})
     assert src.text.startswith("#define X 1\n")
-    assert {"ptx_common.cuh", "ptx_mbarrier.cuh", "ptx_tma.cuh", "ptx_wgmma.cuh", "ptx_wgmma_fp8.cuh",
-            "scheduler.cuh"} <= set(src.headers)
+    assert {"ptx_common.cuh", "ptx_global.cuh", "ptx_mbarrier.cuh", "ptx_tma.cuh", "ptx_wgmma.cuh",
+            "ptx_wgmma_fp8.cuh", "named_barriers.cuh", "kernel_traits.cuh", "scheduler.cuh", "producer.cuh",
+            "mainloop.cuh", "reduction.cuh", "epilogue.cuh"} <= set(src.headers)
 
 
 @pytest.mark.parametrize("bm,bn,fields,unroll", [(64, 128, {}, 4), (128, 128, {}, 4), (256, 128, {"serial_m": True}, 4),

@@ -1,0 +1,89 @@
+// The producer: one thread of the last warpgroup streams each tile's A, B and A-scale blocks into the pipeline's
+// stages with TMA, cluster multicast halving the operand traffic of paired CTAs, and an L2 eviction hint on B
+// tiles read by one CTA (pair) only.
+#pragma once
+#include "kernel_traits.cuh"
+#include "ptx_mbarrier.cuh"
+#include "ptx_tma.cuh"
+
+namespace cupygemm {
+
+template <class T> struct Producer {
+  const TmaDescriptor& tmap_a;
+  const TmaDescriptor& tmap_b;
+  const TmaDescriptor& tmap_sfa;
+  const SharedStorage<T>& smem;
+
+  // Called by the producer warpgroup's first warp, which builds the scheduler (scheduler.cuh: a whole warp may
+  // share the work of planning); then one thread loads the K blocks [tile.k_begin, tile.k_end) of every tile the
+  // scheduler hands this CTA (into `tile`) into the ring of stages, and waits until the consumers released them
+  // all.
+  __device__ __forceinline__ void run(uint32_t shape_m, uint32_t num_groups, const int* grouped_layout,
+                                      uint32_t b_evict_first, Tile& tile) const {
+    typename T::ProducerScheduler scheduler(shape_m, num_groups, grouped_layout);
+    if (threadIdx.x != T::kNumMathThreads) return;
+    uint32_t stage = 0, phase = 0;
+    while (scheduler.next(tile)) {
+      const int a_row = static_cast<int>(tile.m_block * T::BLOCK_M);
+      const int a_group = T::kKind == kGroupedMasked ? static_cast<int>(tile.group) : 0;
+      const int b_row = static_cast<int>(tile.n_block * T::BLOCK_N);
+      const int b_group = T::kKind == kNormal ? 0 : static_cast<int>(tile.group);
+      // A boxes wholly past the tile's valid rows are not loaded: masked tiles use 64-row boxes, since rows past
+      // masked_m lie inside the tensor and would otherwise be read from memory for nothing. (The stale rows left in
+      // shared memory only feed output rows that are never stored.)
+      const uint32_t a_boxes = cmin(T::kABoxes, ceil_div(tile.rows - tile.m_block * T::BLOCK_M, T::A_BOX_M));
+      const uint32_t tx_bytes = a_boxes * T::A_BOX_M * kBlockK + T::kStageTxBytesNoA;
+      // B tiles read by this CTA (or the pair sharing them) alone, when the rows fit one m block (pair), may go into
+      // L2 as first to evict (the host allows it when B cannot stay in L2 between calls anyway). Streamed with the
+      // normal priority, they push out other data, dirty lines too, whose write-backs then compete for memory
+      // bandwidth with this GEMM's loads. Other B tiles take the plain load: the cache-hint form with an
+      // evict_normal policy kept less of B in L2 across calls.
+      const bool b_first = b_evict_first != 0 && ceil_div(tile.rows, T::BLOCK_M) <= (T::kMulticast == 2 ? 2u : 1u);
+      const uint64_t b_policy = l2_evict_first_policy();
+#pragma unroll 1
+      for (uint32_t kb = tile.k_begin; kb < tile.k_end; ++kb) {
+        mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
+        mbarrier_arrive_expect_tx(&smem.full_bar[stage], tx_bytes);
+        const int k = static_cast<int>(kb * kBlockK);
+#pragma unroll
+        for (uint32_t i = 0; i < T::kABoxesPerCta; ++i) {  // A multicast: this CTA's half of the boxes, into both
+          const uint32_t box = (T::kMulticast == 1 ? scheduler.rank * T::kABoxesPerCta : 0) + i;
+          if (box >= a_boxes) break;
+          uint8_t* dst = smem.a + stage * T::SMEM_A + box * T::A_BOX_M * kBlockK;
+          const int row = a_row + static_cast<int>(box * T::A_BOX_M);
+          if constexpr (T::kMulticast == 1)
+            tma_load_3d_multicast(dst, &tmap_a, &smem.full_bar[stage], 0b11, k, row, a_group);
+          else
+            tma_load_3d(dst, &tmap_a, &smem.full_bar[stage], k, row, a_group);
+        }
+        // B multicast: each CTA of the pair loads its half of the tile's rows into both.
+        uint8_t* b_dst = smem.b + stage * T::SMEM_B + (T::kMulticast == 2 ? scheduler.rank * (T::SMEM_B / 2) : 0);
+        const int b_row_cta = b_row + static_cast<int>(T::kMulticast == 2 ? scheduler.rank * T::BLOCK_N / 2 : 0);
+        if constexpr (T::kMulticast == 2) {
+          if (!b_first)
+            tma_load_3d_multicast(b_dst, &tmap_b, &smem.full_bar[stage], 0b11, k, b_row_cta, b_group);
+          else
+            tma_load_3d_multicast_hint(b_dst, &tmap_b, &smem.full_bar[stage], 0b11, k, b_row_cta, b_group, b_policy);
+        } else {
+          if (!b_first)
+            tma_load_3d(b_dst, &tmap_b, &smem.full_bar[stage], k, b_row_cta, b_group);
+          else
+            tma_load_3d_hint(b_dst, &tmap_b, &smem.full_bar[stage], k, b_row_cta, b_group, b_policy);
+        }
+        tma_load_3d(reinterpret_cast<uint8_t*>(smem.sfa) + stage * T::SMEM_SFA, &tmap_sfa, &smem.full_bar[stage], a_row,
+                    static_cast<int>(kb), a_group);
+        if (++stage == T::kNumStages) stage = 0, phase ^= 1;
+      }
+    }
+    if constexpr (T::kCluster > 1) {
+      // The peer's consumers arrive remotely on this CTA's empty barriers, so the producer stays until both CTAs'
+      // consumers have released every stage.
+      for (uint32_t i = 0; i < T::kNumStages; ++i) {
+        mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
+        if (++stage == T::kNumStages) stage = 0, phase ^= 1;
+      }
+    }
+  }
+};
+
+}  // namespace cupygemm

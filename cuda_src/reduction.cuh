@@ -1,0 +1,127 @@
+// Tile sums computed in parts: inside the CTA (interleave_k: two warpgroups summed alternate K blocks of the same
+// rows) and across CTAs (split-K: each CTA summed one split of the tile's K blocks; stream-K: the last round's
+// tiles were split along K over idle clusters). Either way one warpgroup ends up with the whole sum and stores it.
+#pragma once
+#include "kernel_traits.cuh"
+#include "named_barriers.cuh"
+#include "ptx_global.cuh"
+
+namespace cupygemm {
+
+// interleave_k: warpgroup 1's sums go through shared memory into warpgroup 0's, which stores the tile. Returns
+// whether this warpgroup holds the tile's sums.
+template <class T>
+__device__ __forceinline__ bool interleave_handoff(typename T::TileAcc& acc, float* handoff, const MathThread& th) {
+  if (th.warpgroup == 1) {
+#pragma unroll
+    for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
+#pragma unroll
+      for (uint32_t j = 0; j < T::kAccPerSub; ++j) handoff[(ns * T::kAccPerSub + j) * 128 + th.tid] = acc[0][ns][j];
+  }
+  named_barrier_sync(NamedBarrier::kInterleavePair, 256);
+  if (th.warpgroup == 0) {
+#pragma unroll
+    for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
+#pragma unroll
+      for (uint32_t j = 0; j < T::kAccPerSub; ++j) acc[0][ns][j] += handoff[(ns * T::kAccPerSub + j) * 128 + th.tid];
+  }
+  named_barrier_sync(NamedBarrier::kInterleavePair, 256);  // the buffer is free again before warpgroup 1 reuses it
+  return th.warpgroup != 1;
+}
+
+// K splits and stream-K pieces. Each CTA's sums go to global memory register by register, each a coalesced
+// 128-float row over the warpgroup's threads (four-register vector stores would pin the accumulators to aligned
+// register quads, which slowed every whole tile of the kernel by 2-3 %). The tile's last CTA to arrive adds every
+// piece in K order, so the result does not depend on which CTA that is, and stores the tile.
+template <class T> struct CrossCtaReduction {
+  static constexpr uint32_t kPartial = T::WG_M * T::BLOCK_N;  // floats per piece and row group
+  static_assert(T::kAccPerSub % 4 == 0, "partial sums are read back in groups of four registers");
+  // Every piece is read back, this CTA's own too, one m64 sub-tile at a time, in passes over as many pieces as 128
+  // registers of loads in flight allow (more spill in the two-warpgroup kernels; fewer leave the reads latency
+  // bound).
+  static constexpr uint32_t kSubTileFloats = T::kNumNSub * T::kAccPerSub;  // this thread's share of one sub-tile
+  static constexpr uint32_t kPass =
+      cmin(T::kSplitK > 1 ? T::kSplitK : 4u, cmax(1u, 128u / (kSubTileFloats * T::kNumMSub)));
+  static constexpr bool kWholePasses = !T::kStreamK && T::kSplitK % kPass == 0;  // every pass reads kPass pieces
+
+  float* partials;
+  uint32_t* tile_counters;
+  const MathThread& th;
+
+  static __device__ float* at(float* base, uint32_t ms, uint32_t ns, uint32_t j) {
+    return base + ((ms * T::kNumNSub + ns) * T::kAccPerSub + j) * 128;
+  }
+
+  // Piece i's partial sums (this thread's first float): a K split of the tile, or the tail piece in the slot of
+  // the cluster that ran it.
+  __device__ __forceinline__ float* piece_sums(const Tile& tile, const typename T::MathScheduler& scheduler,
+                                               uint32_t i) const {
+    const uint32_t tile_id = tile.m_block * ceil_div(T::SHAPE_N, T::BLOCK_N) + tile.n_block;
+    const uint32_t slot = T::kStreamK ? scheduler.sk_slot(tile.sk_unit, i) * T::kCluster + scheduler.rank
+                                      : tile_id * T::kSplitK + i;
+    return partials + (slot * T::kRowGroups + (T::kInterleaveK ? 0 : th.warpgroup)) * kPartial + th.tid;
+  }
+
+  // Stores this CTA's part of the tile and counts it at the tile's counter; returns whether it was the last to
+  // arrive (the same answer in every thread of the warpgroup).
+  __device__ __forceinline__ int store_and_arrive(const typename T::TileAcc& acc, const Tile& tile,
+                                                  const typename T::MathScheduler& scheduler,
+                                                  uint32_t*& counter) const {
+    const uint32_t tid = th.tid, row_group = T::kInterleaveK ? 0 : th.warpgroup;
+    const uint32_t tile_id = tile.m_block * ceil_div(T::SHAPE_N, T::BLOCK_N) + tile.n_block;
+    const uint32_t pieces = T::kStreamK ? scheduler.sk_split : T::kSplitK;
+    const uint32_t counter_idx = T::kStreamK ? tile.sk_unit * T::kCluster + scheduler.rank : tile_id;
+    float* my_sums = piece_sums(tile, scheduler, tile.k_split);
+#pragma unroll
+    for (uint32_t ms = 0; ms < T::kNumMSub; ++ms)
+#pragma unroll
+      for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
+#pragma unroll
+        for (uint32_t j = 0; j < T::kAccPerSub; ++j) st_global_cg(at(my_sums, ms, ns, j), acc[ms][ns][j]);
+    named_barrier_sync(th.barrier, 128);  // every thread's stores precede the release below
+    counter = tile_counters + counter_idx * T::kRowGroups + row_group;
+    bool arrived_last = tid == 0;  // thread 0 counts for the warpgroup
+    if (arrived_last) arrived_last = arrive_counter_acq_rel(counter) == pieces - 1;
+    const bool last = named_barrier_vote<true>(th.barrier, 128, arrived_last);
+    return __shfl_sync(0xffffffffu, last, 0);
+  }
+
+  // The last CTA to arrive: adds every piece, its own too, in K order into `acc`.
+  __device__ __forceinline__ void read_back(typename T::TileAcc& acc, const Tile& tile,
+                                            const typename T::MathScheduler& scheduler, uint32_t* counter) const {
+    const uint32_t pieces = T::kStreamK ? scheduler.sk_split : T::kSplitK;
+    if (th.tid == 0) reset_counter(counter);  // ready for the next launch
+#pragma unroll
+    for (uint32_t ms = 0; ms < T::kNumMSub; ++ms) {
+#pragma unroll
+      for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
+#pragma unroll
+        for (uint32_t j = 0; j < T::kAccPerSub; ++j) acc[ms][ns][j] = 0.f;
+#pragma unroll 1
+      for (uint32_t first = 0; first < pieces; first += kPass) {
+        float* base[kPass];
+#pragma unroll
+        for (uint32_t i = 0; i < kPass; ++i) base[i] = piece_sums(tile, scheduler, cmin(first + i, pieces - 1));
+#pragma unroll
+        for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
+#pragma unroll
+          for (uint32_t j = 0; j < T::kAccPerSub; j += 4) {
+            // Loads unconditional (a short last pass re-reads the last piece, added never): predicated ones are
+            // issued one at a time, each waited for before the next (stream-K read-back ~8x slower).
+            float p[kPass][4];
+#pragma unroll
+            for (uint32_t i = 0; i < kPass; ++i)
+#pragma unroll
+              for (uint32_t e = 0; e < 4; ++e) p[i][e] = ld_global_cg(at(base[i], ms, ns, j + e));
+#pragma unroll
+            for (uint32_t i = 0; i < kPass; ++i)
+              if (kWholePasses || first + i < pieces)
+#pragma unroll
+                for (uint32_t e = 0; e < 4; ++e) acc[ms][ns][j + e] += p[i][e];
+          }
+      }
+    }
+  }
+};
+
+}  // namespace cupygemm

@@ -1,0 +1,301 @@
+"""Check that a CUDA source change is SASS-neutral: compile every config the chooser proposes for the seed shapes
+(and a few serving decode M values) from two trees of cuda_src/, and compare the kernels' instruction streams.
+
+    python scripts/sass_diff.py                      # base = main at 02afdcf, new = this checkout's cuda_src/
+    python scripts/sass_diff.py --base REV --jobs 2
+    python scripts/sass_diff.py --hashes             # print the new tree's stream hashes of the chosen configs
+    python scripts/sass_diff.py --pin                # print tests/test_sass_pinned.py's PINNED_HASHES entry
+
+NVRTC builds sm_90a cubins on the CPU; no GPU is needed. The instruction stream is the kernel's .text section
+(sass_tools.elf): branch targets are relative and the kernel calls nothing, so identical code gives identical bytes,
+while symbol names, section offsets and the source text do not enter. Where two streams differ, both are
+disassembled (nvdisasm) without addresses and the opcode lines diffed. Exit status 1 on any difference.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import difflib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from cupygemm import config as C  # noqa: E402
+from cupygemm.jit.compiler import compile_cubin, nvrtc_version  # noqa: E402
+from cupygemm.jit.source import KernelSource  # noqa: E402
+from sass_tools.elf import Cubin  # noqa: E402
+
+ENTRY = "cupygemm_fp8_gemm"
+DEFAULT_BASE = "02afdcf"
+NUM_SMS = 132
+# Serving decode batches besides the seed shapes' M (64, 128, 4096): they reach split-K across CTAs, interleave_k
+# and the one-wave tiles.
+DECODE_M = (1, 16, 32, 256, 512, 1024, 2048)
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+# ---------------------------------------------------------------------------------------------------- configs
+def _fields(cfg) -> dict:
+    """The config's kernel-relevant features under the fixed vocabulary, whichever field names the host uses."""
+    if hasattr(cfg, "interleave_k"):
+        interleave, split = bool(cfg.interleave_k), int(cfg.split_k)
+    else:  # the names before the vocabulary change: split_k (bool) and k_slices (int)
+        interleave, split = bool(cfg.split_k), int(cfg.k_slices)
+    return {"interleave_k": interleave, "split_k": split}
+
+
+def tree_defines(cfg, tree: str) -> dict[str, object]:
+    """The CUPYGEMM_* constants of ``cfg`` in a tree's spelling: "old" (split_k bool, k_slices, double_acc) or "new"
+    (interleave_k, split_k count)."""
+    f = _fields(cfg)
+    drop = {"CUPYGEMM_DOUBLE_ACC", "CUPYGEMM_SPLIT_K", "CUPYGEMM_K_SLICES", "CUPYGEMM_INTERLEAVE_K"}
+    out = {k: v for k, v in cfg.defines().items() if k not in drop}
+    if tree == "old":
+        out.update(CUPYGEMM_DOUBLE_ACC=0, CUPYGEMM_SPLIT_K=int(f["interleave_k"]), CUPYGEMM_K_SLICES=f["split_k"])
+    else:
+        out.update(CUPYGEMM_INTERLEAVE_K=int(f["interleave_k"]), CUPYGEMM_SPLIT_K=f["split_k"])
+    return out
+
+
+def features(cfg) -> dict[str, object]:
+    f = _fields(cfg)
+    return {"kind": C.KIND_NAMES[cfg.kind], "block_m": cfg.block_m, "math_wg": cfg.num_math_wg,
+            "multicast": cfg.multicast, "interleave_k": f["interleave_k"], "serial_m": cfg.serial_m,
+            "split_k>1": f["split_k"] > 1, "stream_k": cfg.stream_k,
+            "straddle": cfg.block_n % 128 != 0 and 128 % cfg.block_n != 0,
+            "a_box<block_m": cfg.a_box_rows < cfg.block_m, "wgmma_n<block_n": cfg.wgmma_n < cfg.block_n}
+
+
+def chosen_configs() -> list[tuple[str, object]]:
+    """(problem, config) for every distinct kernel the chooser proposes for the seed shapes and decode M values."""
+    from seed_shapes import CONTIGUOUS, MASKED, NORMAL, NORMAL_NK
+
+    problems = [(f"normal {m}x{n}x{k}", (C.KIND_NORMAL, m, n, k, 1)) for m, n, k in NORMAL]
+    problems += [(f"normal {m}x{n}x{k}", (C.KIND_NORMAL, m, n, k, 1)) for m in DECODE_M for n, k in NORMAL_NK]
+    problems += [(f"contig {g}x{m}x{n}x{k}", (C.KIND_CONTIGUOUS, g * m, n, k, g)) for g, m, n, k in CONTIGUOUS]
+    problems += [(f"masked {g}x{m}x{n}x{k}", (C.KIND_MASKED, m, n, k, g)) for g, m, n, k in MASKED]
+    seen: dict[tuple, tuple[str, object]] = {}
+    for name, (kind, m, n, k, g) in problems:
+        cfg = C.choose_config(kind, m, n, k, g, NUM_SMS)
+        key = tuple(sorted(tree_defines(cfg, "new").items()))
+        seen.setdefault(key, (name, cfg))
+    return list(seen.values())
+
+
+def _make(kind: int, n: int, k: int, bm: int, bn: int, interleave_k: bool = False, split_k: int = 1, **fields):
+    """C.make_config with the vocabulary's names mapped to whichever the host's make_config takes."""
+    import inspect
+
+    if "interleave_k" in inspect.signature(C.make_config).parameters:
+        fields.update(interleave_k=interleave_k, split_k=split_k)
+    else:
+        fields.update(split_k=interleave_k, k_slices=split_k)
+    return C.make_config(kind, n, k, bm, bn, NUM_SMS, **fields)
+
+
+def extra_configs() -> list[tuple[str, object]]:
+    """Kernel features the chooser does not propose for the seed shapes, built explicitly (--extras): split wgmmas,
+    B scales picked per column at run time, interleave_k on masked GEMMs, 64/128-row contiguous tiles, 256-row
+    tiles without serial sub-tiles, stream-K without multicast."""
+    specs = [
+        ("extra split wgmma", (C.KIND_NORMAL, 2048, 7168, 256, 128), dict(wgmma_n=64)),
+        ("extra run-time scale select", (C.KIND_NORMAL, 2048, 7168, 64, 184), {}),
+        ("extra masked interleave_k", (C.KIND_MASKED, 4096, 7168, 64, 128), dict(interleave_k=True)),
+        ("extra contiguous 128-row", (C.KIND_CONTIGUOUS, 4096, 7168, 128, 128), {}),
+        ("extra contiguous 64-row", (C.KIND_CONTIGUOUS, 4096, 7168, 64, 128), {}),
+        ("extra masked stream-K", (C.KIND_MASKED, 4096, 7168, 128, 128), dict(stream_k=True)),
+        ("extra split-K 4 + interleave_k", (C.KIND_NORMAL, 2112, 7168, 64, 128), dict(interleave_k=True, split_k=4)),
+        ("extra split-K 2 on 256 rows", (C.KIND_NORMAL, 2112, 7168, 256, 128), dict(split_k=2, serial_m=True)),
+    ]
+    out = []
+    for name, args, fields in specs:
+        try:
+            out.append((name, _make(*args, **fields)))
+        except (TypeError, ValueError) as e:  # the host no longer builds it: say so, check the rest
+            print(f"skipping {name}: {e}", file=sys.stderr)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- builds
+def base_tree(rev: str, dest: Path) -> Path:
+    """cuda_src/ of git revision ``rev`` under ``dest``."""
+    out = dest / f"cuda_src-{rev}"
+    if not (out / "fp8_gemm.cu").is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        data = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "cuda_src"], check=True,
+                              capture_output=True).stdout
+        with tempfile.TemporaryFile() as f:
+            f.write(data)
+            f.seek(0)
+            with tarfile.open(fileobj=f) as tar:
+                for m in tar.getmembers():
+                    if m.isfile():
+                        (out / Path(m.name).name).write_bytes(tar.extractfile(m).read())
+    return out
+
+
+def render_from(tree: Path, defines: dict[str, object]) -> KernelSource:
+    """fp8_gemm.cu of ``tree`` with ``defines`` prepended and its headers inlined (as cupygemm.jit.source does)."""
+    headers: dict[str, str] = {}
+    todo = _INCLUDE.findall((tree / "fp8_gemm.cu").read_text())
+    while todo:
+        inc = todo.pop()
+        if inc not in headers:
+            headers[inc] = (tree / inc).read_text()
+            todo.extend(_INCLUDE.findall(headers[inc]))
+    text = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + (tree / "fp8_gemm.cu").read_text()
+    return KernelSource("fp8_gemm.cu", text, dict(sorted(headers.items())), ENTRY)
+
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("CUPYGEMM_SASS_DIFF_CACHE", Path(tempfile.gettempdir()) / "cupygemm-sass-diff"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def build(src: KernelSource) -> bytes:
+    """The raw NVRTC cubin (no SASS pass), cached by source digest and NVRTC version."""
+    path = cache_dir() / f"{src.digest[:32]}-{'.'.join(map(str, nvrtc_version()))}.cubin"
+    if path.is_file():
+        return path.read_bytes()
+    cubin = compile_cubin(src)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(cubin)
+    tmp.replace(path)
+    return cubin
+
+
+def instruction_stream(cubin: bytes) -> tuple[bytes, int]:
+    """(the kernel's .text bytes, its register count)."""
+    cb = Cubin.from_bytes(cubin)
+    k = cb.kernel(ENTRY)
+    return cb.read_text(k), k.registers
+
+
+def stream_hash(cubin: bytes) -> str:
+    return hashlib.sha256(instruction_stream(cubin)[0]).hexdigest()[:16]
+
+
+def _nvdisasm() -> str | None:
+    path = shutil.which("nvdisasm")
+    if path is None:
+        try:
+            import nvidia
+
+            for root in nvidia.__path__:
+                for cand in Path(root).glob("*/bin/nvdisasm"):
+                    return str(cand)
+        except ImportError:
+            return None
+    return path
+
+
+def listing(cubin: bytes) -> list[str]:
+    """Instruction lines without addresses, labels, comments or the kernel's name."""
+    tool = _nvdisasm()
+    if tool is None:
+        return []
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-hex", "-c", f.name], capture_output=True, text=True).stdout
+    lines = []
+    for line in out.splitlines():
+        line = re.sub(r"/\*[0-9a-f]{4,}\*/", "", line)
+        line = re.sub(r"/\*\s*0x[0-9a-f]+\s*\*/", "", line).strip()
+        if line and not line.startswith((".", "//")) and not line.endswith(":"):
+            lines.append(re.sub(r"`\([^)]*\)", "`(L)", line).replace(ENTRY, "K"))
+    return lines
+
+
+def compare(args: tuple) -> dict:
+    name, cfg, old_tree, new_tree = args
+    old = build(render_from(old_tree, tree_defines(cfg, "old")))
+    new = build(render_from(new_tree, tree_defines(cfg, "new")))
+    (old_text, old_regs), (new_text, new_regs) = instruction_stream(old), instruction_stream(new)
+    row = {"name": name, "cfg": cfg, "instructions": len(new_text) // 16, "old_instructions": len(old_text) // 16,
+           "regs": (old_regs, new_regs), "same": old_text == new_text and old_regs == new_regs,
+           "hash": hashlib.sha256(new_text).hexdigest()[:16], "diff_lines": 0}
+    if not row["same"]:
+        a, b = listing(old), listing(new)
+        row["diff_lines"] = sum(1 for d in difflib.unified_diff(a, b, lineterm="", n=0)
+                                if d[:1] in "+-" and d[:3] not in ("+++", "---"))
+        row["diff"] = "\n".join(list(difflib.unified_diff(a, b, "old", "new", lineterm="", n=1))[:60])
+    return row
+
+
+def short(cfg) -> str:
+    f = _fields(cfg)
+    tags = [C.KIND_NAMES[cfg.kind][:6], f"{cfg.block_m}x{cfg.block_n}/n{cfg.wgmma_n}", f"st{cfg.num_stages}",
+            f"wg{cfg.num_math_wg}"]
+    tags += [t for t, on in ((f"mc{cfg.multicast}", cfg.multicast), ("ilv", f["interleave_k"]),
+                             ("serm", cfg.serial_m), (f"sk{f['split_k']}", f["split_k"] > 1),
+                             ("strk", cfg.stream_k)) if on]
+    return " ".join(tags)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", default=DEFAULT_BASE,
+                    help="git revision of the reference cuda_src/ (default %(default)s)")
+    ap.add_argument("--new", default=str(ROOT / "cuda_src"), help="cuda_src/ directory to check (default: this tree)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--only", default="", help="regex over the config's short description")
+    ap.add_argument("--extras", action="store_true",
+                    help="also check kernel features the chooser does not propose for these shapes (extra_configs)")
+    ap.add_argument("--hashes", action="store_true", help="print the new tree's instruction-stream hashes only")
+    ap.add_argument("--pin", action="store_true",
+                    help="print the PINNED_HASHES entry of tests/test_sass_pinned.py for this tree and NVRTC")
+    ap.add_argument("--show-diff", action="store_true", help="print the opcode diff of differing configs")
+    args = ap.parse_args()
+
+    if args.pin:
+        import test_sass_pinned as pinned
+
+        print(f"    {nvrtc_version()}: {{")
+        for name in pinned.PINNED_CONFIGS:
+            print(f"        {name!r}: {pinned.instruction_hash(name)!r},")
+        print("    },")
+        return 0
+    configs = chosen_configs() + (extra_configs() if args.extras else [])
+    configs = [(n, c) for n, c in configs if re.search(args.only, short(c))]
+    new_tree = Path(args.new).resolve()
+    if args.hashes:
+        for name, cfg in configs:
+            print(f"{stream_hash(build(render_from(new_tree, tree_defines(cfg, 'new'))))}  {short(cfg):42s} {name}")
+        return 0
+    old_tree = base_tree(args.base, cache_dir())
+    jobs = [(n, c, old_tree, new_tree) for n, c in configs]
+    with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        rows = list(pool.map(compare, jobs))
+
+    print(f"{'config':44s} {'problem':30s} {'instr':>6s} {'regs':>8s}  result")
+    for r in rows:
+        regs = f"{r['regs'][0]}/{r['regs'][1]}" if r["regs"][0] != r["regs"][1] else str(r["regs"][1])
+        res = "identical" if r["same"] else f"DIFFERS ({r['old_instructions']} -> {r['instructions']} instr, " \
+                                             f"{r['diff_lines']} diff lines)"
+        print(f"{short(r['cfg']):44s} {r['name']:30s} {r['instructions']:6d} {regs:>8s}  {res}")
+        if not r["same"] and args.show_diff:
+            print(r.get("diff", ""))
+    cover: dict[str, set] = {}
+    for r in rows:
+        for k, v in features(r["cfg"]).items():
+            cover.setdefault(k, set()).add(v)
+    print("\nfeature values covered: " + "; ".join(f"{k} {sorted(v, key=str)}" for k, v in cover.items()))
+    same = sum(r["same"] for r in rows)
+    print(f"{len(rows)} configs, {same} identical, {len(rows) - same} differ "
+          f"(base {args.base}, NVRTC {'.'.join(map(str, nvrtc_version()))})")
+    return 0 if same == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
