@@ -27,9 +27,11 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 
 from cupygemm import config as C  # noqa: E402
+from cupygemm import contract  # noqa: E402
+from cupygemm.shapes import CONTIGUOUS, K_TAIL_SHAPE, MASKED, NORMAL, NORMAL_NK  # noqa: E402
 from cupygemm.jit.compiler import compile_cubin, nvrtc_version  # noqa: E402
 from cupygemm.jit.source import KernelSource  # noqa: E402
 from sass_tools.elf import Cubin  # noqa: E402
@@ -44,42 +46,28 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
 # ---------------------------------------------------------------------------------------------------- configs
-def _fields(cfg) -> dict:
-    """The config's kernel-relevant features under the fixed vocabulary, whichever field names the host uses."""
-    if hasattr(cfg, "interleave_k"):
-        interleave, split = bool(cfg.interleave_k), int(cfg.split_k)
-    else:  # the names before the vocabulary change: split_k (bool) and k_slices (int)
-        interleave, split = bool(cfg.split_k), int(cfg.k_slices)
-    return {"interleave_k": interleave, "split_k": split}
-
-
 def tree_defines(cfg, tree: str) -> dict[str, object]:
-    """The CUPYGEMM_* constants of ``cfg`` in a tree's spelling: "old" (split_k bool, k_slices, double_acc) or "new"
-    (interleave_k, split_k count)."""
-    f = _fields(cfg)
-    drop = {"CUPYGEMM_DOUBLE_ACC", "CUPYGEMM_SPLIT_K", "CUPYGEMM_K_SLICES", "CUPYGEMM_INTERLEAVE_K"}
-    out = {k: v for k, v in cfg.defines().items() if k not in drop}
+    """The CUPYGEMM_* constants of ``cfg`` in a tree's spelling: "new" (interleave_k, split_k count, as
+    cupygemm.contract writes them) or "old", for sources before the split-K rename (02afdcf and earlier: split_k
+    was the interleave flag, k_slices the count, and double_acc existed)."""
+    out = contract.defines(cfg)
     if tree == "old":
-        out.update(CUPYGEMM_DOUBLE_ACC=0, CUPYGEMM_SPLIT_K=int(f["interleave_k"]), CUPYGEMM_K_SLICES=f["split_k"])
-    else:
-        out.update(CUPYGEMM_INTERLEAVE_K=int(f["interleave_k"]), CUPYGEMM_SPLIT_K=f["split_k"])
+        out = {k: v for k, v in out.items() if k not in ("CUPYGEMM_SPLIT_K", "CUPYGEMM_INTERLEAVE_K")}
+        out.update(CUPYGEMM_DOUBLE_ACC=0, CUPYGEMM_SPLIT_K=int(cfg.interleave_k), CUPYGEMM_K_SLICES=cfg.split_k)
     return out
 
 
 def features(cfg) -> dict[str, object]:
-    f = _fields(cfg)
     return {"kind": C.KIND_NAMES[cfg.kind], "block_m": cfg.block_m, "math_wg": cfg.num_math_wg,
-            "multicast": cfg.multicast, "interleave_k": f["interleave_k"], "serial_m": cfg.serial_m,
-            "split_k>1": f["split_k"] > 1, "stream_k": cfg.stream_k,
+            "multicast": cfg.multicast, "interleave_k": cfg.interleave_k, "serial_m": cfg.serial_m,
+            "split_k>1": cfg.split_k > 1, "stream_k": cfg.stream_k,
             "straddle": cfg.block_n % 128 != 0 and 128 % cfg.block_n != 0,
             "a_box<block_m": cfg.a_box_rows < cfg.block_m, "wgmma_n<block_n": cfg.wgmma_n < cfg.block_n}
 
 
 def chosen_configs() -> list[tuple[str, object]]:
     """(problem, config) for every distinct kernel the chooser proposes for the seed shapes and decode M values."""
-    from seed_shapes import CONTIGUOUS, MASKED, NORMAL, NORMAL_NK
-
-    problems = [(f"normal {m}x{n}x{k}", (C.KIND_NORMAL, m, n, k, 1)) for m, n, k in NORMAL]
+    problems = [(f"normal {m}x{n}x{k}", (C.KIND_NORMAL, m, n, k, 1)) for m, n, k in NORMAL + (K_TAIL_SHAPE,)]
     problems += [(f"normal {m}x{n}x{k}", (C.KIND_NORMAL, m, n, k, 1)) for m in DECODE_M for n, k in NORMAL_NK]
     problems += [(f"contig {g}x{m}x{n}x{k}", (C.KIND_CONTIGUOUS, g * m, n, k, g)) for g, m, n, k in CONTIGUOUS]
     problems += [(f"masked {g}x{m}x{n}x{k}", (C.KIND_MASKED, m, n, k, g)) for g, m, n, k in MASKED]
@@ -91,14 +79,7 @@ def chosen_configs() -> list[tuple[str, object]]:
     return list(seen.values())
 
 
-def _make(kind: int, n: int, k: int, bm: int, bn: int, interleave_k: bool = False, split_k: int = 1, **fields):
-    """C.make_config with the vocabulary's names mapped to whichever the host's make_config takes."""
-    import inspect
-
-    if "interleave_k" in inspect.signature(C.make_config).parameters:
-        fields.update(interleave_k=interleave_k, split_k=split_k)
-    else:
-        fields.update(split_k=interleave_k, k_slices=split_k)
+def _make(kind: int, n: int, k: int, bm: int, bn: int, **fields):
     return C.make_config(kind, n, k, bm, bn, NUM_SMS, **fields)
 
 
@@ -219,7 +200,7 @@ def listing(cubin: bytes) -> list[str]:
 
 def compare(args: tuple) -> dict:
     name, cfg, old_tree, new_tree = args
-    old = build(render_from(old_tree, tree_defines(cfg, "old")))
+    old = build(render_from(old_tree, tree_defines(cfg, spelling(old_tree))))
     new = build(render_from(new_tree, tree_defines(cfg, "new")))
     (old_text, old_regs), (new_text, new_regs) = instruction_stream(old), instruction_stream(new)
     row = {"name": name, "cfg": cfg, "instructions": len(new_text) // 16, "old_instructions": len(old_text) // 16,
@@ -233,12 +214,16 @@ def compare(args: tuple) -> dict:
     return row
 
 
+def spelling(tree: Path) -> str:
+    """Which constants a cuda_src/ tree reads: "new" where the kernel knows CUPYGEMM_INTERLEAVE_K, else "old"."""
+    return "new" if "CUPYGEMM_INTERLEAVE_K" in "".join(p.read_text() for p in tree.glob("*.c*")) else "old"
+
+
 def short(cfg) -> str:
-    f = _fields(cfg)
     tags = [C.KIND_NAMES[cfg.kind][:6], f"{cfg.block_m}x{cfg.block_n}/n{cfg.wgmma_n}", f"st{cfg.num_stages}",
             f"wg{cfg.num_math_wg}"]
-    tags += [t for t, on in ((f"mc{cfg.multicast}", cfg.multicast), ("ilv", f["interleave_k"]),
-                             ("serm", cfg.serial_m), (f"sk{f['split_k']}", f["split_k"] > 1),
+    tags += [t for t, on in ((f"mc{cfg.multicast}", cfg.multicast), ("ilv", cfg.interleave_k),
+                             ("serm", cfg.serial_m), (f"sk{cfg.split_k}", cfg.split_k > 1),
                              ("strk", cfg.stream_k)) if on]
     return " ".join(tags)
 
