@@ -18,8 +18,10 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -n 2
 python3 -m cupygemm info | tee -a "$OUT/device.txt"
 for s in "${steps[@]}"; do
   case "$s" in
-    tests) python3 -m pytest -q -m gpu -rs tests ${pytest_args[@]+"${pytest_args[@]}"} 2>&1 | tee "$OUT/gpu_tests.log" \
-             | tail -n 40 ;;
+    tests)  # in parallel processes where pytest-xdist is installed: kernel builds dominate, and they run on the CPU
+      xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n 12)
+      python3 -m pytest -q -m gpu -rs ${xdist[@]+"${xdist[@]}"} tests ${pytest_args[@]+"${pytest_args[@]}"} 2>&1 \
+        | tee "$OUT/gpu_tests.log" | tail -n 40 ;;
     bench)
       # Grouped shapes run the valid-row totals the peer table measured on this kind of GPU (--match-rows).
       gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
