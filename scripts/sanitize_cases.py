@@ -4,16 +4,7 @@ import numpy as np
 
 import cupygemm
 from cupygemm import config as C
-from cupygemm.bench.inputs import make_normal, randn_bf16
-
-
-def grouped_weights(g: int, n: int, k: int, rng: cp.random.Generator):
-    """G recipe-quantized weight matrices: (B uint8 [G, N, K], SFB float32 [G, ceil(N/128), ceil(K/128)])."""
-    b = cp.empty((g, n, k), cp.uint8)
-    sfb = cp.empty((g, -(-n // 128), -(-k // 128)), cp.float32)
-    for i in range(g):
-        b[i], sfb[i] = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
-    return b, sfb
+from cupygemm.bench.inputs import grouped_weights, make_normal, randn_bf16
 
 
 rng = cp.random.default_rng(0)

@@ -7,6 +7,7 @@ import numpy as np
 import cupy as cp
 
 import cupygemm
+from cupygemm.bench.inputs import grouped_weights  # noqa: F401  (the tests import it from here)
 
 _LUT = None
 
@@ -98,12 +99,3 @@ def check_against_reference(out, want: cp.ndarray, mag: cp.ndarray) -> dict:
         "rel_fro_bf16": rel_fro(got, want_bf16),
         "beyond_one_ulp": int((cp.abs(got - want) > tol).sum()),
     }
-
-
-def grouped_weights(g: int, n: int, k: int, rng: cp.random.Generator):
-    """G recipe-quantized weight matrices: (B uint8 [G, N, K], SFB float32 [G, ceil(N/128), ceil(K/128)])."""
-    b = cp.empty((g, n, k), cp.uint8)
-    sfb = cp.empty((g, -(-n // 128), -(-k // 128)), cp.float32)
-    for i in range(g):
-        b[i], sfb[i] = cupygemm.per_block_cast_to_fp8(randn_bf16((n, k), rng))
-    return b, sfb

@@ -103,3 +103,17 @@ def make_normal(m: int, n: int, k: int, seed: int = 0) -> tuple[Any, Any, Any, A
     a, sfa = per_token_cast_to_fp8(randn_bf16((m, k), rng))
     b, sfb = per_block_cast_to_fp8(randn_bf16((n, k), rng))
     return a, sfa, b, sfb
+
+
+def grouped_weights(g: int, n: int, k: int, rng: Any) -> tuple[Any, Any]:
+    """G recipe-quantized weight matrices: (B uint8 [G, N, K], SFB float32 [G, ceil(N/128), ceil(K/128)])."""
+    import cupy
+
+    from ..quantization import per_block_cast_to_fp8
+    from ..util import ceil_div
+
+    b = cupy.empty((g, n, k), cupy.uint8)
+    sfb = cupy.empty((g, ceil_div(n, 128), ceil_div(k, 128)), cupy.float32)
+    for i in range(g):
+        b[i], sfb[i] = per_block_cast_to_fp8(randn_bf16((n, k), rng))
+    return b, sfb
