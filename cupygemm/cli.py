@@ -1,4 +1,4 @@
-"""The ``cupygemm`` command: ``info``, ``warmup``, ``cache export|import``, and ``bench`` and ``overhead`` (from
+"""The ``cupygemm`` command: ``info``, ``warmup``, ``cache export|import``, and ``bench``, ``overhead`` and ``jax-scan`` (from
 :mod:`cupygemm.bench`, imported only when the parser is built, so ``import cupygemm.cli`` stays light and
 the benchmark never imports the CLI)."""
 from __future__ import annotations
@@ -194,10 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
         cp.add_argument("--num-sms", type=int, default=None,
                         help="SM count of the target GPU (default: this GPU's; needed for export without a GPU)")
         cp.set_defaults(func=_cmd_cache)
+    from cupygemm.bench.jax_scan import add_parser as add_jax_scan_parser
     from cupygemm.bench.options import add_bench_parser
     from cupygemm.bench.overhead import add_parser as add_overhead_parser
 
     add_overhead_parser(sub)
+    add_jax_scan_parser(sub)
     add_bench_parser(sub)
     return p
 

@@ -30,7 +30,7 @@ for s in "${steps[@]}"; do
         | tee "$OUT/bench.log" ;;
     overhead) python3 -m cupygemm overhead --markdown --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
     jax)  # cupygemm.jax in a lax.scan, with and without XLA command buffers; the FP8 MLP example
-      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 benchmarks/jax_scan_bench.py --json "$OUT/jax_scan.json" 2>&1 \
+      XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m cupygemm jax-scan --json "$OUT/jax_scan.json" 2>&1 \
         | tee "$OUT/jax_scan.log"
       XLA_PYTHON_CLIENT_PREALLOCATE=false python3 examples/jax_fp8_mlp.py 2>&1 | tee -a "$OUT/jax_scan.log" ;;
     timers)  # CUPTI through ctypes vs cupti-python vs CUDA events (carry cupti-python's wheel in .whl/)

@@ -639,3 +639,13 @@ def test_gpu_bench_two_small_normal_shapes(tmp_path, capsys):
     for r in rows:
         assert r["check"] == "ok" and r["calc_diff"] < 1e-3 and r["rel_err"] < 1e-2
         assert r["us"] > 0 and r["p10"] <= r["us"] <= r["p90"] and r["tflops"] > 0 and r["config"]
+
+
+def test_jax_scan_subcommand_parses_without_importing_jax():
+    """`cupygemm jax-scan` is registered with its options; building the CLI imports no JAX (each flag set runs in its
+    own child process, since XLA reads XLA_FLAGS once when its backend starts)."""
+    code = ("import sys, cupygemm.cli as c; a = c.build_parser().parse_args(['jax-scan', '--steps', '7', '--json', "
+            "'x.json']); print(a.steps, a.repeats, a.json, a.func.__module__, 'jax' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["7", "20", "x.json", "cupygemm.bench.jax_scan", "False"]

@@ -19,7 +19,7 @@ reports the FFI handler's own host time per call (``perf_counter_ns`` around the
 Every step reads a per-step operand (its A scales; the baselines an output scale): XLA hoists a loop-invariant
 call out of the loop, and the scan would time one GEMM.
 
-    python benchmarks/jax_scan_bench.py --json jax-scan.json
+    cupygemm jax-scan --json jax-scan.json
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 CB_FLAGS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
 # The scan's while loop itself in the graph too (conditional nodes): no host round trip per step.
@@ -181,25 +182,41 @@ def _cupy_graph_time(case: dict, a, sfa, b, sfb, masked_m, steps: int, repeats: 
     return _median(times)
 
 
+def add_parser(sub: Any) -> None:
+    sp = sub.add_parser("jax-scan", help="cupygemm.jax inside jax.jit: a lax.scan of decode GEMMs, with and "
+                        "without XLA command buffers, against jnp.dot and JAX's FP8 dot", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _options(sp)
+    sp.set_defaults(func=run)
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="FILE", help="write the results here")
+    p.add_argument("--steps", type=int, default=100, help="GEMMs per scan (default 100)")
+    p.add_argument("--repeats", type=int, default=20, help="timed scans; the median is reported (default 20)")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The child processes' entry (``python -m cupygemm.bench.jax_scan --child``): one XLA flag set each."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--json", help="write the results here")
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--repeats", type=int, default=20)
+    _options(p)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--with-cupy", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.steps, args.repeats, args.with_cupy)))
         return 0
+    return run(args)
 
+
+def run(args: argparse.Namespace) -> int:
     runs = {}
     for label, flags in (("default", None), ("command_buffers", CB_FLAGS), ("command_buffers+while", CB_WHILE_FLAGS)):
         env = dict(os.environ)
         env.pop("XLA_FLAGS", None)
         if flags:
             env["XLA_FLAGS"] = flags
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--steps", str(args.steps), "--repeats",
+        cmd = [sys.executable, "-m", "cupygemm.bench.jax_scan", "--child", "--steps", str(args.steps), "--repeats",
                str(args.repeats)] + (["--with-cupy"] if label == "default" else [])
         res = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if res.returncode != 0:
@@ -225,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command_buffer_flags": CB_FLAGS, "command_buffer_while_flags": CB_WHILE_FLAGS,
-                       "command": " ".join(sys.argv), "runs": runs}, f, indent=1)
+                       "command": " ".join(["cupygemm jax-scan"] + sys.argv[2:]), "runs": runs}, f, indent=1)
         print(f"wrote {args.json}")
     return 0
 
