@@ -99,8 +99,8 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
 }  // namespace cupygemm
 
 #ifdef CUPYGEMM_SHAPE_N
-// Entry point with a fixed C name, instantiated from the constants the JIT defines (cupygemm's kernel contract:
-// the template constants, these parameters, the TMA maps, shared memory size and grid).
+// Entry point with a fixed C name, instantiated from the constants the JIT defines. cupygemm/contract.py states its
+// whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
 extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1) CUPYGEMM_CLUSTER_ATTR
     cupygemm_fp8_gemm(const __grid_constant__ cupygemm::TmaDescriptor tmap_a,
                       const __grid_constant__ cupygemm::TmaDescriptor tmap_b,
