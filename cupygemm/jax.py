@@ -32,12 +32,13 @@ Set, before JAX initializes its GPU backend (i.e. before the first JAX computati
 The handler declares itself command-buffer compatible; with these flags a jitted function (or a ``lax.scan``
 body) runs the Python handler only when XLA (re)records its graph, e.g. the first calls or when buffer addresses
 change, and replays the kernels after that. Addresses stay put where the GEMM's result is a ``lax.scan`` carry
-(a layer's activations); stacking every step's result as the scan's ``ys`` gives each step a new output address,
-and XLA records (runs the handler) every step. Measured on an H100 (``cupygemm jax-scan``,
-``benchmarks/results/jax-scan-h100-*.json``): a scan step of 64x2112x7168 took 32 us without the flags and 15 us
-with them, against 8.4 us of kernel time and 16 us per step of the same scan around ``jnp.dot`` in BF16: the rest is
-XLA's own per-step cost of the loop. Adding ``WHILE,CONDITIONAL`` to the command-buffer list ran the handler on every
-step there (slower).
+(a layer's activations) and each step's other operands are small per-step arrays. Each of these gave the steps
+new addresses, so XLA recorded (ran the handler) on every step: stacking every step's result as the scan's
+``ys``, slicing each step's A out of a stacked array, the masked GEMM with ``out=`` aliased to the carry, and
+adding ``WHILE,CONDITIONAL`` to the command-buffer list. Measured on an H100 (``cupygemm jax-scan``,
+``benchmarks/results/jax-scan-h100-*.json``): a scan step of 64x2112x7168 took 32-55 us without the flags (two
+runs) and 14-15 us with them, against 8.4 us of kernel time and 16-17 us per step of the same scan around
+``jnp.dot`` in BF16: the rest is XLA's own per-step cost of the loop.
 
 ``vmap``: the dense GEMM batched over A only (shared weights) folds the mapped axis into M (one GEMM with
 ``V*M`` rows); batched over B (per-element weights) it becomes one masked grouped GEMM with a group per element
