@@ -131,15 +131,21 @@ template <class T> struct Epilogue {
   // Contiguous rows of other groups or padding must stay untouched: direct stores of the group's rows.
   __device__ __forceinline__ void store_direct(typename T::TileAcc& acc, const Tile& tile, uint32_t n0,
                                                const WarpgroupRows& rows, const RowGroups& rg) const {
-    const uint32_t valid_m = tile.rows;
+    // The tile's and rows' fields are read into locals once, before the row loop, as the kernel had them before
+    // the split into parts: read through the references inside each row's `&&` chain, NVRTC 13.0 (and 12.8/12.9)
+    // branched on each row's checks one by one instead of combining them, which renamed registers through the
+    // whole contiguous kernel and, on 256-row tiles, reordered the K loop's stage advance (NVRTC 13.5 made the same
+    // code either way; README, "Changing the kernel").
+    const uint32_t valid_m = tile.rows, first = rows.first, active = rows.active;
+    const int group = static_cast<int>(tile.group);
 #pragma unroll
     for (uint32_t ms = 0; ms < T::kNumMSub; ++ms)
 #pragma unroll
       for (uint32_t h = 0; h < 2; ++h) {
-        const uint32_t r = rows.first + ms * 64 + th.row_in_sub + 8 * h;
+        const uint32_t r = first + ms * 64 + th.row_in_sub + 8 * h;
         bool ok = r < valid_m;
         if constexpr (T::kKind == kGroupedContiguous)  // (a half tile's second sub-tile is the other warpgroup's)
-          ok = ok && rg.g[ms][h] == static_cast<int>(tile.group) && ms < rows.active;
+          ok = ok && rg.g[ms][h] == group && ms < active;
         if (!ok) continue;
         uint16_t* d_row = d_ptr + uint64_t(r) * ld_d;
 #pragma unroll
