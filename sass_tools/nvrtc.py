@@ -143,8 +143,12 @@ def compile_ctypes(lib: str, jobs: Sequence[Tuple[str, Sequence[str]]]) -> Tuple
         job = {"lib": lib, "outdir": td, "jobs": [[s, list(o)] for s, o in jobs]}
         code = (f"import sys; sys.path.insert(0, {_REPO!r}); "
                 "from sass_tools.nvrtc import _subprocess_main; _subprocess_main()")
+        # libnvrtc loads libnvrtc-builtins.so.<version> by name: the library's own directory goes first.
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(lib))] +
+                                                 [d for d in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d])
         r = subprocess.run([sys.executable, "-c", code], input=json.dumps(job), capture_output=True, text=True,
-                           timeout=300)
+                           timeout=300, env=env)
         if r.returncode != 0:
             raise RuntimeError(f"NVRTC ({lib}) compile failed:\n{r.stderr[-4000:]}")
         res = json.loads(r.stdout.strip().splitlines()[-1])

@@ -5,11 +5,21 @@
     python scripts/sass_diff.py --base REV --jobs 2
     python scripts/sass_diff.py --hashes             # print the new tree's stream hashes of the chosen configs
     python scripts/sass_diff.py --pin                # print tests/test_sass_pinned.py's PINNED_HASHES entry
+    python scripts/sass_diff.py --extras --nvrtc /path/to/nvidia/cu13/lib/libnvrtc.so.13   # another NVRTC
 
 NVRTC builds sm_90a cubins on the CPU; no GPU is needed. The instruction stream is the kernel's .text section
 (sass_tools.elf): branch targets are relative and the kernel calls nothing, so identical code gives identical bytes,
 while symbol names, section offsets and the source text do not enter. Where two streams differ, both are
 disassembled (nvdisasm) without addresses and the opcode lines diffed. Exit status 1 on any difference.
+
+By default the NVRTC is CuPy's (the one the package and tests/test_sass_pinned.py use here). ``--nvrtc LIBPATH``
+(repeatable) compiles both trees with that libnvrtc instead, through ctypes in child processes
+(sass_tools.nvrtc.compile_ctypes; the headers found with -I<tree>), and checks each library in turn. NVRTC versions
+differ in what they make of one source, and a change that is SASS-neutral under one may not be under another: check
+with the GPU image's NVRTC 13.0 (where the kernel's performance is measured) as well as the CPU one, e.g.
+``pip install --target DIR nvidia-cuda-nvrtc==13.0.*`` and ``--nvrtc DIR/nvidia/cu13/lib/libnvrtc.so.13``
+(sass_tools.nvrtc.find_nvrtc_libs lists the libraries it finds). These cubins share the default builds' cache,
+keyed by source digest and library.
 """
 from __future__ import annotations
 
@@ -32,9 +42,10 @@ sys.path[:0] = [str(ROOT)]
 from cupygemm import config as C  # noqa: E402
 from cupygemm import contract  # noqa: E402
 from cupygemm.shapes import CONTIGUOUS, K_TAIL_SHAPE, MASKED, NORMAL, NORMAL_NK  # noqa: E402
-from cupygemm.jit.compiler import compile_cubin, nvrtc_version  # noqa: E402
+from cupygemm.jit.compiler import BASE_OPTIONS, compile_cubin, nvrtc_version  # noqa: E402
 from cupygemm.jit.source import KernelSource  # noqa: E402
 from sass_tools.elf import Cubin  # noqa: E402
+from sass_tools.nvrtc import compile_ctypes  # noqa: E402
 
 ENTRY = "cupygemm_fp8_gemm"
 DEFAULT_BASE = "02afdcf"
@@ -155,6 +166,38 @@ def build(src: KernelSource) -> bytes:
     return cubin
 
 
+def _lib_tag(lib: str) -> str:
+    """Cache-key part for a libnvrtc: its version (from the builtins library beside it) and a digest of its path."""
+    from sass_tools.nvrtc import _version_from_builtins
+
+    ver = _version_from_builtins(lib)
+    path_digest = hashlib.sha256(os.path.realpath(lib).encode()).hexdigest()[:12]
+    return f"{'.'.join(map(str, ver)) if ver else 'unknown'}-{path_digest}"
+
+
+def build_with(lib: str, builds: list[tuple[KernelSource, Path]], jobs: int) -> list[bytes]:
+    """Raw cubins of (source, its cuda_src/ tree) built with the libnvrtc at ``lib`` (ctypes, child processes, up
+    to ``jobs`` at once), cached by source digest and library. The source is fp8_gemm.cu with its defines; the
+    headers come from the tree through -I (compile_ctypes passes no in-memory headers)."""
+    tag = _lib_tag(lib)
+    paths = [cache_dir() / f"{src.digest[:32]}-nvrtc{tag}.cubin" for src, _ in builds]
+    todo = [i for i, p in enumerate(paths) if not p.is_file()]
+    size = min(16, -(-len(todo) // max(1, jobs))) if todo else 1  # at most 16 kernels per child (its time limit)
+    chunks = [todo[i:i + size] for i in range(0, len(todo), size)]
+
+    def run(chunk: list[int]) -> None:
+        job = [(builds[i][0].text, list(BASE_OPTIONS) + [f"-I{builds[i][1]}"]) for i in chunk]
+        _, cubins = compile_ctypes(lib, job)
+        for i, cubin in zip(chunk, cubins):
+            tmp = paths[i].with_suffix(f".{os.getpid()}.{i}.tmp")
+            tmp.write_bytes(cubin)
+            tmp.replace(paths[i])
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(jobs, len(chunks)))) as pool:
+        list(pool.map(run, chunks))  # each chunk is one child process
+    return [p.read_bytes() for p in paths]
+
+
 def instruction_stream(cubin: bytes) -> tuple[bytes, int]:
     """(the kernel's .text bytes, its register count)."""
     cb = Cubin.from_bytes(cubin)
@@ -202,6 +245,10 @@ def compare(args: tuple) -> dict:
     name, cfg, old_tree, new_tree = args
     old = build(render_from(old_tree, tree_defines(cfg, spelling(old_tree))))
     new = build(render_from(new_tree, tree_defines(cfg, "new")))
+    return compare_cubins(name, cfg, old, new)
+
+
+def compare_cubins(name: str, cfg, old: bytes, new: bytes) -> dict:
     (old_text, old_regs), (new_text, new_regs) = instruction_stream(old), instruction_stream(new)
     row = {"name": name, "cfg": cfg, "instructions": len(new_text) // 16, "old_instructions": len(old_text) // 16,
            "regs": (old_regs, new_regs), "same": old_text == new_text and old_regs == new_regs,
@@ -241,8 +288,13 @@ def main() -> int:
     ap.add_argument("--pin", action="store_true",
                     help="print the PINNED_HASHES entry of tests/test_sass_pinned.py for this tree and NVRTC")
     ap.add_argument("--show-diff", action="store_true", help="print the opcode diff of differing configs")
+    ap.add_argument("--nvrtc", action="append", default=[], metavar="LIBPATH",
+                    help="compile with this libnvrtc.so (ctypes, child processes) instead of CuPy's NVRTC; "
+                         "repeat to check several versions in turn")
     args = ap.parse_args()
 
+    if args.pin and args.nvrtc:
+        ap.error("--pin prints the entry for CuPy's NVRTC (the one the tests use); drop --nvrtc")
     if args.pin:
         import test_sass_pinned as pinned
 
@@ -254,15 +306,33 @@ def main() -> int:
     configs = chosen_configs() + (extra_configs() if args.extras else [])
     configs = [(n, c) for n, c in configs if re.search(args.only, short(c))]
     new_tree = Path(args.new).resolve()
+    new_srcs = [render_from(new_tree, tree_defines(cfg, "new")) for _, cfg in configs]
     if args.hashes:
-        for name, cfg in configs:
-            print(f"{stream_hash(build(render_from(new_tree, tree_defines(cfg, 'new'))))}  {short(cfg):42s} {name}")
+        for lib in args.nvrtc or [None]:
+            if lib is not None:
+                print(f"NVRTC {_lib_tag(lib).split('-')[0]} ({lib}):")
+            cubins = build_with(lib, [(s, new_tree) for s in new_srcs], args.jobs) if lib else map(build, new_srcs)
+            for (name, cfg), cubin in zip(configs, cubins):
+                print(f"{stream_hash(cubin)}  {short(cfg):42s} {name}")
         return 0
     old_tree = base_tree(args.base, cache_dir())
-    jobs = [(n, c, old_tree, new_tree) for n, c in configs]
-    with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        rows = list(pool.map(compare, jobs))
+    if not args.nvrtc:
+        jobs = [(n, c, old_tree, new_tree) for n, c in configs]
+        with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
+            rows = list(pool.map(compare, jobs))
+        return report(rows, args, ".".join(map(str, nvrtc_version())))
+    old_srcs = [render_from(old_tree, tree_defines(cfg, spelling(old_tree))) for _, cfg in configs]
+    status = 0
+    for lib in args.nvrtc:
+        cubins = build_with(lib, [(s, old_tree) for s in old_srcs] + [(s, new_tree) for s in new_srcs], args.jobs)
+        old, new = cubins[:len(configs)], cubins[len(configs):]
+        rows = [compare_cubins(n, c, o, w) for (n, c), o, w in zip(configs, old, new)]
+        status |= report(rows, args, f"{_lib_tag(lib).split('-')[0]}, {lib}")
+    return status
 
+
+def report(rows: list[dict], args, nvrtc: str) -> int:
+    """Prints the table of ``rows`` and the summary line; 0 if every config is identical, else 1."""
     print(f"{'config':44s} {'problem':30s} {'instr':>6s} {'regs':>8s}  result")
     for r in rows:
         regs = f"{r['regs'][0]}/{r['regs'][1]}" if r["regs"][0] != r["regs"][1] else str(r["regs"][1])
@@ -277,8 +347,7 @@ def main() -> int:
             cover.setdefault(k, set()).add(v)
     print("\nfeature values covered: " + "; ".join(f"{k} {sorted(v, key=str)}" for k, v in cover.items()))
     same = sum(r["same"] for r in rows)
-    print(f"{len(rows)} configs, {same} identical, {len(rows) - same} differ "
-          f"(base {args.base}, NVRTC {'.'.join(map(str, nvrtc_version()))})")
+    print(f"{len(rows)} configs, {same} identical, {len(rows) - same} differ (base {args.base}, NVRTC {nvrtc})")
     return 0 if same == len(rows) else 1
 
 
