@@ -6,8 +6,8 @@ DLPack capsule, which is kept alive with the view for the duration of the call.
 
 FP8 operands may be ``float8_e4m3fn`` (torch, JAX, NumPy's ml_dtypes) or ``uint8`` holding e4m3 bits (CuPy has
 no FP8 dtype). Results are made by the caller's framework (:func:`empty`), so torch callers get torch tensors
-from torch's caching allocator and CuPy callers CuPy arrays; JAX and other DLPack callers get CuPy-allocated
-arrays handed back through DLPack (:func:`export_like`).
+(allocated by torch's caching allocator) and CuPy callers CuPy arrays; other DLPack callers get CuPy-allocated
+arrays handed back through DLPack (:func:`export_like`). JAX callers go through :mod:`cupygemm.jax`.
 """
 from __future__ import annotations
 
