@@ -13,7 +13,7 @@ from typing import Iterator
 
 from . import cache
 from .. import env
-from ..errors import CupygemmToolchainError
+from ..errors import CupygemmDeviceError, CupygemmToolchainError
 from .compiler import BASE_OPTIONS, compile_cubin, nvrtc_version
 from .source import KernelSource
 
@@ -92,9 +92,11 @@ def relaxed_capture() -> Iterator[None]:
 
 @functools.lru_cache(maxsize=1)
 def _exchange_capture_mode():
+    from ..tma import driver
+
     try:
-        fn = ctypes.CDLL("libcuda.so.1").cuThreadExchangeStreamCaptureMode
-    except (OSError, AttributeError):
+        fn = driver().cuThreadExchangeStreamCaptureMode
+    except (CupygemmDeviceError, AttributeError):  # no driver (CPU-only machine): nothing can be capturing
         return None
     fn.argtypes = [ctypes.POINTER(ctypes.c_int)]
     fn.restype = ctypes.c_int
