@@ -19,6 +19,7 @@ from .env import B_EVICT_FIRST, setting_key
 from .device import num_sms_override, on_device, single_gpu
 from .plan import GemmPlan, plan_gemm
 from .streams import cupy_stream, resolve, torch_stream
+from .tensors import _framework_by_type as _frameworks
 from .tensors import BF16, Framework, View, cupy_view, empty, export_like, framework_of, gpu_device_of, \
     is_torch_tensor, read, read_cupy, read_torch
 from .util import ceil_div
@@ -30,14 +31,39 @@ _lock = threading.Lock()
 _calls: dict[tuple, tuple[validate.Problem, GemmPlan | None]] = {}
 
 
-def _signature(kind: int, views: tuple[View | None, ...], expected_m: int | None) -> tuple:
-    """Everything validation and planning read besides the pointers: each tensor's shape, strides, dtype and
-    device, and the settings the config choice depends on. SFA's alignment decides whether it is used in place,
-    so it is part of the signature too. (The framework is not: a plan does not depend on it.)"""
-    a, sfa, b, sfb, out = views[:5]
-    key = (kind, expected_m, sfa.ptr & 15, num_sms_override(), config_version(), setting_key(B_EVICT_FIRST),
-           a[1:5], sfa[1:5], b[1:5], sfb[1:5], None if out is None else out[1:5])
-    return key if len(views) == 5 else key + (views[5][1:5],)
+def _settings_key() -> tuple:
+    """The settings a config choice depends on besides the tensors (part of every call's signature)."""
+    return num_sms_override(), config_version(), setting_key(B_EVICT_FIRST)
+
+
+def _cupy_signature(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any,
+                    expected_m: int | None, sfa_ptr: int) -> tuple:
+    """Everything validation and planning read of CuPy operands besides the pointers, read straight from the
+    arrays: each one's shape, strides, dtype and device, and the settings. SFA's alignment decides whether it is
+    used in place, so it is part of the signature too."""
+    return (kind, expected_m, sfa_ptr & 15, a.shape, a.strides, a.dtype, a.data.device_id, sfa.shape, sfa.strides,
+            sfa.dtype, sfa.data.device_id, b.shape, b.strides, b.dtype, b.data.device_id, sfb.shape, sfb.strides,
+            sfb.dtype, sfb.data.device_id,
+            None if out is None else (out.shape, out.strides, out.dtype, out.data.device_id),
+            None if layout is None else (layout.shape, layout.strides, layout.dtype, layout.data.device_id),
+            num_sms_override(), config_version(), setting_key(B_EVICT_FIRST))
+
+
+def _torch_signature(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any,
+                     expected_m: int | None, sfa_ptr: int) -> tuple:
+    """As :func:`_cupy_signature`, for torch tensors (strides in elements: the dtype is in the key too)."""
+    return (kind, expected_m, sfa_ptr & 15, a.shape, a.stride(), a.dtype, a.get_device(), sfa.shape,
+            sfa.stride(), sfa.dtype, sfa.get_device(), b.shape, b.stride(), b.dtype, b.get_device(), sfb.shape,
+            sfb.stride(), sfb.dtype, sfb.get_device(),
+            None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()),
+            None if layout is None else (layout.shape, layout.stride(), layout.dtype, layout.get_device()),
+            num_sms_override(), config_version(), setting_key(B_EVICT_FIRST))
+
+
+def _view_signature(kind: int, views: tuple[View | None, ...], expected_m: int | None) -> tuple:
+    """As :func:`_cupy_signature`, for operands read through DLPack."""
+    return (kind, expected_m, views[1].ptr & 15) + tuple(None if v is None else v[1:5] for v in views) + \
+        (num_sms_override(), config_version(), setting_key(B_EVICT_FIRST))
 
 
 _VALIDATORS: dict[int, Callable[..., validate.Problem]] = {
@@ -69,18 +95,23 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
     This is every call's path, kept flat: a repeated call reads six tensors, looks its signature up, and launches.
     """
     if framework is Framework.CUPY or framework is Framework.TORCH:
+        cupy_ops = framework is Framework.CUPY
         try:
-            if framework is Framework.CUPY:
-                views = (read_cupy(a), read_cupy(sfa), read_cupy(b), read_cupy(sfb),
-                         None if out is None else read_cupy(out))
+            if cupy_ops:
+                ptrs = (a.data.ptr, sfa.data.ptr, b.data.ptr, sfb.data.ptr, 0 if out is None else out.data.ptr,
+                        0 if layout is None else layout.data.ptr)
+                key = _cupy_signature(kind, a, sfa, b, sfb, out, layout, expected_m, ptrs[1])
             else:
-                views = (read_torch(a, _NAMES[0]), read_torch(sfa, _NAMES[1]), read_torch(b, _NAMES[2]),
-                         read_torch(sfb, _NAMES[3]), None if out is None else read_torch(out, _NAMES[4]))
-            if layout is not None:
-                views += (read_cupy(layout) if framework is Framework.CUPY else read_torch(layout, "layout"),)
+                ptrs = (a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), 0 if out is None else
+                        out.data_ptr(), 0 if layout is None else layout.data_ptr())
+                key = _torch_signature(kind, a, sfa, b, sfb, out, layout, expected_m, ptrs[1])
         except AttributeError:  # an operand of another kind: say which
             same_framework(a, sfa, b, sfb, out, layout)
             raise
+        hit = _calls.get(key)
+        if hit is None or (ptrs[0] | ptrs[2] | ptrs[4]) & 15:
+            views = _read_all(framework, a, sfa, b, sfb, out, layout)
+            hit = _remember(key, _prepare(kind, views, expected_m))
         launch_stream = None
     else:  # DLPack producers order their pending writes before the stream we launch on
         launch_stream = resolve(stream, framework, gpu_device_of(a, _NAMES[0]))
@@ -88,15 +119,11 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
                       for x, name in zip((a, sfa, b, sfb, out), _NAMES))
         if layout is not None:
             views += (read(layout, _layout_name(kind), launch_stream),)
-    key = _signature(kind, views, expected_m)
-    hit = _calls.get(key)
-    av, sv, bv, sfbv, ov = views[:5]
-    if hit is None or (av.ptr | bv.ptr | (0 if ov is None else ov.ptr)) & 15:
-        hit = _prepare(kind, views, expected_m)
-        with _lock:
-            if len(_calls) >= _CALLS_LIMIT:
-                _calls.clear()
-            _calls[key] = hit
+        ptrs = tuple(0 if v is None else v.ptr for v in views) + (() if layout is not None else (0,))
+        key = _view_signature(kind, views, expected_m)
+        hit = _calls.get(key)
+        if hit is None or (ptrs[0] | ptrs[2] | ptrs[4]) & 15:
+            hit = _remember(key, _prepare(kind, views, expected_m))
     problem, plan = hit
     if launch_stream is None:
         launch_stream = resolve(stream, framework, problem.device)
@@ -105,32 +132,49 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
             _zeros(framework, problem.out_shape, problem.device, launch_stream)
         d_ptr = result.data_ptr() if framework is Framework.TORCH else result.data.ptr
     else:
-        result, d_ptr = out, ov.ptr
+        result, d_ptr = out, ptrs[4]
     if plan is None:
         if problem.k == 0 and problem.m and problem.n and problem.num_groups:
             _zero(read(result, "out"), launch_stream)
         return result if out is not None else export_like(result, framework)
     keep = None  # what must live until the launch is queued: the framework's allocator frees in stream order
     if problem.sfa_m_major:
-        sfa_ptr = sv.ptr
+        sfa_ptr = ptrs[1]
     else:
-        sfa_ptr, keep = _sfa_m_major_copy(sv, problem, launch_stream, framework)
-    layout_ptr = 0
-    if layout is not None:
-        layout_ptr = views[5].ptr
-        if validate.check_inputs_enabled():
-            _check_layout_on_host(problem, views[5], launch_stream)
+        sfa_ptr, keep = _sfa_m_major_copy(read(sfa, _NAMES[1]), problem, launch_stream, framework)
+    if layout is not None and validate.check_inputs_enabled():
+        _check_layout_on_host(problem, read(layout, _layout_name(kind)), launch_stream)
     partials = counters = 0
     if plan.scratch_floats:
         partials, counters, keep2 = scratch(plan.scratch_floats, plan.scratch_counters, problem.device,
                                             launch_stream, framework)
     if single_gpu():
-        plan.launch(launch_stream, av.ptr, sfa_ptr, bv.ptr, sfbv.ptr, d_ptr, layout_ptr, partials, counters)
+        plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], ptrs[3], d_ptr, ptrs[5], partials, counters)
     else:
         with on_device(problem.device):
-            plan.launch(launch_stream, av.ptr, sfa_ptr, bv.ptr, sfbv.ptr, d_ptr, layout_ptr, partials, counters)
+            plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], ptrs[3], d_ptr, ptrs[5], partials, counters)
     del keep
     return result if out is not None else export_like(result, framework)
+
+
+def _read_all(framework: Framework, a: Any, sfa: Any, b: Any, sfb: Any, out: Any,
+              layout: Any) -> tuple[View | None, ...]:
+    """The Views of a CuPy or torch call's operands (for validation and planning)."""
+    if framework is Framework.CUPY:
+        views = (read_cupy(a), read_cupy(sfa), read_cupy(b), read_cupy(sfb), None if out is None else read_cupy(out))
+        return views if layout is None else views + (read_cupy(layout),)
+    views = (read_torch(a, _NAMES[0]), read_torch(sfa, _NAMES[1]), read_torch(b, _NAMES[2]),
+             read_torch(sfb, _NAMES[3]), None if out is None else read_torch(out, _NAMES[4]))
+    return views if layout is None else views + (read_torch(layout, "layout"),)
+
+
+def _remember(key: tuple, hit: tuple[validate.Problem, GemmPlan | None]) -> tuple[validate.Problem,
+                                                                                   GemmPlan | None]:
+    with _lock:
+        if len(_calls) >= _CALLS_LIMIT:
+            _calls.clear()
+        _calls[key] = hit
+    return hit
 
 
 def _layout_name(kind: int) -> str:
@@ -205,10 +249,17 @@ def _check_layout_on_host(problem: validate.Problem, layout: View, stream: int) 
         validate.check_masked_m(host, problem.m)
 
 
-def _torch_ops():
-    from . import torch as torch_ops
+_torch_module: Any = None
 
-    return torch_ops
+
+def _torch_ops():
+    """cupygemm.torch, imported on the first torch call (an import statement costs a microsecond per call)."""
+    global _torch_module
+    if _torch_module is None:
+        from . import torch as torch_ops
+
+        _torch_module = torch_ops
+    return _torch_module
 
 
 def _jax_ops(stream: Any, *tensors: Any):
@@ -253,9 +304,9 @@ def gemm_fp8_fp8_bf16_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any = 
     on one Hopper GPU, from one framework. K need not be a multiple of 128. M == 0 returns at once. NaN/Inf
     scales propagate.
     """
-    a, sfa = validate.pair(lhs, "lhs")
-    b, sfb = validate.pair(rhs, "rhs")
-    framework = framework_of(a)
+    a, sfa = lhs if type(lhs) is tuple and len(lhs) == 2 else validate.pair(lhs, "lhs")
+    b, sfb = rhs if type(rhs) is tuple and len(rhs) == 2 else validate.pair(rhs, "rhs")
+    framework = _frameworks.get(type(a)) or framework_of(a)
     if framework is Framework.TORCH:
         return _torch_ops().gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb, out, stream)
     if framework is Framework.JAX:

@@ -137,9 +137,11 @@ def _plain_eager(*tensors: Any) -> bool:
     tensors, opcheck, make_fx), no functorch transform, no tensor subclass or meta tensor, no autograd. Then the operator's body
     runs directly, saving the dispatcher's round trip (a few microseconds per call); the result is the same."""
     for t in tensors:
-        if t is not None and (type(t) is not _Tensor or t.requires_grad or t.is_meta):
+        if t is not None and (type(t) is not _Tensor or t.requires_grad):
             return False
-    return not _is_compiling() and _dispatch_modes() == 0 and not _functorch_active()
+    # Meta operands (shape inference) go to the fake implementation; a meta tensor beside CUDA ones gets the
+    # eager path's "expected a CUDA tensor" error, which names it.
+    return not tensors[0].is_meta and not _is_compiling() and _dispatch_modes() == 0 and not _functorch_active()
 
 
 def gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb, out=None, stream=None):

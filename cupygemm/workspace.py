@@ -34,6 +34,8 @@ class _Scratch:
     partials: Any  # float32 array (CuPy or torch)
     counters: Any  # uint32 (CuPy) or int32 (torch) array, all zero between kernels
     ptrs: tuple[int, int]
+    floats: int  # sizes of partials and counters (read on every call: cheaper than the arrays' shapes)
+    num_counters: int
     pinned: bool = False  # may be captured into a CUDA graph: never freed
     outgrown: list = field(default_factory=list)  # pinned arrays this set has replaced
 
@@ -49,7 +51,7 @@ def _alloc_torch(floats: int, counters: int, device: int, stream: int) -> _Scrat
     with torch_stream(stream, device):
         p = torch.empty(floats, dtype=torch.float32, device=dev)
         c = torch.zeros(counters, dtype=torch.int32, device=dev)
-    return _Scratch(p, c, (p.data_ptr(), c.data_ptr()))
+    return _Scratch(p, c, (p.data_ptr(), c.data_ptr()), floats, counters)
 
 
 def _alloc_cupy(floats: int, counters: int, device: int, stream: int) -> _Scratch:
@@ -58,7 +60,7 @@ def _alloc_cupy(floats: int, counters: int, device: int, stream: int) -> _Scratc
     with cupy.cuda.Device(device), cupy_stream(stream, device):
         p = cupy.empty(floats, dtype=cupy.float32)
         c = cupy.zeros(counters, dtype=cupy.uint32)
-    return _Scratch(p, c, (p.data.ptr, c.data.ptr))
+    return _Scratch(p, c, (p.data.ptr, c.data.ptr), floats, counters)
 
 
 def scratch(floats: int, counters: int, device: int, stream: int, framework: Framework) -> tuple[int, int, Any]:
@@ -72,7 +74,7 @@ def scratch(floats: int, counters: int, device: int, stream: int, framework: Fra
             return s.ptrs[0], s.ptrs[1], s
     key = (torch_memory, device, stream)
     s = _sets.get(key)
-    if s is None or _len(s.partials) < floats or _len(s.counters) < counters:
+    if s is None or s.floats < floats or s.num_counters < counters:
         s = _grow(key, floats, counters, torch_memory)
     return s.ptrs[0], s.ptrs[1], s
 
@@ -83,7 +85,7 @@ def _grow(key: tuple[bool, int, int], floats: int, counters: int, torch_memory: 
         s = _sets.get(key)
         # Grow with headroom so a few larger problems do not each reallocate.
         new = (_alloc_torch if torch_memory else _alloc_cupy)(
-            max(floats, _len(s.partials) if s else 0) * 5 // 4, max(counters, _len(s.counters) if s else 0) * 5 // 4,
+            max(floats, s.floats if s else 0) * 5 // 4, max(counters, s.num_counters if s else 0) * 5 // 4,
             device, stream)
         new.pinned = not torch_memory  # see the module docstring
         if s is not None and s.pinned:
@@ -96,6 +98,3 @@ def _grow(key: tuple[bool, int, int], floats: int, counters: int, torch_memory: 
                 _pinned.append(old)
         return new
 
-
-def _len(arr: Any) -> int:
-    return int(arr.shape[0])

@@ -24,6 +24,7 @@ grew at its end between them, so only fields up to ``DeviceOrdinal_Get`` are mir
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import re
 import sys
@@ -143,6 +144,9 @@ class DeviceOrdinalGetArgs(ctypes.Structure):
 
 #: An API-table function taking one argument struct pointer and returning an XLA_FFI_Error* (NULL = OK).
 API_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+#: The same, called with the GIL held: for XLA's accessors (Stream_Get, DeviceOrdinal_Get), which return at
+#: once, so releasing the GIL around them would only let another thread take it and make the handler wait.
+API_FN_GIL = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 #: The handler's C type: XLA_FFI_Error* handler(XLA_FFI_CallFrame*).
 HANDLER_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
 
@@ -194,6 +198,23 @@ _API_SIZE = Api.struct_size.offset
 _API_MAJOR = Api.api_version.offset + ApiVersion.major_version.offset
 _API_MINOR = Api.api_version.offset + ApiVersion.minor_version.offset
 _SCALAR_DTYPE, _SCALAR_VALUE = Scalar.dtype.offset, Scalar.value.offset
+
+# The call frame as 64-bit words, read with one copy (every field we read is a pointer, a size or an int padded
+# to 8 bytes).
+_FRAME_WORDS = ctypes.c_uint64 * (CALL_FRAME_SIZE // 8)
+_W_EXT, _W_API, _W_CTX, _W_STAGE = _CF_EXT // 8, _CF_API // 8, _CF_CTX // 8, _CF_STAGE // 8
+_W_NARGS, _W_ARGV, _W_NRETS, _W_RETV = _CF_NARGS // 8, _CF_ARGV // 8, _CF_NRETS // 8, _CF_RETV // 8
+_W_NATTRS, _W_ATTR_TYPES, _W_ATTRV = _CF_NATTRS // 8, _CF_ATTR_TYPES // 8, _CF_ATTRV // 8
+_SCALAR_WORDS = ctypes.c_uint64 * 2  # XLA_FFI_Scalar: int dtype (padded to 8 bytes), value pointer
+
+
+@functools.lru_cache(maxsize=64)
+def _u64_array(n: int) -> type:
+    return ctypes.c_uint64 * n
+
+
+def _signed(word: int) -> int:
+    return word - (1 << 64) if word >> 63 else word
 
 _u64 = ctypes.c_uint64.from_address
 _i64 = ctypes.c_int64.from_address
@@ -260,9 +281,9 @@ class _BoundApi:
         if need_stream:
             if size < Api.Stream_Get.offset + 8:
                 raise RuntimeError(f"XLA's FFI API table ({size} bytes) has no Stream_Get")
-            self.stream_get = API_FN(_u64(api + Api.Stream_Get.offset).value)
+            self.stream_get = API_FN_GIL(_u64(api + Api.Stream_Get.offset).value)
         if size >= Api.DeviceOrdinal_Get.offset + 8:
-            self.device_ordinal_get = API_FN(_u64(api + Api.DeviceOrdinal_Get.offset).value)
+            self.device_ordinal_get = API_FN_GIL(_u64(api + Api.DeviceOrdinal_Get.offset).value)
 
 
 class FfiHandler:
@@ -290,6 +311,10 @@ class FfiHandler:
         self.handshakes = 0
         self.executes = 0  # execute calls that reached a launch (approximate under threads): shows graph replay
         self.profile: list[int] | None = None  # set to [] to collect each call's host time in ns (benchmarks)
+        self.trace: list[tuple[int, tuple[int, ...]]] | None = None  # set to [] to collect (entry id, pointers)
+        # set to [] to collect, per call, the ns from entry to: frame read, stream known, launch queued
+        self.profile_parts: list[tuple[int, int, int]] | None = None
+        self._t0 = 0
         self._cfunc = HANDLER_FN(self._call)  # the ctypes callback object must outlive every XLA call
         self.address: int = ctypes.cast(self._cfunc, ctypes.c_void_p).value
 
@@ -307,7 +332,7 @@ class FfiHandler:
 
     def _call(self, frame: int | None) -> int | None:
         if self.profile is not None:
-            t0 = time.perf_counter_ns()
+            t0 = self._t0 = time.perf_counter_ns()
             err = self._run(frame)
             self.profile.append(time.perf_counter_ns() - t0)
             return err
@@ -318,11 +343,11 @@ class FfiHandler:
         try:
             if not frame:
                 raise ValueError("XLA passed a NULL call frame")
-            ext = _u64(frame + _CF_EXT).value
-            if ext and self._handshake(ext):
+            words = _FRAME_WORDS.from_address(frame)[:]
+            if words[_W_EXT] and self._handshake(words[_W_EXT]):
                 return None
-            api = _u64(frame + _CF_API).value
-            return self._execute(frame, api)
+            api = words[_W_API]
+            return self._execute(words, api)
         except BaseException as e:  # noqa: BLE001 - nothing may propagate through the C boundary
             return self._error(api, e)
 
@@ -349,32 +374,34 @@ class FfiHandler:
             self._apis[api] = bound
         return bound
 
-    def _execute(self, frame: int, api: int) -> int | None:
+    def _execute(self, words: list[int], api: int) -> int | None:
         bound = self._apis.get(api) or self._bind(api)
-        stage = _i32(frame + _CF_STAGE).value
-        if stage != EXECUTE:
+        if words[_W_STAGE] & 0xFFFFFFFF != EXECUTE:
             return None  # a single-function handler has no work in other stages
-        if _i64(frame + _CF_NATTRS).value != 1:
+        if words[_W_NATTRS] != 1:
             raise ValueError(f"{self.name}: expected one attribute (entry_id), got "
-                             f"{_i64(frame + _CF_NATTRS).value}")
-        scalar = _u64(_u64(frame + _CF_ATTRV).value).value
-        if _i32(_u64(frame + _CF_ATTR_TYPES).value).value != ATTR_SCALAR or _i32(scalar + _SCALAR_DTYPE).value != _S64:
+                             f"{_signed(words[_W_NATTRS])}")
+        scalar_dtype, value_ptr = _SCALAR_WORDS.from_address(_u64(words[_W_ATTRV]).value)[:]
+        if _i32(words[_W_ATTR_TYPES]).value != ATTR_SCALAR or scalar_dtype & 0xFFFFFFFF != _S64:
             raise ValueError(f"{self.name}: the entry_id attribute must be an int64 scalar")
-        entry_id = _i64(_u64(scalar + _SCALAR_VALUE).value).value
+        entry_id = _i64(value_ptr).value
         if not 0 <= entry_id < len(self._entries):
             raise ValueError(f"{self.name}: unknown entry_id {entry_id} ({len(self._entries)} registered)")
         entry = self._entries[entry_id]
-        nargs, nrets = _i64(frame + _CF_NARGS).value, _i64(frame + _CF_NRETS).value
+        nargs, nrets = words[_W_NARGS], words[_W_NRETS]
         if nargs != entry.num_args or nrets != entry.num_rets:
             raise ValueError(f"{entry.name}: expected {entry.num_args} operands and {entry.num_rets} results, "
-                             f"XLA passed {nargs} and {nrets}")
-        argv, retv = _u64(frame + _CF_ARGV).value, _u64(frame + _CF_RETV).value
-        bufs = [_u64(argv + 8 * i).value for i in range(nargs)] + [_u64(retv + 8 * i).value for i in range(nrets)]
+                             f"XLA passed {_signed(nargs)} and {_signed(nrets)}")
+        bufs = (_u64_array(nargs).from_address(words[_W_ARGV])[:] if nargs else []) + \
+            (_u64_array(nrets).from_address(words[_W_RETV])[:] if nrets else [])
         if entry.expected is not None:
             _check_buffers(entry, bufs)
         ptrs = [_u64(b + _BUF_DATA).value for b in bufs]
+        parts = self.profile_parts
+        if parts is not None:
+            t_read = time.perf_counter_ns()
         stream = 0
-        ctx = _u64(frame + _CF_CTX).value
+        ctx = words[_W_CTX]
         if bound.stream_get is not None:
             stream, err = self._stream(bound, ctx)
             if err:
@@ -386,7 +413,14 @@ class FfiHandler:
                 raise ValueError(f"{entry.name}: no kernel was planned for XLA device "
                                  f"{self._device_ordinal(bound, ctx)} (planned: {sorted(entry.launches)})")
         self.executes += 1
+        if self.trace is not None:
+            self.trace.append((entry_id, tuple(ptrs)))
+        if parts is None:
+            launch(stream, ptrs[:nargs], ptrs[nargs:])
+            return None
+        t_stream = time.perf_counter_ns()
         launch(stream, ptrs[:nargs], ptrs[nargs:])
+        parts.append((t_read - self._t0, t_stream - self._t0, time.perf_counter_ns() - self._t0))
         return None
 
     def _stream(self, bound: _BoundApi, ctx: int) -> tuple[int, int | None]:

@@ -173,3 +173,14 @@ def test_deepgemm2_names(recorder):
         cupygemm.fp8_gemm_nt(lhs, rhs, out, recipe=(1, 1, 128))
     with pytest.raises(TypeError, match="unexpected keyword"):
         cupygemm.m_grouped_fp8_gemm_nt_masked(lhs, rhs, out, None, 1, bogus=1)
+
+
+def test_in_place_reshape_of_an_operand_is_seen(recorder):
+    """CuPy lets ``x.shape = ...`` change an array in place: the same objects with a new shape are a new
+    signature (validated and planned afresh), never launched on the old plan."""
+    lhs, rhs, out = _operands(m=128, n=256, k=512)
+    cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+    lhs[0].shape = (64, 1024)  # same bytes, other rows and K: now K disagrees with B's
+    with pytest.raises(ValueError):
+        cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+    assert [e[0] for e in recorder] == ["plan", "launch"]

@@ -150,9 +150,10 @@ class Frame:
         return ctypes.addressof(self.frame)
 
 
-def call_through_c(handler: ffi.FfiHandler, frame_address: int) -> int | None:
-    """Call the handler as XLA does: through its C function pointer."""
-    return ffi.HANDLER_FN(handler.address)(frame_address)
+def call_through_c(handler: ffi.FfiHandler, frame: "Frame | int") -> int | None:
+    """Call the handler as XLA does: through its C function pointer. Pass the Frame itself, not its address, so
+    that it stays alive during the call (a temporary's memory would be freed before the handler reads it)."""
+    return ffi.HANDLER_FN(handler.address)(frame.address if isinstance(frame, Frame) else frame)
 
 
 ARGS = [(20, (64, 256), 0x1000), (11, (2, 64), 0x2000), (20, (128, 256), 0x3000), (11, (1, 2), 0x4000)]
@@ -202,7 +203,7 @@ def test_cpu_handler_passes_stream_zero():
     xla = FakeXla()
     h = ffi.FfiHandler("t", (0, 4), use_stream=False)
     entry, seen = recording_entry()
-    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry)).address) is None
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry))) is None
     assert seen[0][0] == 0 and xla.stream_ctx == []
 
 
@@ -213,7 +214,7 @@ def test_launch_errors_become_ffi_errors(exc, code):
     xla = FakeXla()
     h = ffi.FfiHandler("cupygemm_fp8_gemm", (0, 4))
     entry, _ = recording_entry(fail=exc)
-    err = call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry)).address)
+    err = call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry)))
     assert err  # a non-NULL XLA_FFI_Error*
     (message, errc), = xla.errors
     assert errc == code and str(exc) in message and "cupygemm (cupygemm_fp8_gemm)" in message
@@ -240,10 +241,10 @@ def test_buffer_check_names_the_operand():
     expected = tuple((d, dims) for d, dims, _ in ARGS + RETS)
     entry, seen = recording_entry(expected=expected)
     eid = h.add(entry)
-    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=eid).address) is None and len(seen) == 1
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=eid)) is None and len(seen) == 1
     bad = list(ARGS)
     bad[1] = (11, (2, 60), 0x2000)
-    assert call_through_c(h, Frame(xla, bad, RETS, entry_id=eid).address)
+    assert call_through_c(h, Frame(xla, bad, RETS, entry_id=eid))
     assert "operand 1: expected dtype 11 with shape (2, 64), XLA passed dtype 11 with shape (2, 60)" in xla.errors[-1][0]
 
 
@@ -251,7 +252,7 @@ def test_unknown_api_major_in_the_frame_is_an_error():
     xla = FakeXla(major=1, minor=0)
     h = ffi.FfiHandler("t", (0, 4))
     entry, seen = recording_entry()
-    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry)).address)
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry)))
     assert xla.errors[-1][1] == ffi.INTERNAL and "API version 1.0" in xla.errors[-1][0] and seen == []
 
 
@@ -261,7 +262,7 @@ def test_stream_get_error_is_passed_back():
     xla.stream_error = ctypes.addressof(sentinel)
     h = ffi.FfiHandler("t", (0, 4))
     entry, seen = recording_entry()
-    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry)).address) == ctypes.addressof(sentinel)
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=h.add(entry))) == ctypes.addressof(sentinel)
     assert seen == []
 
 
@@ -271,9 +272,9 @@ def test_device_ordinal_picks_the_plan():
     ran = []
     entry = ffi.FfiEntry("e", len(ARGS), len(RETS), {0: lambda *a: ran.append(0), 1: lambda *a: ran.append(1)})
     eid = h.add(entry)
-    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=eid).address) is None and ran == [1]
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=eid)) is None and ran == [1]
     xla.ordinal = 3
-    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=eid).address)
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=eid))
     assert "no kernel was planned for XLA device 3" in xla.errors[-1][0]
 
 

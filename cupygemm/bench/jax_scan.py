@@ -11,10 +11,16 @@ script times, per scan step (``--steps`` GEMMs per scan, median of ``--repeats``
 * JAX's FP8 dot: ``lax.dot_general`` on float8_e4m3fn operands with ``preferred_element_type=float32`` and one
   scale per tensor, cast to BF16 (masked: batched, all rows);
 
-each in a fresh process with default XLA flags and in one with
-``XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"`` (XLA reads
-the flags when its backend starts, so the two runs are two subprocesses). Without command buffers it also
-reports the FFI handler's own host time per call (``perf_counter_ns`` around the Python handler, as XLA calls it).
+each in a fresh process with default XLA flags, in one with
+``XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"``, and in one
+that adds ``WHILE,CONDITIONAL`` to that list (XLA reads the flags when its backend starts, hence subprocesses).
+The masked case runs twice: updating the scan's carry in place (``out=``), and writing a new zeroed output.
+
+Per case it also reports how often XLA runs the FFI handler in the first scan of a fresh executable and in the
+next one (with command buffers, a run means recording or updating the graph), the handler's host time per call
+(``perf_counter_ns`` around the Python handler, as XLA calls it) split into reading the call frame, asking XLA for
+its stream, and our launch, and which of the custom call's buffers (operands, then results) change address from
+one call to the next: a moved buffer is what makes XLA record the command again.
 
 Every step reads a per-step operand (its A scales; the baselines an output scale): XLA hoists a loop-invariant
 call out of the loop, and the scan would time one GEMM.
@@ -40,6 +46,9 @@ CASES = [
     {"name": "normal 128x7168x2048", "kind": "normal", "m": 128, "n": 7168, "k": 2048},
     {"name": "masked 4x128(64)x7168x2048", "kind": "masked", "g": 4, "m": 128, "expected_m": 64, "n": 7168,
      "k": 2048},
+    # The same GEMM writing a new zeroed output each step instead of updating the carry in place (out=).
+    {"name": "masked 4x128(64)x7168x2048, new output", "kind": "masked", "g": 4, "m": 128, "expected_m": 64,
+     "n": 7168, "k": 2048, "new_output": True},
 ]
 
 
@@ -48,7 +57,7 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2]
 
 
-def child(steps: int, repeats: int, with_cupy: bool) -> dict:
+def child(steps: int, repeats: int, with_cupy: bool, unroll: int = 1) -> dict:
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
     import jax.numpy as jnp
@@ -87,7 +96,8 @@ def child(steps: int, repeats: int, with_cupy: bool) -> dict:
 
             def ours(a_, sa_, prev):
                 # Rows past masked_m keep the previous step's output (as in decode): no zero fill per step.
-                return cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a_, sa_, jb, jsb, jmm, case["expected_m"], out=prev)
+                out = None if case.get("new_output") else prev
+                return cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a_, sa_, jb, jsb, jmm, case["expected_m"], out=out)
         else:
             def ours(a_, sa_, _):
                 return cj.gemm_fp8_fp8_bf16_nt(a_, sa_, jb, jsb)
@@ -108,8 +118,15 @@ def child(steps: int, repeats: int, with_cupy: bool) -> dict:
         def scan_of(fn, a_in, per_step):
             @jax.jit
             def run(a_, xs):
-                return lax.scan(lambda carry, x_: (fn(a_, x_, carry), None), jnp.zeros(out_shape, jnp.bfloat16),
-                                xs)[0]
+                if unroll > 1:
+                    # Unrolled, a step whose result nothing reads would be dead code: keep every step's result.
+                    def body(carry, x_):
+                        y = fn(a_, x_, carry)
+                        return y, y
+                else:
+                    def body(carry, x_):
+                        return fn(a_, x_, carry), None
+                return lax.scan(body, jnp.zeros(out_shape, jnp.bfloat16), xs, unroll=unroll)
             return lambda: run(a_in, per_step)
 
         # Each step reads one per-step operand (its A scales; the baselines' output scale), so that no step is
@@ -119,6 +136,8 @@ def child(steps: int, repeats: int, with_cupy: bool) -> dict:
         for label, fn, args in (("cupygemm_jax", ours, (ja, sfa_steps)),
                                 ("jnp_dot_bf16", bf16_dot, (xbf, jnp.ones(steps, jnp.float32))),
                                 ("jax_fp8_dot", fp8_dot, (a8, jnp.full(steps, s8, jnp.float32)))):
+            if case.get("new_output") and label != "cupygemm_jax":
+                continue  # the baselines are the masked case's
             run = scan_of(fn, *args)
             jax.block_until_ready(run())
             jax.block_until_ready(run())
@@ -129,19 +148,31 @@ def child(steps: int, repeats: int, with_cupy: bool) -> dict:
                 times.append((time.perf_counter() - t0) / steps * 1e6)
             row[f"{label}_us"] = _median(times)
 
-        # Host time of the handler itself (per call as XLA makes it).
+        # Host time of the handler itself (per call as XLA makes it), and how often XLA runs it in a scan once
+        # the executable has run before (with command buffers: only when it records or updates the graph).
         handler = cj._handlers.get("cuda") or cj._handlers["cpu"]
-        handler.profile = []
         run = scan_of(ours, ja, sfa_steps)
+        handler.profile = []
+        jax.block_until_ready(run())
+        row["handler_calls_first_scan"] = len(handler.profile)
+        handler.profile, handler.profile_parts, handler.trace = [], [], []
         jax.block_until_ready(run())
         row["handler_calls_per_scan"] = len(handler.profile)
         row["handler_host_us"] = _median(handler.profile) / 1e3 if handler.profile else None
-        handler.profile = None
+        if handler.profile_parts:  # where the handler's time goes: frame read, XLA's stream, our launch
+            read, stream, end = (_median([p[i] for p in handler.profile_parts]) / 1e3 for i in range(3))
+            row["handler_parts_us"] = {"frame_read": read, "stream_get": stream - read, "launch": end - stream}
+        # Which of the custom call's buffers move from one call to the next (operands, then results): a moved
+        # buffer is why XLA records the command again.
+        trace = handler.trace
+        row["moving_buffers"] = sorted({i for (_, p1), (_, p2) in zip(trace, trace[1:])
+                                        for i, (x, y) in enumerate(zip(p1, p2)) if x != y})
+        handler.profile = handler.profile_parts = handler.trace = None
 
         if with_cupy:
             row["kernel_us"] = _cupy_graph_time(case, a, sfa, b, sfb, masked_m if g else None, steps, repeats)
         results.append(row)
-    return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "jax": jax.__version__,
+    return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "unroll": unroll, "jax": jax.__version__,
             "device": jax.devices()[0].device_kind, "cases": results}
 
 
@@ -182,6 +213,10 @@ def _cupy_graph_time(case: dict, a, sfa, b, sfb, masked_m, steps: int, repeats: 
     return _median(times)
 
 
+def _cell(us: float | None) -> str:
+    return "-" if us is None else f"{us:.1f}"
+
+
 def add_parser(sub: Any) -> None:
     sp = sub.add_parser("jax-scan", help="cupygemm.jax inside jax.jit: a lax.scan of decode GEMMs, with and "
                         "without XLA command buffers, against jnp.dot and JAX's FP8 dot", description=__doc__,
@@ -202,22 +237,26 @@ def main(argv: list[str] | None = None) -> int:
     _options(p)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--with-cupy", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--unroll", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.steps, args.repeats, args.with_cupy)))
+        print(json.dumps(child(args.steps, args.repeats, args.with_cupy, args.unroll)))
         return 0
     return run(args)
 
 
 def run(args: argparse.Namespace) -> int:
     runs = {}
-    for label, flags in (("default", None), ("command_buffers", CB_FLAGS), ("command_buffers+while", CB_WHILE_FLAGS)):
+    # (A fully unrolled scan was tried too: XLA merges identical steps of the baselines, and stacking the results
+    # to keep every step alive moves their addresses on every run, so it re-records all steps: benchmarks/NOTES.md.)
+    modes = (("default", None, 1), ("command_buffers", CB_FLAGS, 1), ("command_buffers+while", CB_WHILE_FLAGS, 1))
+    for label, flags, unroll in modes:
         env = dict(os.environ)
         env.pop("XLA_FLAGS", None)
         if flags:
             env["XLA_FLAGS"] = flags
         cmd = [sys.executable, "-m", "cupygemm.bench.jax_scan", "--child", "--steps", str(args.steps), "--repeats",
-               str(args.repeats)] + (["--with-cupy"] if label == "default" else [])
+               str(args.repeats), "--unroll", str(unroll)] + (["--with-cupy"] if label == "default" else [])
         res = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if res.returncode != 0:
             print(f"{label}: failed\n{res.stderr[-3000:]}", file=sys.stderr)
@@ -236,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
             handler = c["handler_host_us"] if label == "default" else None
             cells = [c["case"], label, f"{c['cupygemm_jax_us']:.1f}",
                      f"{kernel[c['case']]:.1f}" if kernel.get(c["case"]) else "-",
-                     f"{c['jnp_dot_bf16_us']:.1f}", f"{c['jax_fp8_dot_us']:.1f}",
+                     _cell(c.get("jnp_dot_bf16_us")), _cell(c.get("jax_fp8_dot_us")),
                      f"{handler:.1f}" if handler else f"- ({c['handler_calls_per_scan']} calls/scan)"]
             print("| " + " | ".join(cells) + " |")
     if args.json:
