@@ -42,6 +42,8 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
   // Clustered: the peer multicasts into our shared memory and arrives on our barriers, so it must see them
   // initialised.
   if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
+  // Everything above overlaps the previous kernel's tail; from here on global memory is read and written.
+  if constexpr (T::kPdl) grid_dependency_wait();
 
   // The tile record both roles fill from their schedulers; it lives here, not in the roles' functions, because
   // where values live changes NVRTC's code (cuda_src/README.md, "Changing the kernel").
@@ -93,12 +95,17 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     }
     epilogue.store(acc, tile, n0, rows, row_groups);
   }
+  // After the last tile's math: the next kernel's launch and set-up overlap our last stores (it waits for them).
+  if constexpr (T::kPdl) grid_launch_dependents();
   epilogue.finish();
 }
 
 }  // namespace cupygemm
 
 #ifdef CUPYGEMM_SHAPE_N
+#ifndef CUPYGEMM_PDL
+#define CUPYGEMM_PDL 0
+#endif
 // Entry point with a fixed C name, instantiated from the constants the JIT defines. cupygemm/contract.py states its
 // whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
 extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1) CUPYGEMM_CLUSTER_ATTR
@@ -112,7 +119,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                         CUPYGEMM_WGMMA_N, CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG,
                                         CUPYGEMM_MATH_REGS, CUPYGEMM_PRODUCER_REGS, CUPYGEMM_SWIZZLE_D,
                                         CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_MULTICAST, CUPYGEMM_INTERLEAVE_K,
-                                        CUPYGEMM_SERIAL_M, CUPYGEMM_SPLIT_K, CUPYGEMM_STREAM_K, CUPYGEMM_A_BOX_M>;
+                                        CUPYGEMM_SERIAL_M, CUPYGEMM_SPLIT_K, CUPYGEMM_STREAM_K, CUPYGEMM_A_BOX_M,
+                                        CUPYGEMM_PDL>;
   cupygemm::fp8_gemm<Traits>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials, tile_counters,
                              shape_m, num_groups, ld_d, b_evict_first);
 }

@@ -14,7 +14,7 @@ constexpr uint32_t kBlockK = 128;  // = the scaling granularity along K; one pro
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t WGMMA_N_,
           uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
           uint32_t kSwizzleD_, uint32_t kRasterN_, int kKind_, int kMulticast_, bool kInterleaveK_, bool kSerialM_,
-          uint32_t kSplitK_, bool kStreamK_, uint32_t A_BOX_M_>
+          uint32_t kSplitK_, bool kStreamK_, uint32_t A_BOX_M_, bool kPdl_ = false>
 struct KernelTraits {
   static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_, BLOCK_M = BLOCK_M_, BLOCK_N = BLOCK_N_;
   static constexpr uint32_t WGMMA_N = WGMMA_N_, kNumStages = kNumStages_, kNumMathWG = kNumMathWG_;
@@ -22,6 +22,9 @@ struct KernelTraits {
   static constexpr uint32_t kRasterN = kRasterN_, kSplitK = kSplitK_, A_BOX_M = A_BOX_M_;
   static constexpr int kKind = kKind_, kMulticast = kMulticast_;
   static constexpr bool kInterleaveK = kInterleaveK_, kSerialM = kSerialM_, kStreamK = kStreamK_;
+  // Programmatic dependent launch: the kernel may start while the previous one on its stream is finishing, so it
+  // waits for that grid before touching global memory, and lets the next one start once its own tiles are done.
+  static constexpr bool kPdl = kPdl_;
 
   // ---- threads ----
   static constexpr uint32_t kNumMathThreads = kNumMathWG * 128;  // the producer warpgroup follows them

@@ -50,6 +50,12 @@ template <uint32_t I, uint32_t N, typename F> __device__ __forceinline__ void st
   }
 }
 
+// Programmatic dependent launch (no-ops in a kernel launched without the attribute). wait: until the grids this
+// one depends on have completed and their memory is visible. launch_dependents: this CTA no longer holds the next
+// grid back (it starts once every CTA has said so or exited).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void grid_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n"); }
+
 __device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }

@@ -1,4 +1,4 @@
-"""The ``cupygemm`` command: ``info``, ``warmup``, ``cache export|import``, and ``bench``, ``overhead`` and ``jax-scan`` (from
+"""The ``cupygemm`` command: ``info``, ``warmup``, ``cache export|import``, and ``bench``, ``overhead``, ``jax-scan`` and ``chain`` (from
 :mod:`cupygemm.bench`, imported only when the parser is built, so ``import cupygemm.cli`` stays light and
 the benchmark never imports the CLI)."""
 from __future__ import annotations
@@ -48,6 +48,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"cache         {cache.cache_dir()} ({n} kernels, {size / 1e6:.1f} MB)")
     print(f"interleave    {env.FFMA_INTERLEAVE}={env.ffma_interleave_mode()}")
     print(f"B in L2       {env.B_EVICT_FIRST}={env.b_evict_first_mode()}")
+    print(f"PDL           {env.PDL}={int(env.pdl_enabled())}")
     return 0
 
 
@@ -194,12 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
         cp.add_argument("--num-sms", type=int, default=None,
                         help="SM count of the target GPU (default: this GPU's; needed for export without a GPU)")
         cp.set_defaults(func=_cmd_cache)
+    from cupygemm.bench.chain import add_parser as add_chain_parser
     from cupygemm.bench.jax_scan import add_parser as add_jax_scan_parser
     from cupygemm.bench.options import add_bench_parser
     from cupygemm.bench.overhead import add_parser as add_overhead_parser
 
     add_overhead_parser(sub)
     add_jax_scan_parser(sub)
+    add_chain_parser(sub)
     add_bench_parser(sub)
     return p
 

@@ -89,9 +89,14 @@ def smem_bytes(block_m: int, block_n: int, stages: int, interleave_k: bool = Fal
 
 # --- template constants -------------------------------------------------------------------------------------------
 
-def defines(cfg: GemmConfig) -> dict[str, object]:
-    """The CUPYGEMM_* constants that instantiate cuda_src/fp8_gemm.cu (the grid size is not one of them)."""
-    return {
+def defines(cfg: GemmConfig, pdl: bool = False) -> dict[str, object]:
+    """The CUPYGEMM_* constants that instantiate cuda_src/fp8_gemm.cu (the grid size is not one of them).
+
+    ``pdl``: the kernel waits for the previous grid on its stream before touching memory and releases the next one
+    after its last tile, for launches with programmatic dependent launch (:mod:`cupygemm.launch`). Left out when
+    off (the kernel's default), so those kernels keep their sources, cache entries and code."""
+    pdl_define = {"CUPYGEMM_PDL": 1} if pdl else {}
+    return pdl_define | {
         "CUPYGEMM_SHAPE_N": cfg.shape_n,
         "CUPYGEMM_SHAPE_K": cfg.shape_k,
         "CUPYGEMM_BLOCK_M": cfg.block_m,

@@ -23,6 +23,7 @@ FFMA_INTERLEAVE = "CUPYGEMM_FFMA_INTERLEAVE"
 CUPTI = "CUPYGEMM_CUPTI"
 B_EVICT_FIRST = "CUPYGEMM_B_EVICT_FIRST"
 CHECK_INPUTS = "CUPYGEMM_CHECK_INPUTS"
+PDL = "CUPYGEMM_PDL"
 
 
 def _raw(name: str) -> str | None:
@@ -115,6 +116,11 @@ def ffma_interleave_mode() -> str:
 def b_evict_first_mode() -> str:
     """``CUPYGEMM_B_EVICT_FIRST``: ``auto`` (default), ``1`` or ``0`` (boolean spellings accepted)."""
     return env_choice(B_EVICT_FIRST, ("auto", "1", "0"), "auto")
+
+
+def pdl_enabled() -> bool:
+    """``CUPYGEMM_PDL``: launch the GEMMs with programmatic dependent launch (default off)."""
+    return env_bool(PDL, False)
 
 
 def check_inputs_enabled() -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from . import validate
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, config_version
-from .env import B_EVICT_FIRST, setting_key
+from .env import B_EVICT_FIRST, PDL, setting_key
 from .device import num_sms_override, on_device, single_gpu
 from .plan import GemmPlan, plan_gemm
 from .streams import cupy_stream, resolve, torch_stream
@@ -31,22 +31,16 @@ _lock = threading.Lock()
 _calls: dict[tuple, tuple[validate.Problem, GemmPlan | None]] = {}
 
 
-def _settings_key() -> tuple:
-    """The settings a config choice depends on besides the tensors (part of every call's signature)."""
-    return num_sms_override(), config_version(), setting_key(B_EVICT_FIRST)
-
-
 def _cupy_signature(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any,
-                    expected_m: int | None, sfa_ptr: int) -> tuple:
+                    expected_m: int | None, sfa_ptr: int, devices: object) -> tuple:
     """Everything validation and planning read of CuPy operands besides the pointers, read straight from the
-    arrays: each one's shape, strides, dtype and device, and the settings. SFA's alignment decides whether it is
-    used in place, so it is part of the signature too."""
-    return (kind, expected_m, sfa_ptr & 15, a.shape, a.strides, a.dtype, a.data.device_id, sfa.shape, sfa.strides,
-            sfa.dtype, sfa.data.device_id, b.shape, b.strides, b.dtype, b.data.device_id, sfb.shape, sfb.strides,
-            sfb.dtype, sfb.data.device_id,
-            None if out is None else (out.shape, out.strides, out.dtype, out.data.device_id),
-            None if layout is None else (layout.shape, layout.strides, layout.dtype, layout.data.device_id),
-            num_sms_override(), config_version(), setting_key(B_EVICT_FIRST))
+    arrays: each one's shape, strides and dtype, their devices, and the settings. SFA's alignment decides whether it
+    is used in place, so it is part of the signature too."""
+    return (kind, expected_m, sfa_ptr & 15, devices, a.shape, a.strides, a.dtype, sfa.shape, sfa.strides, sfa.dtype,
+            b.shape, b.strides, b.dtype, sfb.shape, sfb.strides, sfb.dtype,
+            None if out is None else (out.shape, out.strides, out.dtype),
+            None if layout is None else (layout.shape, layout.strides, layout.dtype),
+            num_sms_override(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
 
 
 def _torch_signature(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any,
@@ -57,13 +51,13 @@ def _torch_signature(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, la
             sfb.stride(), sfb.dtype, sfb.get_device(),
             None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()),
             None if layout is None else (layout.shape, layout.stride(), layout.dtype, layout.get_device()),
-            num_sms_override(), config_version(), setting_key(B_EVICT_FIRST))
+            num_sms_override(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
 
 
 def _view_signature(kind: int, views: tuple[View | None, ...], expected_m: int | None) -> tuple:
     """As :func:`_cupy_signature`, for operands read through DLPack."""
     return (kind, expected_m, views[1].ptr & 15) + tuple(None if v is None else v[1:5] for v in views) + \
-        (num_sms_override(), config_version(), setting_key(B_EVICT_FIRST))
+        (num_sms_override(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
 
 
 _VALIDATORS: dict[int, Callable[..., validate.Problem]] = {
@@ -98,9 +92,15 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
         cupy_ops = framework is Framework.CUPY
         try:
             if cupy_ops:
-                ptrs = (a.data.ptr, sfa.data.ptr, b.data.ptr, sfb.data.ptr, 0 if out is None else out.data.ptr,
-                        0 if layout is None else layout.data.ptr)
-                key = _cupy_signature(kind, a, sfa, b, sfb, out, layout, expected_m, ptrs[1])
+                ad, sd, bd, fd = a.data, sfa.data, b.data, sfb.data
+                od = None if out is None else out.data
+                ld = None if layout is None else layout.data
+                ptrs = (ad.ptr, sd.ptr, bd.ptr, fd.ptr, 0 if od is None else od.ptr, 0 if ld is None else ld.ptr)
+                # With one GPU every CuPy array is on device 0: no need to read the device ids.
+                devices = 0 if single_gpu() else (ad.device_id, sd.device_id, bd.device_id, fd.device_id,
+                                                  None if od is None else od.device_id,
+                                                  None if ld is None else ld.device_id)
+                key = _cupy_signature(kind, a, sfa, b, sfb, out, layout, expected_m, ptrs[1], devices)
             else:
                 ptrs = (a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), 0 if out is None else
                         out.data_ptr(), 0 if layout is None else layout.data_ptr())

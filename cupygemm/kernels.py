@@ -6,21 +6,24 @@ import threading
 
 from . import contract
 from .config import GemmConfig
+from .env import pdl_enabled
 from .jit.build import LoadedKernel, build_cubin, load_kernel, relaxed_capture
 from .jit.source import KernelSource, render
 from .launch import make_launcher
 
 _lock = threading.Lock()
-_by_config: dict[tuple[int, GemmConfig], LoadedKernel] = {}
+_by_config: dict[tuple[int, GemmConfig, bool], LoadedKernel] = {}
 
 
-def gemm_source(cfg: GemmConfig) -> KernelSource:
-    return render(contract.GEMM_FILE, contract.GEMM_ENTRY, contract.defines(cfg))
+def gemm_source(cfg: GemmConfig, pdl: bool | None = None) -> KernelSource:
+    """The kernel source for ``cfg``; ``pdl``: the programmatic-dependent-launch variant (None: as
+    ``CUPYGEMM_PDL`` says, i.e. the variant this process launches)."""
+    return render(contract.GEMM_FILE, contract.GEMM_ENTRY, contract.defines(cfg, pdl_enabled() if pdl is None else pdl))
 
 
-def compile_gemm(cfg: GemmConfig) -> bytes:
+def compile_gemm(cfg: GemmConfig, pdl: bool | None = None) -> bytes:
     """The sm_90a cubin for ``cfg`` (from the cache or NVRTC). Needs no GPU."""
-    return build_cubin(gemm_source(cfg), config=cfg)[1]
+    return build_cubin(gemm_source(cfg, pdl), config=cfg)[1]
 
 
 def precompile_gemm(cfg: GemmConfig) -> None:
@@ -52,15 +55,16 @@ def max_active_clusters(kernel: LoadedKernel, cfg: GemmConfig) -> int:
     return out.value if res == 0 else 0
 
 
-def get_gemm_kernel(cfg: GemmConfig, device_id: int) -> LoadedKernel:
-    """The loaded kernel for ``cfg`` on ``device_id`` (the current device); memoized in-process.
+def get_gemm_kernel(cfg: GemmConfig, device_id: int, pdl: bool = False) -> LoadedKernel:
+    """The loaded kernel for ``cfg`` on ``device_id`` (the current device); memoized in-process. ``pdl``: the
+    variant for programmatic dependent launch (:func:`cupygemm.contract.defines`).
 
     Configs differing only in grid size share one kernel (load_kernel memoizes by source).
     """
-    key = (device_id, cfg)
+    key = (device_id, cfg, pdl)
     k = _by_config.get(key)
     if k is None:
-        k = load_kernel(gemm_source(cfg), config=cfg)
+        k = load_kernel(gemm_source(cfg, pdl), config=cfg)
         k.ensure_dynamic_smem(cfg.smem_bytes)
         if k.launcher is None:
             k.launcher = make_launcher(k.function, contract.GEMM_PARAMS)

@@ -64,6 +64,46 @@ class _Packed:
         return self.buf.raw
 
 
+class _LaunchAttribute(ctypes.Structure):
+    # CUlaunchAttribute: an id, padding, and a 64-byte value union (programmaticStreamSerializationAllowed: an int).
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class _LaunchConfigEx(ctypes.Structure):
+    # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
+
+
+class _PdlConfig:
+    """A CUlaunchConfig with the programmatic-stream-serialization attribute, kept per (grid, block, smem, stream)
+    so that a launch passes one pointer."""
+
+    __slots__ = ("attr", "config", "address")
+
+    def __init__(self, grid: int, block: int, smem: int, stream: int):
+        self.attr = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION, b"", 1)
+        self.config = _LaunchConfigEx((grid, 1, 1), (block, 1, 1), smem, stream or None, ctypes.pointer(self.attr), 1)
+        self.address = ctypes.addressof(self.config)
+
+
+_launch_ex_fn = None
+
+
+def _launch_ex():
+    """cuLaunchKernelEx(config, function, kernelParams, extra), bound once."""
+    global _launch_ex_fn
+    if _launch_ex_fn is None:
+        fn = driver().cuLaunchKernelEx
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _launch_ex_fn = fn
+    return _launch_ex_fn
+
+
 class PackedLauncher:
     """Launches one kernel function with parameters of the given kinds (see DESC, PTR, U32)."""
 
@@ -80,6 +120,7 @@ class PackedLauncher:
 
         # CuPy's Cython binding of cuLaunchKernel: a third of the cost of a ctypes call with eleven arguments.
         self._launch_kernel, self._error = cu.launchKernel, cu.CUDADriverError
+        self._pdl_configs: dict[tuple[int, int, int, int], _PdlConfig] = {}
 
     @property
     def param_bytes(self) -> int:
@@ -94,6 +135,23 @@ class PackedLauncher:
         except self._error as e:
             raise CupygemmDeviceError(f"cuLaunchKernel failed ({e}) for grid {grid}, block {block}, "
                                       f"{smem} B of shared memory") from e
+
+    def launch_pdl(self, params: _Packed, grid: int, block: int, smem: int, stream: int) -> None:
+        """As :meth:`launch`, with programmatic dependent launch: the kernel may start before the previous one on
+        ``stream`` has finished (it must wait for it before touching memory: ``contract.defines(pdl=True)``)."""
+        cfg = self._pdl_configs.get((grid, block, smem, stream))
+        if cfg is None:
+            cfg = self._pdl_config(grid, block, smem, stream)
+        res = _launch_ex()(cfg.address, self._func, None, params.extra_ptr)
+        if res != 0:
+            raise CupygemmDeviceError(f"cuLaunchKernelEx failed (CUresult {res}) for grid {grid}, block {block}, "
+                                      f"{smem} B of shared memory, programmatic dependent launch")
+
+    def _pdl_config(self, grid: int, block: int, smem: int, stream: int) -> "_PdlConfig":
+        if len(self._pdl_configs) >= 64:
+            self._pdl_configs.clear()
+        cfg = self._pdl_configs[(grid, block, smem, stream)] = _PdlConfig(grid, block, smem, stream)
+        return cfg
 
 
 class CupyLauncher:

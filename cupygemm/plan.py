@@ -19,7 +19,7 @@ from . import contract, tma
 from .config import KIND_MASKED, KIND_NORMAL, GemmConfig, b_evict_first, choose_config, config_version, model_rows
 from .contract import TmaSpec
 from .device import get_num_sms, require_hopper
-from .env import B_EVICT_FIRST, setting_key
+from .env import B_EVICT_FIRST, PDL, pdl_enabled, setting_key
 from .errors import CupygemmDeviceError
 from .jit.build import LoadedKernel
 from .kernels import get_gemm_kernel
@@ -49,6 +49,7 @@ class GemmPlan:
     scratch_counters: int  # uint32 tile counters, zero at launch (0: none)
     tmaps: tuple[TmaSpec, TmaSpec, TmaSpec, TmaSpec]  # A, B, SFA, D
     scalars: tuple[int, int, int, int]  # shape_m, num_groups, ld_d (elements), b_evict_first
+    pdl: bool = False  # launched with programmatic dependent launch (the kernel is the PDL variant)
     _packed: dict = field(default_factory=dict, repr=False)
 
     def launch(self, stream: int, a: int, sfa: int, b: int, sfb: int, d: int, layout: int = 0, partials: int = 0,
@@ -68,7 +69,10 @@ class GemmPlan:
         params = self._packed.get(ptrs)
         if params is None:
             params = self._pack(ptrs)
-        self.launcher.launch(params, self.grid, self.threads, self.smem_bytes, stream)
+        if self.pdl:
+            self.launcher.launch_pdl(params, self.grid, self.threads, self.smem_bytes, stream)
+        else:
+            self.launcher.launch(params, self.grid, self.threads, self.smem_bytes, stream)
 
     def _pack(self, ptrs: tuple[int, ...]) -> object:
         a, sfa, b, sfb, d, layout, partials, counters = ptrs
@@ -108,12 +112,17 @@ def plan_gemm(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int
                  _strides(a_strides, (m, k) if kind != KIND_MASKED else (num_groups, m, k), 1),
                  _strides(b_strides, (n, k) if kind == KIND_NORMAL else (num_groups, n, k), 1),
                  _strides(d_strides, (m, n) if kind != KIND_MASKED else (num_groups, m, n), 2),
-                 get_num_sms(), config_version(), b_evict_first_mode())
+                 get_num_sms(), config_version(), b_evict_first_mode(), pdl_mode())
 
 
 def b_evict_first_mode() -> object:
     """The setting :func:`cupygemm.config.b_evict_first` reads (part of a plan's key)."""
     return setting_key(B_EVICT_FIRST)
+
+
+def pdl_mode() -> object:
+    """The PDL setting as :func:`cupygemm.env.pdl_enabled` reads it (part of a plan's key)."""
+    return setting_key(PDL)
 
 
 def _strides(given: tuple[int, ...] | None, shape: tuple[int, ...], item: int) -> tuple[int, ...]:
@@ -129,18 +138,22 @@ def _strides(given: tuple[int, ...] | None, shape: tuple[int, ...], item: int) -
 @functools.lru_cache(maxsize=4096)
 def _plan(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, rows: int, a_strides: tuple[int, ...],
           b_strides: tuple[int, ...], d_strides: tuple[int, ...], num_sms: int, _config_version: int,
-          _evict_mode: str) -> GemmPlan:
+          _evict_mode: str, _pdl_mode: object) -> GemmPlan:
     import cupy
 
     with cupy.cuda.Device(device_id):
         info = require_hopper()
         evict_b = b_evict_first(num_groups, n, k, info.l2_bytes)
         cfg = choose_config(kind, rows, n, k, num_groups, num_sms, smem_limit=info.max_smem_per_block)
-        kernel = get_gemm_kernel(cfg, device_id)
+        pdl = pdl_enabled()
+        kernel = get_gemm_kernel(cfg, device_id, pdl)
+        # PDL launches go through cuLaunchKernelEx with the packed parameters, which needs a driver that reports
+        # the parameter layout (CUDA >= 12.4); elsewhere the PDL variant runs as a plain launch (its waits are no-ops).
+        pdl = pdl and hasattr(kernel.launcher, "launch_pdl")
     c = contract.launch_contract(cfg, m, n, k, num_groups, a_strides, b_strides, d_strides, evict_b)
     return GemmPlan(kind, m, n, k, num_groups, device_id, cfg, kernel, kernel.launcher,
                     contract.grid(cfg, kernel.max_clusters), c.threads, c.smem_bytes, c.sfa_m_pad, c.scratch_floats,
-                    c.scratch_counters, c.tmaps, c.scalars)
+                    c.scratch_counters, c.tmaps, c.scalars, pdl)
 
 
 def clear() -> None:

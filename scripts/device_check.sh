@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
-# Usage (from the repo root on the GPU machine): bash scripts/device_check.sh [tests] [bench] [overhead] [jax] [timers] [sanitize] [pytest args...]
+# Usage (from the repo root on the GPU machine): bash scripts/device_check.sh [tests] [bench] [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
 set -uo pipefail
 OUT=${OUT:-/tmp/cupygemm-out}
 mkdir -p "$OUT"
@@ -29,6 +29,7 @@ for s in "${steps[@]}"; do
       python3 -m cupygemm bench --match-rows "$peers" --json "$OUT/bench.json" --markdown --plot "$OUT/bench.png" 2>&1 \
         | tee "$OUT/bench.log" ;;
     overhead) python3 -m cupygemm overhead --markdown --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
+    chain) python3 -m cupygemm chain --json "$OUT/chain.json" 2>&1 | tee "$OUT/chain.log" ;;
     jax)  # cupygemm.jax in a lax.scan, with and without XLA command buffers; the FP8 MLP example
       XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m cupygemm jax-scan --json "$OUT/jax_scan.json" 2>&1 \
         | tee "$OUT/jax_scan.log"

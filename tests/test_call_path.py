@@ -139,12 +139,14 @@ def test_signature_follows_settings(recorder, monkeypatch):
     cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
     monkeypatch.setenv("CUPYGEMM_B_EVICT_FIRST", "1")
     cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+    monkeypatch.setenv("CUPYGEMM_PDL", "1")
+    cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
     cupygemm.override_config("normal", 256, 512, block_m=64, block_n=128)
     try:
         cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
     finally:
         cupygemm.override_config("normal", 256, 512)
-    assert len([e for e in recorder if e[0] == "plan"]) == 3
+    assert len([e for e in recorder if e[0] == "plan"]) == 4
 
 
 def test_mixed_frameworks_are_named(recorder):

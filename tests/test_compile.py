@@ -193,3 +193,17 @@ def test_three_warpgroup_kernel_registers(tmp_path):
     assert f"USETMAXREG.DEALLOC.CTAPOOL {cfg.producer_regs:#x}" in sass
     assert re.search(rf"USETMAXREG.TRY_ALLOC.CTAPOOL \w+, {cfg.math_regs:#x}", sass)
     assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
+def test_pdl_variant_waits_and_releases(tmp_path):
+    """CUPYGEMM_PDL's kernel variant waits for the previous grid (ACQBULK) and releases the next one (PREEXIT);
+    the default variant has neither, and its source is the one without the PDL define (so its cache entries and
+    code stay what was measured)."""
+    cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
+    ops = {}
+    for pdl in (False, True):
+        sass, _ = _sass(compile_gemm(cfg, pdl), tmp_path)
+        ops[pdl] = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
+    assert "ACQBULK" in ops[True] and "PREEXIT" in ops[True]
+    assert "ACQBULK" not in ops[False] and "PREEXIT" not in ops[False]
+    assert "CUPYGEMM_PDL" not in gemm_source(cfg, False).text.split("#include")[0]
