@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from ..env import PDL
+from .overhead import environment, shape_arg
 
 DECODE_CHAIN = ((64, 2112, 7168), (64, 24576, 1536), (64, 32768, 512), (64, 7168, 16384))
 
@@ -90,8 +91,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"PDL on / off: eager {rows[1]['eager_us'] / rows[0]['eager_us']:.3f}, graph "
           f"{rows[1]['graph_us'] / rows[0]['graph_us']:.3f}; outputs bitwise equal: {same}")
     if args.json:
-        from .overhead import environment
-
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(["cupygemm chain"] + sys.argv[2:]), "chain": name, "chains": args.chains,
                        "rounds": args.rounds, "outputs_equal": same, "environment": environment(), "rows": rows},
@@ -99,19 +98,12 @@ def run(args: argparse.Namespace) -> int:
     return 0 if same else 1
 
 
-def _shape(text: str) -> tuple[int, int, int]:
-    try:
-        m, n, k = (int(t) for t in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape {text!r}: expected MxNxK") from None
-    return m, n, k
-
-
 def add_parser(sub: Any) -> None:
     sp = sub.add_parser("chain", help="a decode sequence of GEMMs back to back, with and without programmatic "
                         "dependent launch, eager and in a CUDA graph", description=__doc__,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sp.add_argument("shapes", nargs="*", type=_shape, help="MxNxK in chain order (default: DeepSeek-V3 decode at M=64)")
+    sp.add_argument("shapes", nargs="*", type=shape_arg,
+                    help="MxNxK in chain order (default: DeepSeek-V3 decode at M=64)")
     sp.add_argument("--chains", type=int, default=50, help="chains per timing (default 50)")
     sp.add_argument("--rounds", type=int, default=7, help="timings; the median is reported (default 7)")
     sp.add_argument("--json", metavar="FILE", help="write the rows and the environment as JSON")

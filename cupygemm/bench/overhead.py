@@ -215,7 +215,7 @@ def add_parser(sub: Any) -> None:
     sp = sub.add_parser("overhead", help="host time per GEMM call (CuPy, torch, JAX callers; torch and DeepGEMM "
                         "peers) and per call inside a CUDA graph", description=__doc__,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sp.add_argument("shapes", nargs="*", type=_shape, help="MxNxK (default: four decode shapes)")
+    sp.add_argument("shapes", nargs="*", type=shape_arg, help="MxNxK (default: four decode shapes)")
     sp.add_argument("--calls", type=int, default=300, help="calls per timed loop (default 300)")
     sp.add_argument("--rounds", type=int, default=5, help="timed loops; the median is reported (default 5)")
     sp.add_argument("--json", metavar="FILE", help="write the rows and the environment as JSON")
@@ -223,7 +223,8 @@ def add_parser(sub: Any) -> None:
     sp.set_defaults(func=main)
 
 
-def _shape(text: str) -> tuple[int, int, int]:
+def shape_arg(text: str) -> tuple[int, int, int]:
+    """An MxNxK command-line argument."""
     try:
         m, n, k = (int(t) for t in text.lower().split("x"))
     except ValueError:
