@@ -108,6 +108,7 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
         except AttributeError:  # an operand of another kind: say which
             same_framework(a, sfa, b, sfb, out, layout)
             raise
+        views = None  # made only for a new signature (and for the rare per-call copies below)
         hit = _calls.get(key)
         if hit is None or (ptrs[0] | ptrs[2] | ptrs[4]) & 15:
             views = _read_all(framework, a, sfa, b, sfb, out, layout)
@@ -141,9 +142,11 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
     if problem.sfa_m_major:
         sfa_ptr = ptrs[1]
     else:
-        sfa_ptr, keep = _sfa_m_major_copy(read(sfa, _NAMES[1]), problem, launch_stream, framework)
+        sfa_view = views[1] if views is not None else read(sfa, _NAMES[1])
+        sfa_ptr, keep = _sfa_m_major_copy(sfa_view, problem, launch_stream, framework)
     if layout is not None and validate.check_inputs_enabled():
-        _check_layout_on_host(problem, read(layout, _layout_name(kind)), launch_stream)
+        _check_layout_on_host(problem, views[5] if views is not None else read(layout, _layout_name(kind)),
+                              launch_stream)
     partials = counters = 0
     if plan.scratch_floats:
         partials, counters, keep2 = scratch(plan.scratch_floats, plan.scratch_counters, problem.device,
