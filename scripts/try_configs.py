@@ -6,7 +6,8 @@ override_config variants ({} = the model's pick); rows go to OUT.json. Group siz
 
 Usage (on a Hopper machine): python scripts/try_configs.py SPEC.json OUT.json [--match-rows PEERS.json] [--seed S]
 SPEC.json: [{"kind": "contiguous", "dims": [4, 8192, 4096, 7168], "variants": [{}, {"block_m": 128, ...}]}, ...]
-An entry may fix its grouped rows with "group_rows": [...] (one per group) instead of the bench's draw.
+An entry may fix its grouped rows with "group_rows": [...] (one per group) instead of the bench's draw, and a
+masked entry its max_m with "max_m".
 OUT.json: {"device", "timing", "command", "spec", "rows": [{kind, dims, valid_m, variant, config, us, error}]}
 Each variant's output is checked on sampled rows against the reference first (error "check FAIL").
 """
@@ -25,7 +26,12 @@ from cupygemm.bench.run import compile_configs
 
 
 def sizes_of(entry: dict, shape: cases.Shape, drawn: cases.Sizes) -> cases.Sizes:
-    """The entry's rows: its "group_rows" when given (grouped kinds), else the bench's draw."""
+    """The entry's rows: its "group_rows" when given (grouped kinds), else the bench's draw; a masked entry's
+    "max_m" replaces the bench's max_m (e.g. max_m = expected_m for groups whose rows are all valid)."""
+    if "max_m" in entry:
+        if shape.kind != "masked":
+            raise SystemExit(f"{shape.label}: max_m is for masked entries")
+        drawn = cases.Sizes(tuple(min(r, int(entry["max_m"])) for r in drawn.group_rows), int(entry["max_m"]))
     if "group_rows" not in entry:
         return drawn
     rows = tuple(int(r) for r in entry["group_rows"])
