@@ -547,10 +547,11 @@ def test_plot_without_matplotlib_exits_2(monkeypatch, capsys):
 
 
 def test_parse_peers():
-    assert providers.parse_peers("auto") == (["cublas_block", "deepgemm"], False)
+    assert providers.parse_peers("auto") == (["cublas_block", "deepgemm", "deepergemm", "deepergemm_s128"], False)
     assert providers.parse_peers("none") == ([], False)
     assert providers.parse_peers("cublas") == (["cublas_block"], True)
     assert providers.parse_peers("deepgemm,cublas") == (["deepgemm", "cublas_block"], True)
+    assert providers.parse_peers("deepergemm-s128,deeper_gemm") == (["deepergemm_s128", "deepergemm"], True)
     with pytest.raises(cases.BenchUsageError):
         providers.parse_peers("cutlass")
     assert providers.load_peers([]) == ({}, [])
@@ -649,3 +650,84 @@ def test_jax_scan_subcommand_parses_without_importing_jax():
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["7", "20", "x.json", "cupygemm.bench.jax_scan", "False"]
+
+
+# --- DeeperGEMM peers, against stand-ins for torch and the package (the real ones run on the GPU machine) ---------
+
+class _FakeTensor:
+    def __init__(self, tag):
+        self.tag = tag
+
+    def view(self, dtype):
+        return self
+
+
+def _fake_torch():
+    import types
+
+    return types.SimpleNamespace(from_dlpack=lambda x: _FakeTensor(("operand", id(x))), float8_e4m3fn="f8",
+                                 bfloat16="bf16", empty_like=lambda t: _FakeTensor(("reordered", t.tag)))
+
+
+def _fake_deeper(name, log):
+    import types
+
+    def reorder(b, out):
+        log.append(("reorder", b.tag, out.tag))
+
+    def reorder_grouped(b, out, masked):
+        log.append(("reorder_grouped", masked))
+
+    return types.SimpleNamespace(
+        __name__=name, preprocess_reorder_b=reorder, preprocess_reorder_b_grouped=reorder_grouped,
+        gemm_fp8_fp8_bf16_nt=lambda lhs, rhs, out: log.append(("gemm", rhs[0].tag)),
+        m_grouped_gemm_fp8_fp8_bf16_nt_masked=lambda lhs, rhs, out, mm, e: log.append(("masked", rhs[0].tag, e)),
+        sideaware_init=lambda path: log.append(("sideaware_init", name, path)))
+
+
+def _fake_inputs(kind, m=64, n=256, k=512, g=2):
+    import types
+
+    a = np.zeros((g, m, k) if kind == "masked" else (m, k), np.uint8)
+    b = np.zeros((g, n, k) if kind == "masked" else (n, k), np.uint8)
+    return types.SimpleNamespace(shape=types.SimpleNamespace(kind=kind, n=n, m=m), a=a, b=b, sfa_mn=np.zeros(1),
+                                 sfb=np.zeros(1), masked_m=np.zeros(g, np.int32), m_indices=None)
+
+
+def test_deepergemm_peer_times_the_gemm_on_b_reordered_once(monkeypatch):
+    monkeypatch.setattr(providers, "_poisoned", lambda shape: np.full(shape, 0xFFFF, np.uint16))
+    log = []
+    peer = providers.DeeperGemmPeer(_fake_torch(), _fake_deeper("deeper_gemm", log), "deepergemm")
+    inp = _fake_inputs("normal")
+    prep = peer.prepare(inp)
+    assert [e[0] for e in log] == ["reorder"]  # once, before (and outside) the timed call
+    _, src, dst = log[0]
+    assert src == ("operand", id(inp.b)) and dst == ("reordered", src)
+    prep.call()
+    prep.call()
+    assert log[1:] == [("gemm", dst), ("gemm", dst)]  # the GEMM reads the reordered B
+    log.clear()
+    prep = providers.DeeperGemmPeer(_fake_torch(), _fake_deeper("deeper_gemm", log), "deepergemm").prepare(
+        _fake_inputs("masked"))
+    prep.call()
+    assert log[0] == ("reorder_grouped", True) and log[1][0] == "masked"
+
+
+def test_deepergemm_sideaware_is_set_up_once_and_shared(monkeypatch):
+    import types
+
+    log = []
+    first, second = _fake_deeper("deeper_gemm", log), _fake_deeper("deeper_gemm_s128", log)
+    state = {attr: object() for attr in providers._SIDEAWARE_STATE}
+    src = types.SimpleNamespace(**state)
+    dst = types.SimpleNamespace(**{attr: None for attr in providers._SIDEAWARE_STATE})
+    for name, mod in (("deeper_gemm", first), ("deeper_gemm_s128", second),
+                      ("deeper_gemm.jit_kernels.sideaware", src), ("deeper_gemm_s128.jit_kernels.sideaware", dst)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(providers, "_import_torch", lambda: (_fake_torch(), None))
+    peers, notes = providers.load_peers(["deepergemm", "deepergemm_s128"], "/x/sideaware.so")
+    assert set(peers) == {"deepergemm", "deepergemm_s128"} and not notes
+    assert log == [("sideaware_init", "deeper_gemm", "/x/sideaware.so")]  # torch's allocator swapped once
+    assert all(getattr(dst, attr) is state[attr] for attr in providers._SIDEAWARE_STATE)
+    peers, notes = providers.load_peers(["deepergemm"])
+    assert "deepergemm" in peers and any("side logic off" in n for n in notes)

@@ -42,6 +42,8 @@ def command_line(args: argparse.Namespace) -> str:
     if getattr(args, "shapes", None):
         parts += ["--shapes", *args.shapes]
     parts += ["--peers", args.peers, "--iters", str(args.iters), "--seed", str(args.seed)]
+    if getattr(args, "deepergemm_sideaware", None):
+        parts += ["--deepergemm-sideaware", str(args.deepergemm_sideaware)]
     if getattr(args, "match_rows", None):
         parts += ["--match-rows", str(args.match_rows)]
     if getattr(args, "timing", "cupti") != "cupti":
@@ -98,6 +100,9 @@ def environment(info: Any, args: argparse.Namespace, peers: dict[str, Any]) -> d
         "cupygemm": cupygemm.__version__,
         "torch": getattr(torch_mod, "__version__", None),
         "deep_gemm": getattr(getattr(dg, "module", None), "__version__", "unknown") if dg else None,
+        "deeper_gemm": {name: getattr(p.module, "__file__", None) for name, p in peers.items()
+                        if name.startswith("deepergemm")} or None,
+        "deepergemm_sideaware": getattr(args, "deepergemm_sideaware", None),
         "git_revision": git_revision(),
         "command": command_line(args),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

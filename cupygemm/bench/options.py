@@ -59,7 +59,10 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="write a bar chart (needs matplotlib: pip install 'cupygemm[bench]')")
     p.add_argument("--peers", default="auto", metavar="auto|none|LIST",
                    help="peers to time in the same run: auto (those importable), none, or a list of "
-                        "cublas,deepgemm (then required); default: %(default)s")
+                        "cublas,deepgemm,deepergemm,deepergemm_s128 (then required); default: %(default)s")
+    p.add_argument("--deepergemm-sideaware", default=None, metavar="SIDEAWARE.so",
+                   help="DeeperGEMM's compiled L2-side-aware allocator (its include/l2_torch_alloc/sideaware.so): set "
+                        "up for the whole process before anything else allocates, as DeeperGEMM's own tests do")
     p.add_argument("--iters", type=_positive_int, default=DEFAULT_ITERS, help="timed calls per shape and provider (default: %(default)s)")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the inputs and the group sizes (default: %(default)s)")
     p.add_argument("--match-rows", default=None, metavar="PEERS.json",

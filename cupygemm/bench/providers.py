@@ -1,8 +1,10 @@
 """What ``cupygemm bench`` times: cupygemm itself and its optional peers, each prepared as one ready call.
 
-Peers are found at run time: cuBLASLt block-scaled FP8 through ``torch._scaled_mm`` (normal shapes only) and
-DeepGEMM (its 03d0be3 Python API) when ``import deep_gemm`` works. torch is never required: it is imported only
-here, only when a peer is asked for. Every provider reads the same operands (zero-copy views) and writes a buffer
+Peers are found at run time: cuBLASLt block-scaled FP8 through ``torch._scaled_mm`` (normal shapes only),
+DeepGEMM (its 03d0be3 Python API) when ``import deep_gemm`` works, and DeeperGEMM (ademeure/DeeperGEMM 4b05985,
+a DeepGEMM fork with L2-side-aware weights) when ``import deeper_gemm`` (as shipped) or ``import deeper_gemm_s128``
+(its one-K-block-scale shortcut turned off: the exact recipe) works; benchmarks/README.md says how to install them.
+torch is never required: it is imported only here, only when a peer is asked for. Every provider reads the same operands (zero-copy views) and writes a buffer
 poisoned with NaNs, so rows it fails to write fail the check.
 """
 from __future__ import annotations
@@ -14,16 +16,25 @@ from typing import Any, Callable, Sequence
 from .cases import BenchUsageError, Shape
 from .inputs import Inputs, rows2d
 
-PROVIDERS = ("cupygemm", "cublas_block", "deepgemm")
-PEERS = ("cublas_block", "deepgemm")
-TITLES = {"cupygemm": "cupygemm", "cublas_block": "cuBLAS-block", "deepgemm": "DeepGEMM"}
+PROVIDERS = ("cupygemm", "cublas_block", "deepgemm", "deepergemm", "deepergemm_s128")
+PEERS = ("cublas_block", "deepgemm", "deepergemm", "deepergemm_s128")
+TITLES = {"cupygemm": "cupygemm", "cublas_block": "cuBLAS-block", "deepgemm": "DeepGEMM", "deepergemm": "DeeperGEMM",
+          "deepergemm_s128": "DeeperGEMM-s128"}
 _PEER_ALIASES = {"cublas": "cublas_block", "cublas_block": "cublas_block", "deepgemm": "deepgemm",
-                 "deep_gemm": "deepgemm"}
+                 "deep_gemm": "deepgemm", "deepergemm": "deepergemm", "deeper_gemm": "deepergemm",
+                 "deepergemm_s128": "deepergemm_s128", "deepergemm-s128": "deepergemm_s128",
+                 "deeper_gemm_s128": "deepergemm_s128"}
+#: The module each DeeperGEMM peer imports (two installed copies of its package, see benchmarks/README.md).
+DEEPERGEMM_MODULES = {"deepergemm": "deeper_gemm", "deepergemm_s128": "deeper_gemm_s128"}
 PROVIDER_DESCRIPTIONS = {
     "cupygemm": "cupygemm (this package), the public API with SFA pre-converted to the M-major TMA-aligned layout",
     "cublas_block": "cuBLASLt 1x128 x 128x128 block-scaled FP8 through torch._scaled_mm: scale_a (M, K/128) "
                     "M-major (strides (1, M)), scale_b (K/128, N/128) = the weight scales transposed, BF16 out",
     "deepgemm": "DeepGEMM through its 03d0be3 Python API (gemm_fp8_fp8_bf16_nt and the m_grouped functions)",
+    "deepergemm": "DeeperGEMM 4b05985 as shipped (one K block's scales applied to two: not the exact recipe), B "
+                  "reordered once by its preprocess_reorder_b into torch memory (its L2-side allocator's, when set up)",
+    "deepergemm_s128": "DeeperGEMM 4b05985 with DP_SCALE_256 = false (the exact 1x128 / 128x128 recipe), B reordered "
+                       "the same way",
 }
 
 
@@ -119,13 +130,17 @@ class DeepGemmPeer:
     def supports(self, shape: Shape) -> bool:
         return hasattr(self.module, self._FUNCS[shape.kind])
 
+    def weights(self, inp: Inputs) -> Any:
+        """B as the library takes it: DeepGEMM reads the operand itself."""
+        return torch_fp8(self.torch, inp.b)
+
     def prepare(self, inp: Inputs) -> Prepared:
         import cupy
 
         torch = self.torch
         fn = getattr(self.module, self._FUNCS[inp.shape.kind])
         lhs = (torch_fp8(torch, inp.a), torch.from_dlpack(inp.sfa_mn))
-        rhs = (torch_fp8(torch, inp.b), torch.from_dlpack(inp.sfb))
+        rhs = (self.weights(inp), torch.from_dlpack(inp.sfb))
         bits = _poisoned(_out_shape(inp))
         out = torch.from_dlpack(bits.view(cupy.int16)).view(torch.bfloat16)
         if inp.shape.kind == "normal":
@@ -144,6 +159,42 @@ class DeepGemmPeer:
         return Prepared(call, lambda: rows2d(bits))
 
 
+class DeeperGemmPeer(DeepGemmPeer):
+    """DeeperGEMM (a DeepGEMM fork with the same Python API): B is reordered once per shape, outside the timed call,
+    by its own preprocess step, into a tensor torch allocates (from its L2-side-aware allocator when
+    :func:`init_sideaware` set it up; else its side logic is compiled out)."""
+
+    def __init__(self, torch: Any, module: Any, name: str):
+        super().__init__(torch, module)
+        self.name = name
+
+    def weights(self, inp: Inputs) -> Any:
+        b = torch_fp8(self.torch, inp.b)
+        reordered = self.torch.empty_like(b)
+        if inp.shape.kind == "normal":
+            self.module.preprocess_reorder_b(b, reordered)
+        else:
+            self.module.preprocess_reorder_b_grouped(b, reordered, inp.shape.kind == "masked")
+        return reordered
+
+
+#: DeeperGEMM's sideaware module state that sideaware_init fills (4b05985): shared with a second copy of the package,
+#: since torch's allocator can be replaced only once per process.
+_SIDEAWARE_STATE = ("_lib", "_info", "_info_str", "_torch_side_index", "_gpu_side_index", "_cpu_side_index")
+
+
+def init_sideaware(modules: Sequence[Any], library: str) -> None:
+    """Set up DeeperGEMM's L2-side-aware allocator (its compiled ``sideaware.so``) for the whole process, through the
+    first module, and share its state with the other copies. Must run before torch allocates GPU memory."""
+    first = modules[0]
+    first.sideaware_init(library)
+    src = importlib.import_module(first.__name__ + ".jit_kernels.sideaware")
+    for mod in modules[1:]:
+        dst = importlib.import_module(mod.__name__ + ".jit_kernels.sideaware")
+        for attr in _SIDEAWARE_STATE:
+            setattr(dst, attr, getattr(src, attr))
+
+
 def parse_peers(text: str) -> tuple[list[str], bool]:
     """'auto' -> (all peers, optional); 'none' -> ([], False); 'cublas,deepgemm' -> (those, required)."""
     t = text.strip().lower()
@@ -155,7 +206,8 @@ def parse_peers(text: str) -> tuple[list[str], bool]:
     for tok in t.split(","):
         tok = tok.strip()
         if tok not in _PEER_ALIASES:
-            raise BenchUsageError(f"--peers: unknown peer {tok!r}; expected auto, none or a list of cublas, deepgemm")
+            raise BenchUsageError(f"--peers: unknown peer {tok!r}; expected auto, none or a list of cublas, deepgemm, "
+                                  "deepergemm, deepergemm_s128")
         if _PEER_ALIASES[tok] not in names:
             names.append(_PEER_ALIASES[tok])
     return names, True
@@ -174,13 +226,28 @@ def _import_torch() -> tuple[Any, str | None]:
     return torch, None
 
 
-def load_peers(names: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
-    """The peers that can run here, and a note for each one that cannot."""
+def _import_peer(name: str, module_name: str, needs: str, otherwise: str, notes: list[str]) -> Any:
+    """The peer's module, or None with a note saying why it cannot run."""
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or a broken install
+        notes.append(f"{TITLES[name]}: not run (import {module_name} failed: {type(e).__name__}: {e})")
+        return None
+    if not hasattr(module, needs):
+        notes.append(f"{TITLES[name]}: not run ({module_name} has no {needs}: {otherwise})")
+        return None
+    return module
+
+
+def load_peers(names: Sequence[str], sideaware: str | None = None) -> tuple[dict[str, Any], list[str]]:
+    """The peers that can run here, and a note for each one that cannot. ``sideaware``: DeeperGEMM's compiled
+    ``sideaware.so``, to set up its L2-side-aware allocator (without it DeeperGEMM runs with its side logic off)."""
     peers: dict[str, Any] = {}
     notes: list[str] = []
     if not names:
         return peers, notes
     torch, why = _import_torch()
+    deeper: list[Any] = []
     for name in names:
         if torch is None:
             notes.append(f"{TITLES[name]}: not run ({why})")
@@ -190,13 +257,18 @@ def load_peers(names: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
             else:
                 notes.append(f"{TITLES[name]}: not run (torch {torch.__version__} has no _scaled_mm)")
         elif name == "deepgemm":
-            try:
-                import deep_gemm
-            except Exception as e:
-                notes.append(f"{TITLES[name]}: not run (import deep_gemm failed: {type(e).__name__}: {e})")
-                continue
-            if not hasattr(deep_gemm, "gemm_fp8_fp8_bf16_nt"):
-                notes.append(f"{TITLES[name]}: not run (deep_gemm has no gemm_fp8_fp8_bf16_nt: not the 03d0be3 API)")
-                continue
-            peers[name] = DeepGemmPeer(torch, deep_gemm)
+            module = _import_peer(name, "deep_gemm", "gemm_fp8_fp8_bf16_nt", "not the 03d0be3 API", notes)
+            if module is not None:
+                peers[name] = DeepGemmPeer(torch, module)
+        elif name in DEEPERGEMM_MODULES:
+            module = _import_peer(name, DEEPERGEMM_MODULES[name], "preprocess_reorder_b", "not DeeperGEMM", notes)
+            if module is not None:
+                peers[name] = DeeperGemmPeer(torch, module, name)
+                deeper.append(module)
+    if deeper:
+        if sideaware:
+            init_sideaware(deeper, sideaware)
+        else:
+            notes.append("DeeperGEMM: its L2-side-aware allocator is not set up (--deepergemm-sideaware PATH): it runs "
+                         "with its side logic off")
     return peers, notes

@@ -169,7 +169,7 @@ def run_bench(args: argparse.Namespace) -> int:
     except CupygemmDeviceError as e:
         print(f"cupygemm bench: {e}", file=sys.stderr)
         return 2
-    peers, notes = load_peers(peer_names)
+    peers, notes = load_peers(peer_names, args.deepergemm_sideaware)
     if peers_required and len(peers) < len(peer_names):
         print("cupygemm bench: a requested peer cannot run:\n  " + "\n  ".join(notes), file=sys.stderr)
         return 2
