@@ -186,3 +186,59 @@ def test_in_place_reshape_of_an_operand_is_seen(recorder):
     with pytest.raises(ValueError):
         cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
     assert [e[0] for e in recorder] == ["plan", "launch"]
+
+
+class _DLPackProducer:
+    """A GPU tensor of another library, seen only through DLPack: its capsules are made here with ctypes (no GPU),
+    and every export is counted with the stream it was asked to order on."""
+
+    def __init__(self, base, shape, strides_elems, code, bits):
+        import ctypes
+
+        from cupygemm import tensors as T
+
+        self.exports = []
+        self._shape = (ctypes.c_int64 * len(shape))(*shape)
+        self._strides = (ctypes.c_int64 * len(shape))(*strides_elems)
+        self._t = T._DLTensor(base, 2, 0, len(shape), T._DLDataType(code, bits, 1),
+                              ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64)),
+                              ctypes.cast(self._strides, ctypes.POINTER(ctypes.c_int64)), 0)
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        self._new = new
+
+    def __dlpack_device__(self):
+        return 2, 0
+
+    def __dlpack__(self, stream=None, max_version=None):
+        import ctypes
+
+        self.exports.append(stream)
+        return self._new(ctypes.addressof(self._t), b"dltensor", None)
+
+
+def test_dlpack_operands_are_exported_once_per_call(recorder, monkeypatch):
+    """A DLPack caller's operands are exported once per call, ordered on the launch stream: also SFA when it has to
+    be copied into the kernel's layout (the copy reuses the call's view instead of exporting it again)."""
+    m, n, k = 64, 256, 512
+    kb = k // 128
+    ops = [_DLPackProducer(0x10000000, (m, k), (k, 1), 1, 8),            # A: uint8
+           _DLPackProducer(0x14000000, (m, kb), (kb, 1), 2, 32),         # SFA: float32, row-major (copied)
+           _DLPackProducer(0x11000000, (n, k), (k, 1), 1, 8),            # B
+           _DLPackProducer(0x12000000, (n // 128, kb), (kb, 1), 2, 32),  # SFB
+           _DLPackProducer(0x18000000, (m, n), (n, 1), 4, 16)]           # out: bfloat16
+    copied = []
+
+    def sfa_copy(view, problem, stream, framework):
+        copied.append(view)
+        return 0x1C000000, None
+
+    monkeypatch.setattr(gemm_mod, "_sfa_m_major_copy", sfa_copy)
+    monkeypatch.setattr(gemm_mod, "resolve", lambda stream, framework, device: 7)
+    a, sfa, b, sfb, out = ops
+    for _ in range(2):
+        assert cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out) is out
+    assert [len(x.exports) for x in ops] == [2, 2, 2, 2, 2] and all(s == 7 for x in ops for s in x.exports)
+    assert len(copied) == 2 and copied[0].shape == (m, kb)
+    assert [e[0] for e in recorder] == ["plan", "launch", "launch"]
+    assert recorder[1][2] == 0x1C000000  # the kernel reads the copy
