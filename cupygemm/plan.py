@@ -25,7 +25,9 @@ from .jit.build import LoadedKernel
 from .kernels import get_gemm_kernel
 from .launch import Launcher
 
-_PACKED_LIMIT = 64  # pointer sets remembered per plan (a serving loop cycles through a few buffers)
+# Pointer sets remembered per plan, the oldest forgotten first. A serving loop cycles through a few buffers; a JAX
+# scan whose operand XLA passes as a slice of a stacked array (benchmarks/NOTES.md 26c) through one per step.
+_PACKED_LIMIT = 512
 
 
 @dataclass
@@ -79,8 +81,8 @@ class GemmPlan:
         tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, b, sfa, d)))
         # In the order of contract.GEMM_PARAM_NAMES.
         params = self.launcher.pack(tmaps + (sfb, layout, d, partials, counters) + self.scalars)
-        if len(self._packed) >= _PACKED_LIMIT:
-            self._packed.clear()
+        if len(self._packed) >= _PACKED_LIMIT:  # a cycle longer than the limit would miss on every call if cleared
+            del self._packed[next(iter(self._packed))]
         self._packed[ptrs] = params
         return params
 

@@ -242,3 +242,31 @@ def test_dlpack_operands_are_exported_once_per_call(recorder, monkeypatch):
     assert len(copied) == 2 and copied[0].shape == (m, kb)
     assert [e[0] for e in recorder] == ["plan", "launch", "launch"]
     assert recorder[1][2] == 0x1C000000  # the kernel reads the copy
+
+
+def test_a_plan_keeps_a_scan_worth_of_pointer_sets():
+    """A JAX scan can hand a custom call a new operand address on every step (XLA's dynamic-slice fusion): a plan
+    cycling through 100 pointer sets packs each once, then finds them all again (a cache cleared whenever it was
+    full made every call of such a cycle pack its arguments anew)."""
+    from cupygemm.plan import GemmPlan
+
+    class Spec:
+        def encode(self, ptr):
+            return ptr.to_bytes(8, "little") * 16
+
+    class Launcher:
+        packs = launches = 0
+
+        def pack(self, values):
+            Launcher.packs += 1
+            return tuple(values)
+
+        def launch(self, params, grid, block, smem, stream):
+            Launcher.launches += 1
+
+    plan = GemmPlan(0, 64, 256, 512, 1, 0, None, None, Launcher(), 132, 384, 1024, 64, 0, 0, (Spec(),) * 4,
+                    (64, 1, 256, 0))
+    for _ in range(2):
+        for step in range(100):
+            plan.launch(0, 0x1000, 0x2000 + 16 * step, 0x3000, 0x4000, 0x5000)
+    assert Launcher.launches == 200 and Launcher.packs == 100
