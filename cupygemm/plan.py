@@ -4,7 +4,8 @@ A :class:`GemmPlan` is one problem shape's launch: the config (chosen by :mod:`c
 (:mod:`cupygemm.kernels`) and the launch values the kernel's contract (:mod:`cupygemm.contract`) gives for that config
 and shape: grid, block, shared memory, TMA map layouts, scalar arguments, scratch sizes. A call then only supplies
 device pointers and a stream: :meth:`GemmPlan.launch` encodes the TMA maps for new pointers (cached per plan, so a
-call on the same buffers packs nothing) and launches with ``cuLaunchKernel``.
+call on the same buffers packs nothing) and launches with ``cuLaunchKernel`` (``cuLaunchKernelEx`` with
+programmatic dependent launch, ``CUPYGEMM_PDL``).
 
 Plans are made by :func:`plan_gemm` (memoized) from static sizes and strides alone, so the JAX integration can
 make them at trace time; the eager entry points (:mod:`cupygemm.gemm`) cache them per call signature.
