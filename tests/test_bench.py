@@ -731,3 +731,36 @@ def test_deepergemm_sideaware_is_set_up_once_and_shared(monkeypatch):
     assert all(getattr(dst, attr) is state[attr] for attr in providers._SIDEAWARE_STATE)
     peers, notes = providers.load_peers(["deepergemm"])
     assert "deepergemm" in peers and any("side logic off" in n for n in notes)
+
+
+def test_capture_graph_captures_the_calls_and_warms_the_graph():
+    from cupygemm.bench.timing import capture_graph
+
+    log = []
+
+    class Graph:
+        def launch(self, stream):
+            log.append("launch")
+
+    class Stream:
+        capturing = False
+
+        def __enter__(self):
+            log.append("enter")
+
+        def __exit__(self, *exc):
+            log.append("exit")
+
+        def begin_capture(self):
+            self.capturing = True
+
+        def end_capture(self):
+            self.capturing = False
+            return Graph()
+
+        def synchronize(self):
+            log.append("sync")
+
+    s = Stream()
+    g = capture_graph(s, lambda: log.append("call" if s.capturing else "call outside"), 3)
+    assert isinstance(g, Graph) and log == ["enter", "call", "call", "call", "exit", "launch", "sync"]

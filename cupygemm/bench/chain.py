@@ -20,6 +20,7 @@ from typing import Any
 
 from ..env import PDL
 from .overhead import environment, shape_arg
+from .timing import capture_graph, stream_event_us
 
 DECODE_CHAIN = ((64, 2112, 7168), (64, 24576, 1536), (64, 32768, 512), (64, 7168, 16384))
 
@@ -52,26 +53,13 @@ def measure(shapes: list[tuple[int, int, int]], chains: int, rounds: int, pdl: b
         for a, sfa, b, sfb, out in ops:
             cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out, stream=stream)
 
-    def timed(run: Any) -> float:
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record(stream)
-        run()
-        end.record(stream)
-        end.synchronize()
-        return cp.cuda.get_elapsed_time(start, end) * 1e3 / chains
-
     for _ in range(3):
         chain()  # plans, kernels and scratch before timing and capture
     stream.synchronize()
-    eager = statistics.median(timed(lambda: [chain() for _ in range(chains)]) for _ in range(rounds))
-    with stream:
-        stream.begin_capture()
-        for _ in range(chains):
-            chain()
-        graph = stream.end_capture()
-    graph.launch(stream)
-    stream.synchronize()
-    graphed = statistics.median(timed(lambda: graph.launch(stream)) for _ in range(rounds))
+    eager = statistics.median(stream_event_us(stream, lambda: [chain() for _ in range(chains)], chains)
+                              for _ in range(rounds))
+    graph = capture_graph(stream, chain, chains)
+    graphed = statistics.median(stream_event_us(stream, lambda: graph.launch(stream), chains) for _ in range(rounds))
     outs = [cp.asnumpy(o[4]) for o in ops]
     plans_pdl = sorted({p.pdl for _, p in cupygemm.gemm._calls.values() if p is not None})
     return {"pdl": pdl, "eager_us": eager, "graph_us": graphed, "plans_pdl": plans_pdl, "_outs": outs}

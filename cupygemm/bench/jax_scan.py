@@ -37,6 +37,8 @@ import sys
 import time
 from typing import Any
 
+from .timing import capture_graph, stream_event_us
+
 CB_FLAGS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
 # The scan's while loop itself in the graph too (conditional nodes): no host round trip per step.
 CB_WHILE_FLAGS = ("--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL,WHILE,CONDITIONAL "
@@ -195,21 +197,9 @@ def _cupy_graph_time(case: dict, a, sfa, b, sfb, masked_m, steps: int, repeats: 
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         call()  # loads the kernel and allocates scratch before the capture
-        stream.synchronize()
-        stream.begin_capture()
-        for _ in range(steps):
-            call()
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        times = []
-        for _ in range(repeats):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            end.record(stream)
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e3 / steps)
+    stream.synchronize()
+    graph = capture_graph(stream, call, steps)
+    times = [stream_event_us(stream, lambda: graph.launch(stream), steps) for _ in range(repeats)]
     return _median(times)
 
 

@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from .timing import capture_graph
+
 DECODE_SHAPES = ((64, 2112, 7168), (128, 7168, 2048), (64, 7168, 2048), (128, 2112, 7168))
 
 
@@ -73,11 +75,7 @@ def providers(m: int, n: int, k: int) -> dict[str, tuple[Callable[[], Any], Call
 
     def cupy_graph(calls: int) -> Callable[[], None]:
         s = cp.cuda.Stream(non_blocking=True)
-        with s:
-            s.begin_capture()
-            for _ in range(calls):
-                cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out)
-            g = s.end_capture()
+        g = capture_graph(s, lambda: cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out), calls)
         return lambda: g.launch(s)
 
     found["cupygemm (CuPy)"] = (lambda: cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), out), dev_sync, cupy_graph)

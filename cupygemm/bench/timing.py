@@ -119,6 +119,31 @@ def measure_event_overhead(timer: Timer, iters: int = 50) -> float | None:
         return None
 
 
+def capture_graph(stream: Any, call: Callable[[], Any], calls: int) -> Any:
+    """``calls`` calls of ``call`` captured on ``stream`` into a CUDA graph, launched once (so later launches are
+    warm). Run ``call`` once before: its first call may load kernels or allocate, which a capture must not see."""
+    with stream:
+        stream.begin_capture()
+        for _ in range(calls):
+            call()
+        graph = stream.end_capture()
+    graph.launch(stream)
+    stream.synchronize()
+    return graph
+
+
+def stream_event_us(stream: Any, run: Callable[[], Any], per: int = 1) -> float:
+    """Microseconds between CUDA events recorded on ``stream`` around ``run()``, divided by ``per``."""
+    import cupy
+
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(stream)
+    run()
+    end.record(stream)
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) * 1e3 / per
+
+
 def timing_method(cupti: bool, flush_bytes: int) -> str:
     what = ("kernel time per call from CUPTI activity records (sum of the kernels the call launches)" if cupti
             else "CUDA events around each call on the current stream")
