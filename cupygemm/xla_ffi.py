@@ -197,7 +197,6 @@ _MD_TRAITS = Metadata.traits.offset
 _API_SIZE = Api.struct_size.offset
 _API_MAJOR = Api.api_version.offset + ApiVersion.major_version.offset
 _API_MINOR = Api.api_version.offset + ApiVersion.minor_version.offset
-_SCALAR_DTYPE, _SCALAR_VALUE = Scalar.dtype.offset, Scalar.value.offset
 
 # The call frame as 64-bit words, read with one copy (every field we read is a pointer, a size or an int padded
 # to 8 bytes).

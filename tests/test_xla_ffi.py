@@ -41,6 +41,15 @@ def test_struct_offsets_match_the_header():
     assert ffi.DEVICE_ORDINAL_GET_ARGS_SIZE == 28 and ffi.CALL_FRAME_SIZE == 168
 
 
+def test_the_handler_reads_the_frame_and_the_scalar_as_64_bit_words():
+    """The handler copies the call frame as an array of 64-bit words and the entry_id scalar as two: every field it
+    reads there must sit on an 8-byte boundary."""
+    offsets = (ffi._CF_EXT, ffi._CF_API, ffi._CF_CTX, ffi._CF_STAGE, ffi._CF_NARGS, ffi._CF_ARGV, ffi._CF_NRETS,
+               ffi._CF_RETV, ffi._CF_NATTRS, ffi._CF_ATTR_TYPES, ffi._CF_ATTRV)
+    assert all(off % 8 == 0 for off in offsets) and ffi.CALL_FRAME_SIZE % 8 == 0
+    assert (ffi.Scalar.dtype.offset, ffi.Scalar.value.offset) == (0, 8)
+
+
 def test_dtype_map():
     assert ffi.ffi_dtype(np.float32) == 11 and ffi.ffi_dtype(np.dtype(np.float32)) == 11
     assert ffi.ffi_dtype(ml_dtypes.bfloat16) == 16
