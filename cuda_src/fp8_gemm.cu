@@ -16,13 +16,34 @@
 
 namespace cupygemm {
 
+// Side-aware kernels: the cluster's first CTA draws the cluster's ticket (l2_sides.cuh) into both CTAs' shared
+// memory, before the barrier that publishes the set-up.
+template <class T> __device__ __forceinline__ void take_side_ticket(const SideArgs& sides, const SharedStorage<T>& smem) {
+  if (T::kCluster > 1 && cluster_cta_rank() != 0) return;
+  uint32_t half, index;
+  draw_side_ticket(sides, gridDim.x / T::kCluster, half, index);
+  smem.ticket[0] = half;
+  smem.ticket[1] = index;
+  if constexpr (T::kCluster > 1) {
+    st_cluster_u32(&smem.ticket[0], 1, half);
+    st_cluster_u32(&smem.ticket[1], 1, index);
+  }
+}
+
+template <class T> __device__ __forceinline__ SideWork side_work(const uint32_t* ticket, uint32_t clusters0) {
+  const uint32_t half = ticket[0], clusters = gridDim.x / T::kCluster;
+  constexpr uint32_t kUnits = T::kMulticast == 1 ? ceil_div(T::SHAPE_N, T::BLOCK_N) / 2 : ceil_div(T::SHAPE_N, T::BLOCK_N);
+  return SideWork{ticket[1], half ? clusters - clusters0 : clusters0, half ? T::kSideUnits0 : 0u,
+                  half ? kUnits - T::kSideUnits0 : T::kSideUnits0};
+}
+
 template <class T>
 __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_b,
                                          const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
                                          const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
                                          uint16_t* __restrict__ d_ptr, float* __restrict__ partials,
                                          uint32_t* __restrict__ tile_counters, uint32_t shape_m, uint32_t num_groups,
-                                         uint32_t ld_d, uint32_t b_evict_first) {
+                                         uint32_t ld_d, uint32_t b_evict_first, const SideArgs& sides) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const SharedStorage<T> smem(smem_raw);
 
@@ -30,7 +51,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
   const uint32_t warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (threadIdx.x == T::kNumMathThreads) {
     tma_prefetch_descriptor(&tmap_a);
-    tma_prefetch_descriptor(&tmap_b);
+    if constexpr (!T::kSides) tma_prefetch_descriptor(&tmap_b);
     tma_prefetch_descriptor(&tmap_sfa);
     tma_prefetch_descriptor(&tmap_d);
     for (uint32_t s = 0; s < T::kNumStages; ++s) {
@@ -38,12 +59,18 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
       mbarrier_init(&smem.empty_bar[s], T::kConsumersPerStage * 4 * T::kCluster);  // one arrival per consuming warp
     }
     mbarrier_init_fence();
+    if constexpr (T::kSides && !T::kPdl) take_side_ticket<T>(sides, smem);
   }
   // Clustered: the peer multicasts into our shared memory and arrives on our barriers, so it must see them
   // initialised.
   if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
   // Everything above overlaps the previous kernel's tail; from here on global memory is read and written.
   if constexpr (T::kPdl) grid_dependency_wait();
+  if constexpr (T::kSides && T::kPdl) {  // the ticket counters are global memory the previous kernel may reset
+    if (threadIdx.x == T::kNumMathThreads) take_side_ticket<T>(sides, smem);
+    if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
+  }
+  const SideWork side = T::kSides ? side_work<T>(smem.ticket, sides.clusters0) : SideWork{};
 
   // The tile record both roles fill from their schedulers; it lives here, not in the roles' functions, because
   // where values live changes NVRTC's code (cuda_src/README.md, "Changing the kernel").
@@ -52,14 +79,18 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     // ---------------- producer warpgroup: one thread issues every TMA load ----------------
     if (T::kNumMathWG > 1) regs_dealloc<T::kProducerRegs>();
     if (threadIdx.x / 32 != T::kNumMathThreads / 32) return;
-    const Producer<T> producer{tmap_a, tmap_b, tmap_sfa, smem};
-    producer.run(shape_m, num_groups, grouped_layout, b_evict_first, tile);
+    const Producer<T> producer{tmap_a, tmap_b, tmap_sfa, smem, sides.packed_b};
+    producer.run(shape_m, num_groups, grouped_layout, b_evict_first, side, tile);
+    if constexpr (T::kSides) {
+      if (threadIdx.x == T::kNumMathThreads && (T::kCluster == 1 || cluster_cta_rank() == 0))
+        release_side_ticket(sides, gridDim.x / T::kCluster);
+    }
     return;
   }
 
   // ---------------- math warpgroups: K loop, partial-sum reduction, epilogue per tile ----------------
   if (T::kNumMathWG > 1) regs_alloc<T::kMathRegs>();
-  typename T::MathScheduler scheduler(shape_m, num_groups, grouped_layout);
+  typename T::MathScheduler scheduler(shape_m, num_groups, grouped_layout, side);
   const MathThread th = MathThread::make<T>(warpgroup, smem);
   const Epilogue<T> epilogue{tmap_d, d_ptr, grouped_layout, shape_m, ld_d, th};
   const CrossCtaReduction<T> cross_cta{partials, tile_counters, th};
@@ -106,6 +137,9 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
 #ifndef CUPYGEMM_PDL
 #define CUPYGEMM_PDL 0
 #endif
+#ifndef CUPYGEMM_SIDES
+#define CUPYGEMM_SIDES 0
+#endif
 // Entry point with a fixed C name, instantiated from the constants the JIT defines. cupygemm/contract.py states its
 // whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
 extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1) CUPYGEMM_CLUSTER_ATTR
@@ -114,14 +148,24 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                       const __grid_constant__ cupygemm::TmaDescriptor tmap_sfa,
                       const __grid_constant__ cupygemm::TmaDescriptor tmap_d, const float* sfb,
                       const int* grouped_layout, uint16_t* d_ptr, float* partials, uint32_t* tile_counters,
-                      uint32_t shape_m, uint32_t num_groups, uint32_t ld_d, uint32_t b_evict_first) {
+                      uint32_t shape_m, uint32_t num_groups, uint32_t ld_d, uint32_t b_evict_first
+#if CUPYGEMM_SIDES
+                      , const __grid_constant__ cupygemm::SideMap sm_sides, const uint8_t* packed_b,
+                      uint32_t* side_tickets, uint32_t side_clusters0
+#endif
+                      ) {
   using Traits = cupygemm::KernelTraits<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N,
                                         CUPYGEMM_WGMMA_N, CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG,
                                         CUPYGEMM_MATH_REGS, CUPYGEMM_PRODUCER_REGS, CUPYGEMM_SWIZZLE_D,
                                         CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_MULTICAST, CUPYGEMM_INTERLEAVE_K,
                                         CUPYGEMM_SERIAL_M, CUPYGEMM_SPLIT_K, CUPYGEMM_STREAM_K, CUPYGEMM_A_BOX_M,
-                                        CUPYGEMM_PDL>;
+                                        CUPYGEMM_PDL, CUPYGEMM_SIDES>;
+#if CUPYGEMM_SIDES
+  const cupygemm::SideArgs sides{&sm_sides, packed_b, side_tickets, side_clusters0};
+#else
+  const cupygemm::SideArgs sides{};
+#endif
   cupygemm::fp8_gemm<Traits>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials, tile_counters,
-                             shape_m, num_groups, ld_d, b_evict_first);
+                             shape_m, num_groups, ld_d, b_evict_first, sides);
 }
 #endif

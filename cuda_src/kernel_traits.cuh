@@ -5,6 +5,7 @@
 #pragma once
 #include "ptx_common.cuh"
 #include "named_barriers.cuh"
+#include "l2_sides.cuh"
 #include "scheduler.cuh"
 
 namespace cupygemm {
@@ -14,7 +15,7 @@ constexpr uint32_t kBlockK = 128;  // = the scaling granularity along K; one pro
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t WGMMA_N_,
           uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
           uint32_t kSwizzleD_, uint32_t kRasterN_, int kKind_, int kMulticast_, bool kInterleaveK_, bool kSerialM_,
-          uint32_t kSplitK_, bool kStreamK_, uint32_t A_BOX_M_, bool kPdl_ = false>
+          uint32_t kSplitK_, bool kStreamK_, uint32_t A_BOX_M_, bool kPdl_ = false, bool kSides_ = false>
 struct KernelTraits {
   static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_, BLOCK_M = BLOCK_M_, BLOCK_N = BLOCK_N_;
   static constexpr uint32_t WGMMA_N = WGMMA_N_, kNumStages = kNumStages_, kNumMathWG = kNumMathWG_;
@@ -25,6 +26,9 @@ struct KernelTraits {
   // Programmatic dependent launch: the kernel may start while the previous one on its stream is finishing, so it
   // waits for that grid before touching global memory, and lets the next one start once its own tiles are done.
   static constexpr bool kPdl = kPdl_;
+  // L2-side-aware weights (l2_sides.cuh): B is read packed, by bulk copies, and each cluster computes the tiles of
+  // the half of N that lies on its SMs' L2 side.
+  static constexpr bool kSides = kSides_;
 
   // ---- threads ----
   static constexpr uint32_t kNumMathThreads = kNumMathWG * 128;  // the producer warpgroup follows them
@@ -111,18 +115,32 @@ struct KernelTraits {
   static constexpr uint32_t SMEM_B = BLOCK_N * kBlockK;
   static constexpr uint32_t SMEM_SFA = round_up(BLOCK_M * 4u, 128u);
   static constexpr uint32_t kStageTxBytesNoA = SMEM_B + BLOCK_M * 4;  // plus the A boxes loaded for the tile
+  static constexpr uint32_t SMEM_HANDOFF = kInterleaveK ? BLOCK_N * 256 : 0;
+  static constexpr uint32_t SMEM_TICKET = kSides ? 16 : 0;  // the cluster's side ticket (half, index)
+
+  // ---- L2 sides ----
+  using PackedLayout = PackedB<SHAPE_N, SHAPE_K>;
+  static_assert(!kSides || (!kStreamK && BLOCK_N % 8 == 0), "side-aware: no stream-K tail; whole swizzle rows");
+  // Half 0 of N gets the n units (n blocks, or pairs of them with A multicast) whose middle row lies in it.
+  static constexpr uint32_t kUnitRows = BLOCK_N * (kMulticast == 1 ? 2 : 1);
+  static constexpr uint32_t kSideUnits0 =
+      cmin((PackedLayout::kRows0 + kUnitRows / 2) / kUnitRows,
+           kMulticast == 1 ? ceil_div(SHAPE_N, BLOCK_N) / 2 : ceil_div(SHAPE_N, BLOCK_N));
 
   // The producer runs its scheduler on one thread, the math warpgroups on whole warps.
   using ProducerScheduler =
-      TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kSplitK, kStreamK, kNumKBlocks, false>;
+      TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kSplitK, kStreamK, kNumKBlocks, false,
+                    kSides>;
   using MathScheduler =
-      TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kSplitK, kStreamK, kNumKBlocks, true>;
+      TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kSplitK, kStreamK, kNumKBlocks, true,
+                    kSides>;
   // One math warpgroup's sums over a tile: [m64 sub-tile][wgmma column block][register].
   using TileAcc = float[kNumMSub][kNumNSub][kAccPerSub];
 };
 
 // Where the parts of dynamic shared memory start: the output staging tile, the pipeline's A, B and A-scale stages,
-// their full/empty barriers, and (interleave_k) the buffer through which warpgroup 1 hands its sums to warpgroup 0.
+// their full/empty barriers, (interleave_k) the buffer through which warpgroup 1 hands its sums to warpgroup 0, and
+// (side-aware) the cluster's side ticket.
 template <class T> struct SharedStorage {
   uint8_t* d;
   uint8_t* a;
@@ -131,12 +149,14 @@ template <class T> struct SharedStorage {
   uint64_t* full_bar;
   uint64_t* empty_bar;
   float* handoff;
+  uint32_t* ticket;
 
   __device__ __forceinline__ explicit SharedStorage(uint8_t* base)
       : d(base), a(base + T::SMEM_D), b(a + T::kNumStages * T::SMEM_A),
         sfa(reinterpret_cast<float*>(b + T::kNumStages * T::SMEM_B)),
         full_bar(reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(sfa) + T::kNumStages * T::SMEM_SFA)),
-        empty_bar(full_bar + T::kNumStages), handoff(reinterpret_cast<float*>(empty_bar + T::kNumStages)) {}
+        empty_bar(full_bar + T::kNumStages), handoff(reinterpret_cast<float*>(empty_bar + T::kNumStages)),
+        ticket(reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(handoff) + T::SMEM_HANDOFF)) {}
 };
 
 // A math thread's place: its warpgroup, and where its accumulator registers sit in an m64 x N wgmma result

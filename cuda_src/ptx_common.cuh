@@ -91,6 +91,15 @@ __device__ __forceinline__ uint32_t cluster_cta_rank() {
   return r;
 }
 
+// A store into the same shared-memory offset of CTA `cta_rank` of this cluster (published by the next cluster_sync).
+__device__ __forceinline__ void st_cluster_u32(const void* local, uint32_t cta_rank, uint32_t v) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\nst.shared::cluster.u32 [remote], %2;\n}\n" ::"r"(
+          smem_u32(local)),
+      "r"(cta_rank), "r"(v)
+      : "memory");
+}
+
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 }

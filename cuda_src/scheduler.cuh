@@ -1,6 +1,7 @@
 // Persistent tile scheduler: which (m block, n block, group) a CTA works on next.
 // The producer and every math warpgroup run their own copy and see the same sequence.
 #pragma once
+#include "l2_sides.cuh"
 #include "ptx_common.cuh"
 
 namespace cupygemm {
@@ -41,10 +42,13 @@ constexpr uint32_t kWholeUnit = ~0u;
 // kWarpWide: all 32 lanes of a warp call next() together (math warpgroups). Values read from the group layout are
 // then broadcast from lane 0, so the compiler knows the tile loop's branches are warp-uniform and keeps the K loop's
 // descriptors and stage counters in uniform registers (with per-lane loads it moves them through R2UR every block).
+// kSides (side-aware weights, l2_sides.cuh): the n units are cut into two halves, and this cluster runs the units of
+// its half with the half's other clusters (its SideWork), as if the half were the whole GEMM.
 template <int kKind, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kRasterN, int kMulticast,
-          uint32_t kSplitK, bool kStreamK, uint32_t kNumKBlocks, bool kWarpWide>
+          uint32_t kSplitK, bool kStreamK, uint32_t kNumKBlocks, bool kWarpWide, bool kSides = false>
 struct TileScheduler {
   static_assert(kSplitK == 1 || kKind == kNormal, "split-K across CTAs: normal GEMMs only");
+  static_assert(!kSides || !kStreamK, "side-aware: no stream-K tail");
   static_assert(!kStreamK || (kSplitK == 1 && kKind != kGroupedContiguous), "stream-K tail: normal or masked");
   static constexpr uint32_t kMaxSplit = 8;  // pieces per tail unit, at most (the last one reads them all back)
   static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
@@ -65,7 +69,10 @@ struct TileScheduler {
   bool on_second_half = false;
 
   uint32_t rank;  // this CTA's place in its cluster
-  uint32_t stride;  // clusters in the grid
+  uint32_t stride;  // clusters in the grid (side-aware: in this cluster's half)
+  // Side-aware: this cluster's half of the n units. Read as (kSides ? side_n_units : kNumNUnits) where used: behind
+  // a member function the grouped kinds' code changes under NVRTC (cuda_src/README.md, "Changing the kernel").
+  uint32_t side_n_unit_begin = 0, side_n_units = 0;
 
   // Stream-K tail: units [0, dp_units) run whole, one per cluster in turn. dp_units is a multiple of the
   // clusters, so cluster c's next index is dp_units + c: below end_units it runs piece c / sk_units of tail unit
@@ -73,9 +80,14 @@ struct TileScheduler {
   uint32_t dp_units = ~0u, end_units = ~0u, sk_units = 0, sk_split = 1;
 
   // With kStreamK all 32 lanes of the warp construct it (masked: they sum the groups' units together).
-  __device__ __forceinline__ TileScheduler(uint32_t shape_m_, uint32_t num_groups_, const int* layout)
+  __device__ __forceinline__ TileScheduler(uint32_t shape_m_, uint32_t num_groups_, const int* layout,
+                                           const SideWork& side = SideWork{})
       : shape_m(shape_m_), num_groups(num_groups_), grouped_layout(layout), next_tile(blockIdx.x / kCluster),
         rank(kMulticast ? cluster_cta_rank() : 0), stride(gridDim.x / kCluster) {
+    if constexpr (kSides) {
+      next_tile = side.index, stride = side.clusters;
+      side_n_unit_begin = side.n_unit_begin, side_n_units = side.n_units;
+    }
     if constexpr (kStreamK) plan_tail(total_units());
   }
 
@@ -112,10 +124,11 @@ struct TileScheduler {
     const uint32_t tiles_per_stripe = num_m_units * kRasterN;
     const uint32_t stripe = tile / tiles_per_stripe;
     const uint32_t first_n = stripe * kRasterN;
-    const uint32_t stripe_n = cmin(kRasterN, kNumNUnits - first_n);
+    const uint32_t stripe_n = cmin(kRasterN, (kSides ? side_n_units : kNumNUnits) - first_n);
     const uint32_t in_stripe = tile - stripe * tiles_per_stripe;
     t.m_block = in_stripe / stripe_n;
     t.n_block = first_n + in_stripe % stripe_n;
+    if constexpr (kSides) t.n_block += side_n_unit_begin;
     if (kMulticast == 1) t.n_block = t.n_block * 2 + rank;
     if (kMulticast == 2) t.m_block = t.m_block * 2 + rank;
   }
@@ -143,7 +156,7 @@ struct TileScheduler {
     while (cur_group < num_groups) {
       if (cur_group_tiles == kNotLoaded) {
         cur_group_rows = uniform(clamped_masked_m(grouped_layout, cur_group, shape_m));
-        cur_group_tiles = ceil_div(cur_group_rows, BLOCK_M) * kNumNUnits;
+        cur_group_tiles = ceil_div(cur_group_rows, BLOCK_M) * (kSides ? side_n_units : kNumNUnits);
       }
       if (tile < cur_group_first_tile + cur_group_tiles) {
         rasterize(tile - cur_group_first_tile, ceil_div(cur_group_rows, BLOCK_M), t);
@@ -185,7 +198,7 @@ struct TileScheduler {
       t.sk_unit = piece ? u : kWholeUnit;
       return unit_tile(piece ? dp_units + u : index, t);
     }
-    const uint32_t num_tiles = num_m_units() * kNumNUnits * kSplitK;
+    const uint32_t num_tiles = num_m_units() * (kSides ? side_n_units : kNumNUnits) * kSplitK;
     while (next_tile < num_tiles) {
       rasterize(next_tile / kSplitK, num_m_units(), t);
       t.k_split = next_tile % kSplitK;

@@ -7,6 +7,7 @@ Entry points (DeepGEMM-compatible names and semantics):
 - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked` - MoE grouped GEMM, masked layout
 - :func:`fp8_gemm_nt`, :func:`m_grouped_fp8_gemm_nt_contiguous`, :func:`m_grouped_fp8_gemm_nt_masked` - the same
   under DeepGEMM 2.x's names
+- :func:`pack_weights` - B packed once so that each SM reads its tiles from its own L2 side (pass it as ``rhs``)
 - :func:`warmup` - build ahead of time the kernels a range of M needs (serving)
 
 Inputs are CuPy arrays, torch CUDA tensors, JAX arrays or any DLPack GPU tensor; results follow the caller's
@@ -34,6 +35,7 @@ from .layout import (
     get_m_alignment_for_contiguous_layout,
     get_tma_aligned_size,
 )
+from .packing import PackedWeights, pack_weights
 from .quantization import per_block_cast_to_fp8, per_token_cast_to_fp8
 from .reference import calc_diff
 from .serving import WarmupReport, warmup
@@ -46,6 +48,8 @@ __all__ = [
     "fp8_gemm_nt",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
+    "pack_weights",
+    "PackedWeights",
     "per_token_cast_to_fp8",
     "per_block_cast_to_fp8",
     "calc_diff",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from . import tma
 from .config.constants import (BLOCK_K, KIND_MASKED, MATH_REGS_ONE_WG, MATH_REGS_THREE_WG, MATH_REGS_TWO_WG,
                                PRODUCER_REGS_THREE_WG, PRODUCER_REGS_TWO_WG, THREE_WG_BLOCK_M)
-from .launch import DESC, PTR, U32
+from .launch import DESC, PTR, SIDE_MAP, U32
 from .util import ceil_div, round_up
 
 if TYPE_CHECKING:
@@ -32,6 +32,13 @@ GEMM_FILE, GEMM_ENTRY = "fp8_gemm.cu", "cupygemm_fp8_gemm"
 GEMM_PARAM_NAMES = ("tmap_a", "tmap_b", "tmap_sfa", "tmap_d", "sfb", "grouped_layout", "d", "partials",
                     "tile_counters", "shape_m", "num_groups", "ld_d", "b_evict_first")
 GEMM_PARAMS = (DESC,) * 4 + (PTR,) * 5 + (U32,) * 4
+#: Side-aware kernels (``GemmConfig.sides``) take four more: the SM side map (by value), B packed, the side ticket
+#: counters and the clusters that work on half 0 of N (cuda_src/l2_sides.cuh).
+SIDE_PARAM_NAMES = ("sm_sides", "packed_b", "side_tickets", "side_clusters0")
+GEMM_PARAMS_SIDES = GEMM_PARAMS + (SIDE_MAP, PTR, PTR, U32)
+#: Shared memory of a side-aware kernel's ticket (after the stages), and its uint32 counters in the scratch.
+SIDE_TICKET_BYTES = 16
+SIDE_TICKET_COUNTERS = 4
 
 #: Threads of one warpgroup; the CTA is one producer warpgroup plus the math warpgroups.
 WARPGROUP_THREADS = 128
@@ -96,6 +103,7 @@ def defines(cfg: GemmConfig, pdl: bool = False) -> dict[str, object]:
     after its last tile, for launches with programmatic dependent launch (:mod:`cupygemm.launch`). Left out when
     off (the kernel's default), so those kernels keep their sources, cache entries and code."""
     pdl_define = {"CUPYGEMM_PDL": 1} if pdl else {}
+    pdl_define |= {"CUPYGEMM_SIDES": 1} if cfg.sides else {}
     return pdl_define | {
         "CUPYGEMM_SHAPE_N": cfg.shape_n,
         "CUPYGEMM_SHAPE_K": cfg.shape_k,
@@ -190,22 +198,31 @@ MAX_PARTIALS = 1 << 30
 
 
 def scratch_sizes(cfg: GemmConfig, m: int) -> tuple[int, int]:
-    """(FP32 partials, uint32 counters) a launch of ``cfg`` on M rows needs; (0, 0) without split-K or stream-K.
+    """(FP32 partials, uint32 counters) a launch of ``cfg`` on M rows needs; (0, 0) without split-K, stream-K or
+    L2 sides. Side-aware kernels' ticket counters are the last :data:`SIDE_TICKET_COUNTERS` counters.
 
     Stream-K: one partial tile per CTA (its piece of a tail unit) and a counter per tail tile and row group
     (cuda_src/scheduler.cuh). Split-K: a partial tile per split of every tile, and a counter per tile and math
     warpgroup."""
+    tickets = SIDE_TICKET_COUNTERS if cfg.sides else 0
     if cfg.stream_k:
         return cfg.num_sms * cfg.block_m * cfg.block_n, cfg.num_sms * cfg.num_math_wg
     if cfg.split_k <= 1:
-        return 0, 0
+        return 0, tickets
     tiles = ceil_div(m, cfg.block_m) * ceil_div(cfg.shape_n, cfg.block_n)
     n_partials = tiles * cfg.split_k * cfg.block_m * cfg.block_n
     if n_partials > MAX_PARTIALS:
         raise ValueError(f"split_k={cfg.split_k} on M={m}, N={cfg.shape_n} with {cfg.block_m}x{cfg.block_n} tiles "
                          f"needs {n_partials * 4 / 2**30:.1f} GiB of split-K scratch (at most "
                          f"{MAX_PARTIALS * 4 / 2**30:.0f} GiB); use a smaller split_k or none for a problem this large")
-    return n_partials, tiles * cfg.num_math_wg
+    return n_partials, tiles * cfg.num_math_wg + tickets
+
+
+def side_clusters0(cfg: GemmConfig, grid: int, sms_side0: int, num_sms: int) -> int:
+    """Clusters of a side-aware launch that work on half 0 of N: the launch's share of the SMs on side 0, at least
+    one per half (the device's SMs draw tickets for their side, see cuda_src/l2_sides.cuh)."""
+    clusters = grid // (2 if cfg.multicast else 1)
+    return max(1, min(clusters - 1, round(clusters * sms_side0 / num_sms)))
 
 
 def launch_contract(cfg: GemmConfig, m: int, n: int, k: int, num_groups: int, a_strides: tuple[int, ...],

@@ -24,6 +24,7 @@ CUPTI = "CUPYGEMM_CUPTI"
 B_EVICT_FIRST = "CUPYGEMM_B_EVICT_FIRST"
 CHECK_INPUTS = "CUPYGEMM_CHECK_INPUTS"
 PDL = "CUPYGEMM_PDL"
+L2_SIDES = "CUPYGEMM_L2_SIDES"
 
 
 def _raw(name: str) -> str | None:
@@ -121,6 +122,12 @@ def b_evict_first_mode() -> str:
 def pdl_enabled() -> bool:
     """``CUPYGEMM_PDL``: launch the GEMMs with programmatic dependent launch (default off)."""
     return env_bool(PDL, False)
+
+
+def l2_sides_enabled() -> bool:
+    """``CUPYGEMM_L2_SIDES``: measure the L2 sides and pack weights side-aware (default on; off: ``pack_weights``
+    returns the weights unpacked)."""
+    return env_bool(L2_SIDES, True)
 
 
 def check_inputs_enabled() -> bool:

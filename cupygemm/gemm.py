@@ -17,6 +17,7 @@ from . import validate
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, config_version
 from .env import B_EVICT_FIRST, PDL, setting_key
 from .device import num_sms_override, on_device, single_gpu
+from .packing import PackedWeights
 from .plan import GemmPlan, plan_gemm
 from .streams import cupy_stream, resolve, torch_stream
 from .tensors import _framework_by_type as _frameworks
@@ -67,15 +68,18 @@ _VALIDATORS: dict[int, Callable[..., validate.Problem]] = {
 }
 
 
-def _prepare(kind: int, views: tuple[View | None, ...], expected_m: int | None) -> tuple[validate.Problem,
-                                                                                        GemmPlan | None]:
-    """Validate and plan a call signature seen for the first time (or whose pointers failed the fast check)."""
+def _prepare(kind: int, views: tuple[View | None, ...], expected_m: int | None,
+             packed: PackedWeights | None = None) -> tuple[validate.Problem, GemmPlan | None]:
+    """Validate and plan a call signature seen for the first time (or whose pointers failed the fast check).
+    ``packed``: B is packed side-aware (views[2] is its data), validated and planned with B's shape."""
+    if packed is not None:
+        views = views[:2] + (packed.b_view(views[2]),) + views[3:]
     p = _VALIDATORS[kind](views, expected_m)
     if p.m == 0 or p.n == 0 or p.num_groups == 0 or p.k == 0:
         return p, None
     a, _, b, _, out = views[:5]
     plan = plan_gemm(kind, p.m, p.n, p.k, p.num_groups, p.device, expected_m=expected_m, a_strides=a.strides,
-                     b_strides=b.strides, d_strides=None if out is None else out.strides)
+                     b_strides=b.strides, d_strides=None if out is None else out.strides, sides=packed is not None)
     return p, plan
 
 
@@ -83,10 +87,11 @@ _NAMES = ("lhs[0] (A)", "lhs[1] (A scales)", "rhs[0] (B)", "rhs[1] (B scales)", 
 
 
 def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, expected_m: int | None,
-        stream: Any, framework: Framework) -> Any:
+        stream: Any, framework: Framework, packed: PackedWeights | None = None) -> Any:
     """One GEMM call on the caller's tensors (any framework's); returns ``out``, or the new output.
 
     This is every call's path, kept flat: a repeated call reads six tensors, looks its signature up, and launches.
+    ``packed``: B is side-aware packed weights (``b`` is their data).
     """
     if framework is Framework.CUPY or framework is Framework.TORCH:
         cupy_ops = framework is Framework.CUPY
@@ -101,10 +106,14 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
                                                   None if od is None else od.device_id,
                                                   None if ld is None else ld.device_id)
                 key = _cupy_signature(kind, a, sfa, b, sfb, out, layout, expected_m, ptrs[1], devices)
+                if packed is not None:
+                    key += (packed.shape,)
             else:
                 ptrs = (a.data_ptr(), sfa.data_ptr(), b.data_ptr(), sfb.data_ptr(), 0 if out is None else
                         out.data_ptr(), 0 if layout is None else layout.data_ptr())
                 key = _torch_signature(kind, a, sfa, b, sfb, out, layout, expected_m, ptrs[1])
+                if packed is not None:
+                    key += (packed.shape,)
         except AttributeError:  # an operand of another kind: say which
             same_framework(a, sfa, b, sfb, out, layout)
             raise
@@ -112,7 +121,7 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
         hit = _calls.get(key)
         if hit is None or (ptrs[0] | ptrs[2] | ptrs[4]) & 15:
             views = _read_all(framework, a, sfa, b, sfb, out, layout)
-            hit = _remember(key, _prepare(kind, views, expected_m))
+            hit = _remember(key, _prepare(kind, views, expected_m, packed))
         launch_stream = None
     else:  # DLPack producers order their pending writes before the stream we launch on
         launch_stream = resolve(stream, framework, gpu_device_of(a, _NAMES[0]))
@@ -121,10 +130,10 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
         if layout is not None:
             views += (read(layout, _layout_name(kind), launch_stream),)
         ptrs = tuple(0 if v is None else v.ptr for v in views) + (() if layout is not None else (0,))
-        key = _view_signature(kind, views, expected_m)
+        key = _view_signature(kind, views, expected_m) + (() if packed is None else (packed.shape,))
         hit = _calls.get(key)
         if hit is None or (ptrs[0] | ptrs[2] | ptrs[4]) & 15:
-            hit = _remember(key, _prepare(kind, views, expected_m))
+            hit = _remember(key, _prepare(kind, views, expected_m, packed))
     problem, plan = hit
     if launch_stream is None:
         launch_stream = resolve(stream, framework, problem.device)
@@ -148,7 +157,7 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
         _check_layout_on_host(problem, views[5] if views is not None else read(layout, _layout_name(kind)),
                               launch_stream)
     partials = counters = 0
-    if plan.scratch_floats:
+    if plan.scratch_counters:
         partials, counters, keep2 = scratch(plan.scratch_floats, plan.scratch_counters, problem.device,
                                             launch_stream, framework)
     if single_gpu():
@@ -158,6 +167,27 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
             plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], ptrs[3], d_ptr, ptrs[5], partials, counters)
     del keep
     return result if out is not None else export_like(result, framework)
+
+
+def _run_packed(kind: int, a: Any, sfa: Any, rhs: PackedWeights, out: Any, layout: Any, expected_m: int | None,
+                stream: Any) -> Any:
+    """A call whose ``rhs`` is :class:`~cupygemm.packing.PackedWeights`: CuPy and torch callers run side-aware
+    (torch eagerly: this path is not a torch operator), JAX callers through :mod:`cupygemm.jax`; weights that fell
+    back to plain B run as ``(B, SFB)``."""
+    framework = _frameworks.get(type(a)) or framework_of(a)
+    if framework is Framework.JAX:
+        jax_ops = _jax_ops(stream, a, sfa, out, layout)
+        if kind == KIND_NORMAL:
+            _no_jax_out(out)
+            return jax_ops.gemm_fp8_fp8_bf16_nt(a, sfa, rhs, None)
+        if kind == KIND_CONTIGUOUS:
+            return jax_ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, rhs, None, layout, out)
+        return jax_ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, rhs, None, layout, expected_m, out)
+    if framework_of(rhs.data) is not framework:
+        raise TypeError(f"rhs: packed weights held by {framework_of(rhs.data).value}, while A is a "
+                        f"{framework.value} tensor; pack the weights with the framework of the call")
+    return run(kind, a, sfa, rhs.data, rhs.scales, out, layout, expected_m, stream, framework,
+               rhs if rhs.side_aware else None)
 
 
 def _read_all(framework: Framework, a: Any, sfa: Any, b: Any, sfb: Any, out: Any,
@@ -308,6 +338,8 @@ def gemm_fp8_fp8_bf16_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any = 
     scales propagate.
     """
     a, sfa = lhs if type(lhs) is tuple and len(lhs) == 2 else validate.pair(lhs, "lhs")
+    if type(rhs) is PackedWeights:
+        return _run_packed(KIND_NORMAL, a, sfa, rhs, out, None, None, stream)
     b, sfb = rhs if type(rhs) is tuple and len(rhs) == 2 else validate.pair(rhs, "rhs")
     framework = _frameworks.get(type(a)) or framework_of(a)
     if framework is Framework.TORCH:
@@ -334,6 +366,8 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs: tuple[Any, Any], rhs: tuple[A
         stream: as for :func:`gemm_fp8_fp8_bf16_nt`.
     """
     a, sfa = validate.pair(lhs, "lhs")
+    if type(rhs) is PackedWeights:
+        return _run_packed(KIND_CONTIGUOUS, a, sfa, rhs, out, m_indices, None, stream)
     b, sfb = validate.pair(rhs, "rhs")
     framework = framework_of(a)
     if framework is Framework.TORCH:
@@ -360,8 +394,10 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[Any, Any], rhs: tuple[Any, 
         stream: as for :func:`gemm_fp8_fp8_bf16_nt`.
     """
     a, sfa = validate.pair(lhs, "lhs")
-    b, sfb = validate.pair(rhs, "rhs")
     validate.check_expected_m(expected_m)
+    if type(rhs) is PackedWeights:
+        return _run_packed(KIND_MASKED, a, sfa, rhs, out, masked_m, int(expected_m), stream)
+    b, sfb = validate.pair(rhs, "rhs")
     framework = framework_of(a)
     if framework is Framework.TORCH:
         return _torch_ops().m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, out, masked_m, int(expected_m),

@@ -67,7 +67,7 @@ def get_gemm_kernel(cfg: GemmConfig, device_id: int, pdl: bool = False) -> Loade
         k = load_kernel(gemm_source(cfg, pdl), config=cfg)
         k.ensure_dynamic_smem(cfg.smem_bytes)
         if k.launcher is None:
-            k.launcher = make_launcher(k.function, contract.GEMM_PARAMS)
+            k.launcher = make_launcher(k.function, contract.GEMM_PARAMS_SIDES if cfg.sides else contract.GEMM_PARAMS)
         if cfg.multicast and not k.max_clusters:
             with relaxed_capture():
                 k.max_clusters = max_active_clusters(k, cfg) or cfg.num_sms // 2

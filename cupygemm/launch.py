@@ -18,9 +18,10 @@ import numpy as np
 from .errors import CupygemmDeviceError
 from .tma import driver
 
-# Parameter kinds: a by-value 128-byte TMA descriptor, a 64-bit device pointer, a 32-bit unsigned int.
-DESC, PTR, U32 = "128s", "Q", "I"
-_SIZES = {DESC: 128, PTR: 8, U32: 4}
+# Parameter kinds: a by-value 128-byte TMA descriptor, a 64-bit device pointer, a 32-bit unsigned int, and the
+# 32-byte SM side map of side-aware kernels (cuda_src/l2_sides.cuh).
+DESC, PTR, U32, SIDE_MAP = "128s", "Q", "I", "32s"
+_SIZES = {DESC: 128, PTR: 8, U32: 4, SIDE_MAP: 32}
 _CU_LAUNCH_PARAM_END, _CU_LAUNCH_PARAM_BUFFER_POINTER, _CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 
 
@@ -165,7 +166,8 @@ class CupyLauncher:
         self._device = cupy.cuda.runtime.getDevice()
 
     def pack(self, values: Sequence[object]) -> tuple:
-        conv = {DESC: lambda v: np.frombuffer(v, "V128"), PTR: np.uint64, U32: np.uint32}
+        conv = {DESC: lambda v: np.frombuffer(v, "V128"), PTR: np.uint64, U32: np.uint32,
+                SIDE_MAP: lambda v: np.frombuffer(v, "V32")}
         return tuple(conv[k](v) for k, v in zip(self._kinds, values))
 
     def launch(self, params: tuple, grid: int, block: int, smem: int, stream: int) -> None:

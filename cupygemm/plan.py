@@ -16,8 +16,9 @@ import ctypes
 import functools
 from dataclasses import dataclass, field
 
-from . import contract, tma
-from .config import KIND_MASKED, KIND_NORMAL, GemmConfig, b_evict_first, choose_config, config_version, model_rows
+from . import contract, l2, tma
+from .config import (KIND_MASKED, KIND_NORMAL, GemmConfig, b_evict_first, choose_config, config_version, model_rows,
+                     side_aware_config)
 from .contract import TmaSpec
 from .device import get_num_sms, require_hopper
 from .env import B_EVICT_FIRST, PDL, pdl_enabled, setting_key
@@ -53,6 +54,8 @@ class GemmPlan:
     tmaps: tuple[TmaSpec, TmaSpec, TmaSpec, TmaSpec]  # A, B, SFA, D
     scalars: tuple[int, int, int, int]  # shape_m, num_groups, ld_d (elements), b_evict_first
     pdl: bool = False  # launched with programmatic dependent launch (the kernel is the PDL variant)
+    side_map: bytes = b""  # side-aware (cfg.sides): the SM side map, and the clusters that work on half 0 of N
+    side_clusters0: int = 0
     _packed: dict = field(default_factory=dict, repr=False)
 
     def launch(self, stream: int, a: int, sfa: int, b: int, sfb: int, d: int, layout: int = 0, partials: int = 0,
@@ -80,8 +83,10 @@ class GemmPlan:
     def _pack(self, ptrs: tuple[int, ...]) -> object:
         a, sfa, b, sfb, d, layout, partials, counters = ptrs
         tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, b, sfa, d)))
-        # In the order of contract.GEMM_PARAM_NAMES.
-        params = self.launcher.pack(tmaps + (sfb, layout, d, partials, counters) + self.scalars)
+        # In the order of contract.GEMM_PARAM_NAMES (and SIDE_PARAM_NAMES: B is the packed weights).
+        sides = () if not self.side_map else (
+            self.side_map, b, counters + 4 * (self.scratch_counters - contract.SIDE_TICKET_COUNTERS), self.side_clusters0)
+        params = self.launcher.pack(tmaps + (sfb, layout, d, partials, counters) + self.scalars + sides)
         if len(self._packed) >= _PACKED_LIMIT:  # a cycle longer than the limit would miss on every call if cleared
             del self._packed[next(iter(self._packed))]
         self._packed[ptrs] = params
@@ -104,18 +109,19 @@ def _memset_u32(ptr: int, count: int, stream: int) -> None:
 
 def plan_gemm(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, *, expected_m: int | None = None,
               a_strides: tuple[int, ...] | None = None, b_strides: tuple[int, ...] | None = None,
-              d_strides: tuple[int, ...] | None = None) -> GemmPlan:
+              d_strides: tuple[int, ...] | None = None, sides: bool = False) -> GemmPlan:
     """The launch plan of a GEMM whose operands are already validated (see :mod:`cupygemm.validate`).
 
     ``m``: rows (normal, contiguous) or max rows per group (masked). Strides are in bytes, outermost first, as
     the arrays have them (None: C-contiguous). Chooses the config, builds and loads the kernel on ``device_id``
-    (so the first call for a shape compiles); memoized on everything it depends on.
+    (so the first call for a shape compiles); memoized on everything it depends on. ``sides``: B is packed
+    side-aware (:mod:`cupygemm.packing`), for the device whose side info :mod:`cupygemm.l2` holds.
     """
     return _plan(kind, m, n, k, num_groups, device_id, model_rows(kind, m, expected_m),
                  _strides(a_strides, (m, k) if kind != KIND_MASKED else (num_groups, m, k), 1),
                  _strides(b_strides, (n, k) if kind == KIND_NORMAL else (num_groups, n, k), 1),
                  _strides(d_strides, (m, n) if kind != KIND_MASKED else (num_groups, m, n), 2),
-                 get_num_sms(), config_version(), b_evict_first_mode(), pdl_mode())
+                 get_num_sms(), config_version(), b_evict_first_mode(), pdl_mode(), sides)
 
 
 def b_evict_first_mode() -> object:
@@ -141,22 +147,33 @@ def _strides(given: tuple[int, ...] | None, shape: tuple[int, ...], item: int) -
 @functools.lru_cache(maxsize=4096)
 def _plan(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, rows: int, a_strides: tuple[int, ...],
           b_strides: tuple[int, ...], d_strides: tuple[int, ...], num_sms: int, _config_version: int,
-          _evict_mode: str, _pdl_mode: object) -> GemmPlan:
+          _evict_mode: str, _pdl_mode: object, sides: bool = False) -> GemmPlan:
     import cupy
 
     with cupy.cuda.Device(device_id):
         info = require_hopper()
         evict_b = b_evict_first(num_groups, n, k, info.l2_bytes)
         cfg = choose_config(kind, rows, n, k, num_groups, num_sms, smem_limit=info.max_smem_per_block)
+        side_map, clusters0 = b"", 0
+        if sides:
+            side = l2.side_info(device_id)
+            if side is None:
+                raise CupygemmDeviceError(f"weights packed side-aware, but device {device_id} has no L2 side info "
+                                          f"({l2.unavailable_reason(device_id)}); pack them on this device")
+            cfg = side_aware_config(cfg, num_sms, info.max_smem_per_block)
         pdl = pdl_enabled()
         kernel = get_gemm_kernel(cfg, device_id, pdl)
         # PDL launches go through cuLaunchKernelEx with the packed parameters, which needs a driver that reports
         # the parameter layout (CUDA >= 12.4); elsewhere the PDL variant runs as a plain launch (its waits are no-ops).
         pdl = pdl and hasattr(kernel.launcher, "launch_pdl")
     c = contract.launch_contract(cfg, m, n, k, num_groups, a_strides, b_strides, d_strides, evict_b)
-    return GemmPlan(kind, m, n, k, num_groups, device_id, cfg, kernel, kernel.launcher,
-                    contract.grid(cfg, kernel.max_clusters), c.threads, c.smem_bytes, c.sfa_m_pad, c.scratch_floats,
-                    c.scratch_counters, c.tmaps, c.scalars, pdl)
+    grid = contract.grid(cfg, kernel.max_clusters)
+    if sides:
+        side_map = side.side_map()
+        clusters0 = contract.side_clusters0(cfg, grid, side.counts[0], sum(side.counts))
+    return GemmPlan(kind, m, n, k, num_groups, device_id, cfg, kernel, kernel.launcher, grid, c.threads,
+                    c.smem_bytes, c.sfa_m_pad, c.scratch_floats, c.scratch_counters, c.tmaps, c.scalars, pdl,
+                    side_map, clusters0)
 
 
 def clear() -> None:

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
-# Usage (from the repo root on the GPU machine): bash scripts/device_check.sh [tests] [bench] [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
+# Usage (from the repo root on the GPU machine):
+#   bash scripts/device_check.sh [tests] [bench] [peers] [decode] [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
+# peers: set up DeepGEMM and DeeperGEMM from a carried .peers/ folder (benchmarks/README.md, Peers); decode: the
+# M = 64 and 128 seed shapes against every peer, cupygemm with packed (L2-side-aware) weights too.
 set -uo pipefail
 OUT=${OUT:-/tmp/cupygemm-out}
 mkdir -p "$OUT"
@@ -28,6 +31,14 @@ for s in "${steps[@]}"; do
       case "$gpu" in *H100*) peers=benchmarks/peers/h100-2026-11-21.json ;; *) peers=benchmarks/peers/h200-2026-11-21.json ;; esac
       python3 -m cupygemm bench --match-rows "$peers" --json "$OUT/bench.json" --markdown --plot "$OUT/bench.png" 2>&1 \
         | tee "$OUT/bench.log" ;;
+    peers)
+      if [ -f .peers/setup.sh ]; then eval "$(bash .peers/setup.sh)"; else echo "peers: no .peers/ carried"; fi ;;
+    decode)
+      python3 -m cupygemm bench --kinds normal --shapes 64x2112x7168 64x24576x1536 64x32768x512 64x7168x16384 \
+        64x4096x7168 64x7168x2048 128x2112x7168 128x24576x1536 128x32768x512 128x7168x16384 128x4096x7168 \
+        128x7168x2048 --peers packed,cublas,deepgemm,deepergemm,deepergemm_s128 \
+        ${DEEPERGEMM_SIDEAWARE:+--deepergemm-sideaware "$DEEPERGEMM_SIDEAWARE"} --json "$OUT/decode.json" --markdown \
+        2>&1 | tee "$OUT/decode.log" ;;
     overhead) python3 -m cupygemm overhead --markdown --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
     chain) python3 -m cupygemm chain --json "$OUT/chain.json" 2>&1 | tee "$OUT/chain.log" ;;
     jax)  # cupygemm.jax in a lax.scan, with and without XLA command buffers; the FP8 MLP example

@@ -7,7 +7,8 @@ override_config variants ({} = the model's pick); rows go to OUT.json. Group siz
 Usage (on a Hopper machine): python scripts/try_configs.py SPEC.json OUT.json [--match-rows PEERS.json] [--seed S]
 SPEC.json: [{"kind": "contiguous", "dims": [4, 8192, 4096, 7168], "variants": [{}, {"block_m": 128, ...}]}, ...]
 An entry may fix its grouped rows with "group_rows": [...] (one per group) instead of the bench's draw, and a
-masked entry its max_m with "max_m".
+masked entry its max_m with "max_m". A variant with "packed": true runs on weights packed by cupygemm.pack_weights
+(the side-aware kernel of the variant's config).
 OUT.json: {"device", "timing", "command", "spec", "rows": [{kind, dims, valid_m, variant, config, us, error}]}
 Each variant's output is checked on sampled rows against the reference first (error "check FAIL").
 """
@@ -59,12 +60,16 @@ def main() -> None:
     drawn = cases.shape_sizes(shapes, args.seed, args.match_rows)
     sizes = [sizes_of(e, s, drawn[s]) for e, s in zip(spec, shapes)]
 
+    def fields(v):
+        return {f: x for f, x in v.items() if f != "packed"}
+
     def configs(shape, size, variants):
         out = []
         for v in variants:
-            C.override_config(shape.kind, shape.n, shape.k, **v)
+            C.override_config(shape.kind, shape.n, shape.k, **fields(v))
             try:
-                out.append(cases.shape_config(shape, size, 132))
+                cfg = cases.shape_config(shape, size, 132)
+                out.append(C.side_aware_config(cfg, 132) if v.get("packed") else cfg)
             except ValueError as ex:
                 print(f"skip {shape.label} {v}: {ex}")
                 out.append(None)
@@ -81,14 +86,22 @@ def main() -> None:
     rows = []
     for e, shape, size in zip(spec, shapes, sizes):
         inp = inputs.make_inputs(shape, size, 0)
-        prep = providers.prepare_cupygemm(inp)
+        plain = providers.prepare_cupygemm(inp)
+        packed = None
         sel_rows, sel_groups = cases.check_rows(shape, size, checks.CHECK_ROWS, 0)
         ref = checks.reference_rows(inp, sel_rows, sel_groups)
         for v, cfg in zip(e["variants"], configs(shape, size, e["variants"])):
             if cfg is None:
                 continue
-            C.override_config(shape.kind, shape.n, shape.k, **v)
+            C.override_config(shape.kind, shape.n, shape.k, **fields(v))
             try:
+                prep = plain
+                if v.get("packed"):
+                    if packed is None:
+                        import cupygemm
+
+                        packed = providers.prepare_cupygemm(inp, cupygemm.pack_weights(inp.b, inp.sfb))
+                    prep = packed
                 prep.output().fill(0)
                 prep.call()
                 check = checks.compare(checks.output_rows(prep.output(), sel_rows), *ref)["check"]
@@ -103,7 +116,7 @@ def main() -> None:
                          "variant": v, "config": cfg.describe(), "us": us, "error": err})
             print(f"{shape.kind} {shape.label} {json.dumps(v)}: {us if us is None else round(us, 2)} us  "
                   f"[{cfg.describe().split(': ', 1)[1]}]{'  ' + err if err else ''}", flush=True)
-        del inp, prep
+        del inp, plain, packed
         cp.get_default_memory_pool().free_all_blocks()
         with open(args.out, "w") as f:
             json.dump({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "timing":

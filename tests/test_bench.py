@@ -547,7 +547,9 @@ def test_plot_without_matplotlib_exits_2(monkeypatch, capsys):
 
 
 def test_parse_peers():
-    assert providers.parse_peers("auto") == (["cublas_block", "deepgemm", "deepergemm", "deepergemm_s128"], False)
+    assert providers.parse_peers("auto") == (["cupygemm_packed", "cublas_block", "deepgemm", "deepergemm",
+                                              "deepergemm_s128"], False)
+    assert providers.parse_peers("packed,cublas") == (["cupygemm_packed", "cublas_block"], True)
     assert providers.parse_peers("none") == ([], False)
     assert providers.parse_peers("cublas") == (["cublas_block"], True)
     assert providers.parse_peers("deepgemm,cublas") == (["deepgemm", "cublas_block"], True)
@@ -555,6 +557,8 @@ def test_parse_peers():
     with pytest.raises(cases.BenchUsageError):
         providers.parse_peers("cutlass")
     assert providers.load_peers([]) == ({}, [])
+    peers, notes = providers.load_peers(["cupygemm_packed"])  # no torch needed
+    assert list(peers) == ["cupygemm_packed"] and notes == []
 
 
 def test_command_line_and_git_revision():

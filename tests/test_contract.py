@@ -9,16 +9,17 @@ from cupygemm import config as C
 from cupygemm import contract, tma
 from cupygemm.config.constants import STATIC_SMEM
 from cupygemm.jit.source import cuda_src_dir
-from cupygemm.launch import DESC, PTR, U32
+from cupygemm.launch import DESC, PTR, SIDE_MAP, U32
 
 
 def _entry_params() -> list[tuple[str, str]]:
-    """(type, name) of cupygemm_fp8_gemm's parameters, read from the kernel source."""
+    """(type, name) of cupygemm_fp8_gemm's parameters, read from the kernel source (side-aware ones last)."""
     src = (cuda_src_dir() / contract.GEMM_FILE).read_text()
     m = re.search(rf"\b{contract.GEMM_ENTRY}\s*\(([^)]*)\)", src)
     assert m, "entry point not found"
     params = []
-    for p in m.group(1).split(","):
+    text = re.sub(r"^#.*$", "", m.group(1), flags=re.M)  # the #if CUPYGEMM_SIDES lines
+    for p in text.split(","):
         words = p.replace("*", " * ").split()
         params.append((" ".join(words[:-1]), words[-1]))
     return params
@@ -26,9 +27,11 @@ def _entry_params() -> list[tuple[str, str]]:
 
 def test_runtime_parameters_match_the_entry_point():
     params = _entry_params()
-    assert len(params) == len(contract.GEMM_PARAMS) == len(contract.GEMM_PARAM_NAMES)
-    for (ctype, name), kind, want in zip(params, contract.GEMM_PARAMS, contract.GEMM_PARAM_NAMES):
-        expected = {DESC: "TmaDescriptor", PTR: "*", U32: "uint32_t"}[kind]
+    names = contract.GEMM_PARAM_NAMES + contract.SIDE_PARAM_NAMES
+    assert len(params) == len(contract.GEMM_PARAMS_SIDES) == len(names)
+    assert contract.GEMM_PARAMS_SIDES[:len(contract.GEMM_PARAMS)] == contract.GEMM_PARAMS
+    for (ctype, name), kind, want in zip(params, contract.GEMM_PARAMS_SIDES, names):
+        expected = {DESC: "TmaDescriptor", PTR: "*", U32: "uint32_t", SIDE_MAP: "SideMap"}[kind]
         assert expected in ctype, (ctype, name, kind)
         assert name.startswith(want), (name, want)  # d_ptr is the d parameter
 

@@ -16,11 +16,11 @@ from typing import Any, Callable, Sequence
 from .cases import BenchUsageError, Shape
 from .inputs import Inputs, rows2d
 
-PROVIDERS = ("cupygemm", "cublas_block", "deepgemm", "deepergemm", "deepergemm_s128")
-PEERS = ("cublas_block", "deepgemm", "deepergemm", "deepergemm_s128")
-TITLES = {"cupygemm": "cupygemm", "cublas_block": "cuBLAS-block", "deepgemm": "DeepGEMM", "deepergemm": "DeeperGEMM",
-          "deepergemm_s128": "DeeperGEMM-s128"}
-_PEER_ALIASES = {"cublas": "cublas_block", "cublas_block": "cublas_block", "deepgemm": "deepgemm",
+PROVIDERS = ("cupygemm", "cupygemm_packed", "cublas_block", "deepgemm", "deepergemm", "deepergemm_s128")
+PEERS = ("cupygemm_packed", "cublas_block", "deepgemm", "deepergemm", "deepergemm_s128")
+TITLES = {"cupygemm": "cupygemm", "cupygemm_packed": "cupygemm-packed", "cublas_block": "cuBLAS-block",
+          "deepgemm": "DeepGEMM", "deepergemm": "DeeperGEMM", "deepergemm_s128": "DeeperGEMM-s128"}
+_PEER_ALIASES = {"packed": "cupygemm_packed", "cupygemm_packed": "cupygemm_packed", "cublas": "cublas_block", "cublas_block": "cublas_block", "deepgemm": "deepgemm",
                  "deep_gemm": "deepgemm", "deepergemm": "deepergemm", "deeper_gemm": "deepergemm",
                  "deepergemm_s128": "deepergemm_s128", "deepergemm-s128": "deepergemm_s128",
                  "deeper_gemm_s128": "deepergemm_s128"}
@@ -28,6 +28,7 @@ _PEER_ALIASES = {"cublas": "cublas_block", "cublas_block": "cublas_block", "deep
 DEEPERGEMM_MODULES = {"deepergemm": "deeper_gemm", "deepergemm_s128": "deeper_gemm_s128"}
 PROVIDER_DESCRIPTIONS = {
     "cupygemm": "cupygemm (this package), the public API with SFA pre-converted to the M-major TMA-aligned layout",
+    "cupygemm_packed": "cupygemm with B packed once by cupygemm.pack_weights (L2-side-aware), outside the timed call",
     "cublas_block": "cuBLASLt 1x128 x 128x128 block-scaled FP8 through torch._scaled_mm: scale_a (M, K/128) "
                     "M-major (strides (1, M)), scale_b (K/128, N/128) = the weight scales transposed, BF16 out",
     "deepgemm": "DeepGEMM through its 03d0be3 Python API (gemm_fp8_fp8_bf16_nt and the m_grouped functions)",
@@ -57,14 +58,14 @@ class Prepared:
     output: Callable[[], Any]
 
 
-def prepare_cupygemm(inp: Inputs) -> Prepared:
+def prepare_cupygemm(inp: Inputs, rhs: Any = None) -> Prepared:
     import cupygemm
 
     from ..tensors import BF16
 
     bits = _poisoned(_out_shape(inp))
     out = bits.view(BF16)
-    lhs, rhs = (inp.a, inp.sfa_mn), (inp.b, inp.sfb)
+    lhs, rhs = (inp.a, inp.sfa_mn), rhs if rhs is not None else (inp.b, inp.sfb)
     if inp.shape.kind == "normal":
         def call():
             cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
@@ -77,6 +78,27 @@ def prepare_cupygemm(inp: Inputs) -> Prepared:
         def call():
             cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, inp.masked_m, expected)
     return Prepared(call, lambda: rows2d(bits))
+
+
+class PackedPeer:
+    """cupygemm on weights packed L2-side-aware (:func:`cupygemm.pack_weights`, once per shape, untimed)."""
+
+    name = "cupygemm_packed"
+
+    def supports(self, shape: Shape) -> bool:
+        return True
+
+    def prepare(self, inp: Inputs) -> Prepared:
+        import cupygemm
+
+        packed = cupygemm.pack_weights(inp.b, inp.sfb)
+        if not packed.side_aware:
+            from ..l2 import unavailable_reason
+            from ..tensors import gpu_device_of
+
+            raise RuntimeError(f"no L2 side info: {unavailable_reason(gpu_device_of(inp.b, 'b'))}")
+        prep = prepare_cupygemm(inp, packed)
+        return prep
 
 
 def torch_fp8(torch: Any, u8: Any) -> Any:
@@ -206,8 +228,8 @@ def parse_peers(text: str) -> tuple[list[str], bool]:
     for tok in t.split(","):
         tok = tok.strip()
         if tok not in _PEER_ALIASES:
-            raise BenchUsageError(f"--peers: unknown peer {tok!r}; expected auto, none or a list of cublas, deepgemm, "
-                                  "deepergemm, deepergemm_s128")
+            raise BenchUsageError(f"--peers: unknown peer {tok!r}; expected auto, none or a list of packed, cublas, "
+                                  "deepgemm, deepergemm, deepergemm_s128")
         if _PEER_ALIASES[tok] not in names:
             names.append(_PEER_ALIASES[tok])
     return names, True
@@ -244,6 +266,9 @@ def load_peers(names: Sequence[str], sideaware: str | None = None) -> tuple[dict
     ``sideaware.so``, to set up its L2-side-aware allocator (without it DeeperGEMM runs with its side logic off)."""
     peers: dict[str, Any] = {}
     notes: list[str] = []
+    if "cupygemm_packed" in names:
+        peers["cupygemm_packed"] = PackedPeer()
+        names = [n for n in names if n != "cupygemm_packed"]
     if not names:
         return peers, notes
     torch, why = _import_torch()

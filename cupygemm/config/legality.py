@@ -37,6 +37,7 @@ class GemmConfig:
     serial_m: bool = False  # a warpgroup's m64 sub-tiles run one after the other through one temporary accumulator
     split_k: int = 1  # normal GEMMs: each tile's K blocks split over this many CTAs (FP32 partials, last one reduces)
     stream_k: bool = False  # the last round's tiles split along K over the idle CTAs (normal, masked)
+    sides: bool = False  # L2-side-aware: B packed (cupygemm.packing), each half of N on the SMs of its L2 side
 
     @property
     def threads(self) -> int:
@@ -63,6 +64,7 @@ class GemmConfig:
                 f"{'serial m64 sub-tiles, ' if self.serial_m else ''}"
                 f"{f'split-K over {self.split_k} CTAs, ' if self.split_k > 1 else ''}"
                 f"{'stream-K tail, ' if self.stream_k else ''}"
+                f"{'L2-side-aware B, ' if self.sides else ''}"
                 f"grid {self.num_sms}, "
                 f"smem {self.smem_bytes} B")
 
@@ -168,7 +170,7 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
                 num_stages: int | None = None, raster_n: int | None = None, multicast: int = 0,
                 interleave_k: bool = False, serial_m: bool = False, split_k: int = 1, stream_k: bool = False,
-                tile_rounds: int = 1) -> GemmConfig:
+                tile_rounds: int = 1, sides: bool = False) -> GemmConfig:
     """Build (and check) a config for explicit block sizes; ValueError names the rule a combination breaks.
 
     ``tile_rounds``: the tiles each CTA runs (the model's waves), which caps the default stage count (see
@@ -196,15 +198,20 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
     if interleave and (not interleave_k_fits(block_m, block_n) or wn != block_n):
         raise ValueError(f"interleave_k needs block_m == 64, block_n <= {INTERLEAVE_K_MAX_BLOCK_N} and an unsplit "
                          f"wgmma; got block {block_m}x{block_n}, wgmma_n={wn}")
+    if sides and stream_k:
+        raise ValueError("sides (L2-side-aware B) has no stream-K tail: pass stream_k=False")
+    # Side-aware kernels keep their side ticket after the stages.
+    ticket = contract.SIDE_TICKET_BYTES if sides else 0
     stages = (num_stages if num_stages is not None else
-              stages_for(block_m, block_n, ceil_div(num_k_blocks, split_k), smem_limit, interleave, tile_rounds))
+              stages_for(block_m, block_n, ceil_div(num_k_blocks, split_k), smem_limit - ticket, interleave,
+                         tile_rounds))
     if interleave and stages % 2:
         # The warpgroups take alternate K blocks, so with an odd count each stage alternates between them, and a
         # warpgroup's parity wait two phases on passes while the other's phase in between is still loading: the
         # kernel reads a stage being written and crashes (masked 8x16x4096x7168 on 64x128 tiles with 7 stages,
         # benchmarks/NOTES.md section 23e). With an even count every stage belongs to one warpgroup.
         raise ValueError(f"interleave_k needs an even num_stages, got {stages}")
-    smem = contract.smem_bytes(block_m, block_n, stages, interleave)
+    smem = contract.smem_bytes(block_m, block_n, stages, interleave) + ticket
     if stages < 1 or smem + STATIC_SMEM > smem_limit:
         raise ValueError(f"block {block_m}x{block_n} with {stages} stages does not fit in {smem_limit} B of shared memory")
     if multicast not in (0, 1, 2):
@@ -227,5 +234,20 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
         kind=kind, shape_n=n, shape_k=k, block_m=block_m, block_n=block_n, wgmma_n=wn, num_stages=stages,
         num_math_wg=contract.math_warpgroups(block_m, interleave), swizzle_d=output_swizzle(block_n),
         raster_n=raster_n, num_sms=num_sms, smem_bytes=smem, multicast=multicast, interleave_k=interleave,
-        serial_m=bool(serial_m), split_k=split_k, stream_k=bool(stream_k),
+        serial_m=bool(serial_m), split_k=split_k, stream_k=bool(stream_k), sides=bool(sides),
     )
+
+
+def side_aware_config(cfg: GemmConfig, num_sms: int, smem_limit: int = SM90_MAX_SMEM_PER_BLOCK) -> GemmConfig:
+    """``cfg`` for packed, L2-side-aware B (:mod:`cupygemm.packing`): the same tile, A multicast and K split, on
+    every SM (each cluster takes a ticket for its SMs' side, so all of them must be launched), without a stream-K
+    tail or B multicast (measured no faster side-aware: benchmarks/NOTES.md 27); the same stages unless the side
+    ticket's 16 bytes no longer fit beside them."""
+    kw = dict(wgmma_n=cfg.wgmma_n, raster_n=None if cfg.multicast == 2 else cfg.raster_n,
+              multicast=0 if cfg.multicast == 2 else cfg.multicast, interleave_k=cfg.interleave_k,
+              serial_m=cfg.serial_m, split_k=cfg.split_k, sides=True)
+    try:
+        return make_config(cfg.kind, cfg.shape_n, cfg.shape_k, cfg.block_m, cfg.block_n, num_sms, smem_limit,
+                           num_stages=cfg.num_stages, **kw)
+    except ValueError:
+        return make_config(cfg.kind, cfg.shape_n, cfg.shape_k, cfg.block_m, cfg.block_n, num_sms, smem_limit, **kw)

@@ -1,0 +1,210 @@
+"""The two L2 sides of a Hopper GPU, measured: which SMs are near which half of the L2, and which half holds an
+address. Side-aware GEMMs (``cuda_src/l2_sides.cuh``) and the weight packing (:mod:`cupygemm.packing`) use them.
+
+An H100's or H200's L2 is two halves; an SM's atomics on an address take longer when the half that owns the address
+is the far one. So one kernel (``cupygemm_l2_latency`` in ``cuda_src/l2_probe.cu``) times a chain of dependent
+atomics on chosen addresses from every SM, and the rest is arithmetic here:
+
+* **the SM map**: every SM times one 4 KiB chunk; the times fall into two groups, near and far. Side 0 is the
+  chunk's near side.
+* **the hash**: which half owns an address depends on the parity of some of its bits. Within a 2 MiB page the
+  virtual and physical address agree below bit 21, so timing the chunks at ``ref + 2**b`` (b = 4..20) from both
+  sides finds those bits (0x0B3000 on the H100s measured: bits 12, 13, 16, 17, 19). The bits above come from the
+  page's physical address, so each 2 MiB page of a buffer is timed once (:func:`address_sides`).
+
+Measured once per device and process (:func:`side_info`), in well under a second. Where the measurement does not
+show two clean sides, or ``CUPYGEMM_L2_SIDES=0``, there is no side info and packing falls back to plain weights;
+:func:`unavailable_reason` says why. Nothing here replaces an allocator: probing reads and restores words of
+memory the caller's framework allocated.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .env import l2_sides_enabled
+
+PAGE = 2 << 20  # within a page, virtual and physical address bits agree
+CHUNK = 4096  # the granularity of the side hash
+SIDE_MAP_SMS = 256  # SMs the kernel's side map holds (cuda_src/l2_sides.cuh, SideMap)
+_PROBE_BITS = range(4, 21)
+_SM_VOTES = 3  # chains timed per SM for the SM map
+_ADDRESS_VOTES = 5  # chains timed per address (from different SMs)
+_BLOCK_SMEM = 120 * 1024  # one probe block per SM at a time
+
+
+@dataclass(frozen=True)
+class SideInfo:
+    """One device's L2 sides: ``sm_side[smid]`` (SMs not present: -1), the address bits below 2 MiB that flip the
+    side, and the chain times (cycles per 32 atomics) of near and far SMs."""
+
+    device: int
+    sm_side: tuple[int, ...]
+    hash_bits: int
+    near_cycles: float
+    far_cycles: float
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        return self.sm_side.count(0), self.sm_side.count(1)
+
+    @property
+    def threshold(self) -> float:
+        return (self.near_cycles + self.far_cycles) / 2
+
+    def side_map(self) -> bytes:
+        """The kernel's SideMap: bit smid % 32 of word smid // 32 set for SMs on side 1."""
+        words = np.zeros(SIDE_MAP_SMS // 32, dtype=np.uint32)
+        for sm, side in enumerate(self.sm_side):
+            if side == 1:
+                words[sm // 32] |= np.uint32(1 << (sm % 32))
+        return words.tobytes()
+
+    def describe(self) -> str:
+        n0, n1 = self.counts
+        return (f"{n0} + {n1} SMs, hash bits {self.hash_bits:#x} (+ per 2 MiB page), near/far "
+                f"{self.near_cycles / 32:.0f}/{self.far_cycles / 32:.0f} cycles per atomic")
+
+
+_lock = threading.Lock()
+_info: dict[int, SideInfo | None] = {}
+_why: dict[int, str] = {}
+
+
+class _Unavailable(Exception):
+    pass
+
+
+def side_info(device: int) -> SideInfo | None:
+    """The side info of ``device`` (measured on first use, then cached); None where there is none (see
+    :func:`unavailable_reason`)."""
+    if not l2_sides_enabled():
+        _why[device] = "CUPYGEMM_L2_SIDES=0"
+        return None
+    if device in _info:
+        return _info[device]
+    with _lock:
+        if device not in _info:
+            try:
+                _info[device] = _measure(device)
+            except _Unavailable as e:
+                _info[device], _why[device] = None, str(e)
+    return _info[device]
+
+
+def unavailable_reason(device: int) -> str | None:
+    """Why :func:`side_info` returned None for ``device`` (None if it did not)."""
+    return _why.get(device)
+
+
+def _kernel():
+    from .jit.build import load_kernel
+    from .jit.source import render
+
+    k = load_kernel(render("l2_probe.cu", "cupygemm_l2_latency", {}))
+    k.ensure_dynamic_smem(_BLOCK_SMEM)
+    return k
+
+
+def time_chains(addrs: np.ndarray, votes: int, num_sms: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cycles, smid) of ``votes`` chains per address (item t times address t % len(addrs)), on the current device's
+    current CuPy stream, which this synchronizes."""
+    import cupy
+
+    k = _kernel()
+    n = len(addrs)
+    items = n * votes
+    d_addrs = cupy.asarray(np.asarray(addrs, dtype=np.uint64))
+    cycles = cupy.zeros(items, dtype=cupy.uint32)
+    sms = cupy.zeros(items, dtype=cupy.uint32)
+    grid = min(items, 2 * num_sms)
+    k.function((grid,), (32,), (d_addrs, np.uint32(n), np.uint32(items), cycles, sms), shared_mem=_BLOCK_SMEM)
+    return cycles.get(), sms.get()
+
+
+def _two_groups(times: np.ndarray) -> tuple[float, float]:
+    """The medians of the lower and upper groups of ``times`` split at their widest gap; _Unavailable unless both
+    groups hold a quarter of the values and the gap is clear."""
+    s = np.sort(times)
+    gaps = np.diff(s)
+    i = int(np.argmax(gaps))
+    low, high = s[: i + 1], s[i + 1:]
+    if min(len(low), len(high)) < len(s) // 4:
+        raise _Unavailable(f"SM chain times do not split into two sides (groups of {len(low)} and {len(high)})")
+    near, far = float(np.median(low)), float(np.median(high))
+    if gaps[i] < 0.02 * near or far < 1.03 * near:
+        raise _Unavailable(f"near and far SM chain times too close ({near:.0f} vs {far:.0f} cycles)")
+    return near, far
+
+
+def _measure(device: int) -> SideInfo:
+    import cupy
+
+    from .device import current_device
+
+    with cupy.cuda.Device(device):
+        info = current_device()
+        if info.compute_capability != "90":
+            raise _Unavailable(f"not a Hopper GPU (compute capability {info.compute_capability})")
+        buf = cupy.zeros(2 * PAGE, dtype=cupy.uint8)
+        ref = -buf.data.ptr % PAGE + buf.data.ptr
+        # The SM map: every SM times words of one chunk (32 lines apart, so few chains share a line).
+        cycles, sms = time_chains(np.array([ref + 128 * i for i in range(32)], dtype=np.uint64), _SM_VOTES * 2,
+                                  info.num_sms)
+        per_sm = {int(sm): float(np.median(cycles[sms == sm])) for sm in np.unique(sms)}
+        if len(per_sm) < info.num_sms:
+            raise _Unavailable(f"the probe reached {len(per_sm)} of {info.num_sms} SMs")
+        near, far = _two_groups(np.array(list(per_sm.values())))
+        thr = (near + far) / 2
+        sm_side = [-1] * (max(per_sm) + 1)
+        for sm, t in per_sm.items():
+            sm_side[sm] = int(t > thr)
+        if len(sm_side) > SIDE_MAP_SMS:
+            raise _Unavailable(f"SM ids up to {len(sm_side) - 1}: the side map holds {SIDE_MAP_SMS}")
+        partial = SideInfo(device, tuple(sm_side), 0, near, far)
+        # The hash: which of bits 4..20 flip the side of the reference chunk.
+        probe = np.array([ref] + [ref + (1 << b) for b in _PROBE_BITS], dtype=np.uint64)
+        sides = _vote(probe, partial, _ADDRESS_VOTES * 2, info.num_sms)
+        bits = 0
+        for b, s in zip(_PROBE_BITS, sides[1:]):
+            if s != sides[0]:
+                bits |= 1 << b
+        if bits & (CHUNK - 1) or not bits & CHUNK:
+            raise _Unavailable(f"side hash bits {bits:#x}: packing needs 4 KiB chunks (bit 12 in, none below)")
+        del buf
+        return SideInfo(device, tuple(sm_side), bits, near, far)
+
+
+def _vote(addrs: np.ndarray, info: SideInfo, votes: int, num_sms: int) -> np.ndarray:
+    """The side of each address: each chain votes its SM's side if it was near, the other if far; the majority."""
+    cycles, sms = time_chains(addrs, votes, num_sms)
+    sm_side = np.array(info.sm_side + (-1,), dtype=np.int64)
+    voter = sm_side[np.minimum(sms, len(info.sm_side))]
+    vote = np.where(cycles > info.threshold, 1 - voter, voter)
+    vote = np.where(voter < 0, -1, vote).reshape(votes, len(addrs))
+    ones = (vote == 1).sum(axis=0)
+    zeros = (vote == 0).sum(axis=0)
+    return (ones > zeros).astype(np.int64)
+
+
+def address_sides(addrs: np.ndarray, info: SideInfo, num_sms: int) -> np.ndarray:
+    """The L2 side of each 4 KiB-aligned address (uint64 array) on the current device: one chunk per 2 MiB page
+    is timed (the first of ``addrs`` in it), the rest follow from the hash bits. Synchronizes the current CuPy
+    stream; the probed words are restored."""
+    addrs = np.asarray(addrs, dtype=np.uint64)
+    pages = addrs >> np.uint64(21)
+    uniq, first = np.unique(pages, return_index=True)
+    refs = addrs[first]
+    ref_side = _vote(refs, info, _ADDRESS_VOTES, num_sms)
+    idx = np.searchsorted(uniq, pages)
+    flip = _parity((addrs ^ refs[idx]) & np.uint64(info.hash_bits))
+    return ref_side[idx] ^ flip
+
+
+def _parity(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint64)
+    for s in (32, 16, 8, 4, 2, 1):
+        x = x ^ (x >> np.uint64(s))
+    return (x & np.uint64(1)).astype(np.int64)

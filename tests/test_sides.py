@@ -1,0 +1,112 @@
+"""L2-side-aware weights on the CPU: the packed layout's sizes, the side-aware config and contract, the side
+measurement's arithmetic (on made-up chain times) and the NVRTC builds of the side-aware, probe and packing kernels."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cupygemm import config as C
+from cupygemm import contract, l2
+from cupygemm.jit.build import build_cubin
+from cupygemm.jit.source import render
+from cupygemm.kernels import compile_gemm
+from cupygemm.packing import PackedLayout
+
+
+def test_packed_layout_sizes():
+    lay = PackedLayout(2112, 7168)
+    assert (lay.chunks, lay.pairs, lay.k_blocks) == (66, 33, 56)
+    assert lay.data_bytes == 56 * 33 * 8192
+    assert lay.swap_bytes == 8192 and lay.group_bytes % 8192 == 0
+    odd = PackedLayout(1000, 384)  # a partial last chunk; an odd chunk count leaves half 1 one chunk short
+    assert (odd.chunks, odd.pairs, odd.k_blocks) == (32, 16, 3)
+    big = PackedLayout(7168, 16384)
+    assert big.swap_bytes == 8192 and big.k_blocks * big.pairs <= big.swap_bytes * 8
+
+
+def test_side_aware_config_keeps_the_tile_without_b_multicast_or_stream_k():
+    cfg = C.make_config(C.KIND_NORMAL, 7168, 2048, 64, 112, 128, multicast=2)
+    side = C.side_aware_config(cfg, 132)
+    assert side.sides and side.multicast == 0 and side.num_sms == 132
+    assert (side.block_m, side.block_n, side.num_stages) == (cfg.block_m, cfg.block_n, cfg.num_stages)
+    assert side.smem_bytes == cfg.smem_bytes + contract.SIDE_TICKET_BYTES
+    masked = C.make_config(C.KIND_MASKED, 4096, 7168, 128, 160, 132, stream_k=True)
+    assert not C.side_aware_config(masked, 132).stream_k
+    with pytest.raises(ValueError, match="stream-K"):
+        C.make_config(C.KIND_NORMAL, 4096, 7168, 128, 128, 132, stream_k=True, sides=True)
+    # A config at the shared-memory limit loses a stage rather than fail.
+    full = C.make_config(C.KIND_NORMAL, 24576, 1536, 128, 96, 128)
+    assert C.side_aware_config(full, 132).smem_bytes <= C.SM90_MAX_SMEM_PER_BLOCK
+
+
+def test_side_contract():
+    cfg = C.side_aware_config(C.make_config(C.KIND_NORMAL, 2112, 7168, 64, 48, 132, split_k=3), 132)
+    assert contract.defines(cfg)["CUPYGEMM_SIDES"] == 1
+    assert "CUPYGEMM_SIDES" not in contract.defines(C.make_config(C.KIND_NORMAL, 2112, 7168, 64, 48, 132))
+    floats, counters = contract.scratch_sizes(cfg, 64)
+    plain = contract.scratch_sizes(C.make_config(C.KIND_NORMAL, 2112, 7168, 64, 48, 132, split_k=3), 64)
+    assert floats == plain[0] and counters == plain[1] + contract.SIDE_TICKET_COUNTERS
+    no_split = C.side_aware_config(C.make_config(C.KIND_NORMAL, 4096, 1536, 64, 64, 132), 132)
+    assert contract.scratch_sizes(no_split, 64) == (0, contract.SIDE_TICKET_COUNTERS)
+    for grid, sms0 in ((132, 64), (132, 0), (132, 132), (2, 1)):
+        c0 = contract.side_clusters0(no_split, grid, sms0, 132)
+        assert 1 <= c0 <= grid - 1
+
+
+def test_two_groups_and_parity():
+    near, far = l2._two_groups(np.array([320.0] * 64 + [515.0] * 68))
+    assert (near, far) == (320.0, 515.0)
+    with pytest.raises(l2._Unavailable):
+        l2._two_groups(np.array([320.0] * 131 + [600.0]))  # one outlier is not a side
+    with pytest.raises(l2._Unavailable):
+        l2._two_groups(np.array([320.0] * 66 + [322.0] * 66))  # too close to tell
+    x = np.array([0, 1, 3, 0xB3000, 0x1000, 0x3000], dtype=np.uint64)
+    assert list(l2._parity(x)) == [0, 1, 0, 1, 1, 0]
+
+
+def test_address_sides_times_one_chunk_per_page(monkeypatch):
+    info = l2.SideInfo(0, (0, 1) * 66, 0xB3000, 320.0, 515.0)
+    timed = []
+
+    def vote(addrs, info_, votes, num_sms):
+        timed.append(np.array(addrs))
+        return (np.arange(len(addrs)) % 2).astype(np.int64)  # page i's first chunk: side i % 2
+
+    monkeypatch.setattr(l2, "_vote", vote)
+    base = 0x7F0000000000
+    addrs = base + np.arange(0, 3 << 21, 8192, dtype=np.uint64)  # three pages of pairs
+    sides = l2.address_sides(addrs, info, 132)
+    assert len(timed) == 1 and list(timed[0]) == [base, base + (1 << 21), base + (2 << 21)]
+    # Within a page the side follows the hash bits from the page's first chunk.
+    page0 = sides[:256]
+    want = l2._parity((addrs[:256] - np.uint64(base)) & np.uint64(0xB3000))
+    assert np.array_equal(page0, want)
+    assert np.array_equal(sides[256:512], 1 ^ l2._parity((addrs[256:512] - np.uint64(base + (1 << 21)))
+                                                        & np.uint64(0xB3000)))
+
+
+def test_side_map_bits():
+    info = l2.SideInfo(0, (0, 1, -1, 1) + (0,) * 60 + (1,), 0xB3000, 1.0, 2.0)
+    words = np.frombuffer(info.side_map(), dtype=np.uint32)
+    assert len(words) == 8 and words[0] == 0b1010 and words[2] == 1
+    assert info.counts == (61, 3)
+
+
+@pytest.mark.parametrize("kind,n,k,bm,bn,kw", [
+    (C.KIND_NORMAL, 2112, 7168, 64, 48, dict(split_k=3)),
+    (C.KIND_NORMAL, 7168, 16384, 64, 64, dict(interleave_k=True)),
+    (C.KIND_CONTIGUOUS, 4096, 7168, 128, 128, dict(multicast=1)),
+    (C.KIND_MASKED, 4096, 7168, 128, 128, {}),
+])
+def test_side_aware_kernels_compile(kind, n, k, bm, bn, kw):
+    cfg = C.side_aware_config(C.make_config(kind, n, k, bm, bn, 132, **kw), 132)
+    cubin = compile_gemm(cfg, pdl=False)
+    assert cubin[:4] == b"\x7fELF"
+    assert compile_gemm(cfg, pdl=True) != cubin
+
+
+def test_probe_and_pack_kernels_compile():
+    for entry, defines in (("cupygemm_l2_latency", {}),
+                           ("cupygemm_pack_b", {"CUPYGEMM_PACK_N": 1000, "CUPYGEMM_PACK_K": 384})):
+        _, cubin = build_cubin(render("l2_probe.cu", entry, defines))
+        assert cubin[:4] == b"\x7fELF"

@@ -1,0 +1,145 @@
+"""L2-side-aware weights on the GPU: the side measurement, and GEMMs on packed weights against the same GEMMs on
+plain weights (bit for bit where the accumulation order is the same) and the float64 reference, repeated launches
+(the side tickets reset themselves), CUDA graphs, grouped layouts and torch callers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+cp = pytest.importorskip("cupy")
+
+import cupygemm  # noqa: E402
+from cupygemm import l2  # noqa: E402
+from cupygemm.plan import plan_gemm  # noqa: E402
+
+from gpu_helpers import (bf16_to_f64, calc_diff, check_against_reference, grouped_weights,  # noqa: E402
+                         make_normal, poison_bf16, ref_normal)
+
+
+@pytest.fixture(scope="module")
+def info():
+    dev = cp.cuda.runtime.getDevice()
+    got = l2.side_info(dev)
+    if got is None:
+        pytest.fail(f"no L2 side info on this Hopper GPU: {l2.unavailable_reason(dev)}")
+    return got
+
+
+def test_side_info_splits_the_sms(info):
+    n0, n1 = info.counts
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    assert n0 + n1 == sms and min(n0, n1) >= sms // 4
+    assert info.hash_bits & 0x1000 and not info.hash_bits & 0xFFF
+    assert info.far_cycles > info.near_cycles
+
+
+def test_packed_pairs_sit_on_their_sides(info):
+    """A second, independent vote on the chunks pack_weights placed: half 0's slots on side 0, half 1's on 1."""
+    _, _, b, sfb, _, _ = make_normal(64, 4096, 7168, seed=3)
+    p = cupygemm.pack_weights(b, sfb)
+    assert p.side_aware
+    lay = p.layout
+    base = p.data.data.ptr
+    rng = np.random.default_rng(0)
+    pairs = rng.choice(lay.k_blocks * lay.pairs, size=64, replace=False)
+    words = p.data[lay.data_bytes:].view(cp.uint32).get()
+    bit = (pairs % lay.pairs) * lay.k_blocks + pairs // lay.pairs  # pair (kb, j) = kb * pairs + j
+    swap = (words[bit // 32] >> (bit % 32)) & 1
+    half1_slot = 1 ^ swap
+    addrs = (base + pairs.astype(np.uint64) * 8192 + half1_slot.astype(np.uint64) * 4096).astype(np.uint64)
+    sides = l2._vote(addrs, info, 7, cp.cuda.Device().attributes["MultiProcessorCount"])
+    assert (sides == 1).mean() >= 0.9, sides
+
+
+DENSE = [(64, 2112, 7168), (128, 7168, 2048), (64, 7168, 16384), (128, 4096, 7168), (64, 24576, 1536),
+         (100, 1000, 384), (256, 200, 4096), (4096, 4096, 1024)]
+
+
+@pytest.mark.parametrize("m,n,k", DENSE)
+def test_dense_packed_matches_plain(info, m, n, k):
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, seed=m + n)
+    sfa_mn = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    plain = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), (b, sfb))
+    packed = cupygemm.pack_weights(b, sfb)
+    assert packed.side_aware
+    cfg = plan_gemm(0, m, n, k, 1, cp.cuda.runtime.getDevice()).cfg
+    want, mag = ref_normal(a, sfa, b, sfb)
+    for _ in range(3):  # the side tickets reset themselves for the next launch
+        out = poison_bf16((m, n))
+        cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), packed, out)
+        r = check_against_reference(out, want, mag)
+        assert r["finite"] and r["beyond_one_ulp"] == 0, r
+        if not cfg.stream_k:
+            assert cp.array_equal(out.view(cp.uint16), plain.view(cp.uint16))
+
+
+def test_packed_in_a_cuda_graph(info):
+    m, n, k = 64, 2112, 7168
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, seed=5)
+    sfa_mn = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    packed = cupygemm.pack_weights(b, sfb)
+    want = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), (b, sfb))
+    out = poison_bf16((m, n))
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), packed, out, stream=stream)  # plan and scratch before capture
+        stream.begin_capture()
+        for _ in range(4):
+            cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), packed, out, stream=stream)
+        graph = stream.end_capture()
+        for _ in range(3):
+            out.view(cp.uint16).fill(0xFFFF)
+            graph.launch(stream)
+        stream.synchronize()
+    assert cp.array_equal(out.view(cp.uint16), want.view(cp.uint16))
+
+
+def test_contiguous_and_masked_packed_match_plain(info):
+    rng = np.random.default_rng(1)
+    g, n, k = 4, 4096, 7168
+    b, sfb = grouped_weights(g, n, k, cp.random.default_rng(2))
+    packed = cupygemm.pack_weights(b, sfb)
+    assert packed.side_aware and packed.num_groups == g
+    # masked: groups of random valid rows
+    max_m = 256
+    a, sfa, _, _, _, _ = make_normal(g * max_m, 128, k, seed=7)
+    a3, sfa3 = a.reshape(g, max_m, k), sfa.reshape(g, max_m, -1)
+    masked_m = cp.asarray(rng.integers(0, max_m + 1, size=g).astype(np.int32))
+    plain = poison_bf16((g, max_m, n))
+    cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a3, sfa3), (b, sfb), plain, masked_m, 128)
+    out = poison_bf16((g, max_m, n))
+    cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a3, sfa3), packed, out, masked_m, 128)
+    # The plain kernel may split its last round along K (stream-K), which side-aware kernels do not: then the sums
+    # are rounded in another order.
+    same_order = not plan_gemm(2, max_m, n, k, g, cp.cuda.runtime.getDevice(), expected_m=128).cfg.stream_k
+    for gi, rows in enumerate(masked_m.get()):
+        got, want = out[gi, :rows], plain[gi, :rows]
+        if same_order:
+            assert cp.array_equal(got.view(cp.uint16), want.view(cp.uint16))
+        else:
+            assert calc_diff(bf16_to_f64(got), bf16_to_f64(want)) < 1e-5
+        assert cp.all(out[gi, rows:].view(cp.uint16) == 0xFFFF)  # rows past masked_m are not written
+    # contiguous: 128-row blocks of groups 2, 0, 3, 3
+    m = 512
+    a, sfa, _, _, _, _ = make_normal(m, 128, k, seed=8)
+    m_indices = cp.asarray(np.repeat([2, 0, 3, 3], 128).astype(np.int32))
+    plain = cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), (b, sfb), None, m_indices)
+    got = cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a, sfa), packed, None, m_indices)
+    assert cp.array_equal(got.view(cp.uint16), plain.view(cp.uint16))
+
+
+def test_torch_packed_matches_plain(info):
+    torch = pytest.importorskip("torch")
+    m, n, k = 128, 2112, 7168
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, seed=9)
+    ta = torch.from_dlpack(a).view(torch.float8_e4m3fn)
+    tb = torch.from_dlpack(b).view(torch.float8_e4m3fn)
+    tsfa, tsfb = torch.from_dlpack(sfa), torch.from_dlpack(sfb)
+    plain = cupygemm.gemm_fp8_fp8_bf16_nt((ta, tsfa), (tb, tsfb))
+    packed = cupygemm.pack_weights(tb, tsfb)
+    assert packed.side_aware and isinstance(packed.data, torch.Tensor)
+    got = cupygemm.gemm_fp8_fp8_bf16_nt((ta, tsfa), packed)
+    torch.cuda.synchronize()
+    assert torch.equal(got.view(torch.int16), plain.view(torch.int16))
