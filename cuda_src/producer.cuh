@@ -17,6 +17,23 @@ template <class T> struct Producer {
   const SharedStorage<T>& smem;
   const uint8_t* packed_b;  // side-aware kernels: B, packed (tmap_b is unused)
 
+  // A's boxes of K offset k for a tile starting at row a_row into `stage` (A multicast: this CTA's half of the
+  // boxes, into both CTAs of the pair).
+  __device__ __forceinline__ void load_a(uint32_t stage, int k, int a_row, int a_group, uint32_t a_boxes,
+                                         uint32_t rank) const {
+#pragma unroll
+    for (uint32_t i = 0; i < T::kABoxesPerCta; ++i) {
+      const uint32_t box = (T::kMulticast == 1 ? rank * T::kABoxesPerCta : 0) + i;
+      if (box >= a_boxes) break;
+      uint8_t* dst = smem.a + stage * T::SMEM_A + box * T::A_BOX_M * kBlockK;
+      const int row = a_row + static_cast<int>(box * T::A_BOX_M);
+      if constexpr (T::kMulticast == 1)
+        tma_load_3d_multicast(dst, &tmap_a, &smem.full_bar[stage], 0b11, k, row, a_group);
+      else
+        tma_load_3d(dst, &tmap_a, &smem.full_bar[stage], k, row, a_group);
+    }
+  }
+
   // Called by the producer warpgroup's first warp, which builds the scheduler (scheduler.cuh: a whole warp may
   // share the work of planning); then one thread loads the K blocks [tile.k_begin, tile.k_end) of every tile the
   // scheduler hands this CTA (into `tile`) into the ring of stages, and waits until the consumers released them
@@ -52,17 +69,7 @@ template <class T> struct Producer {
         mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
         mbarrier_arrive_expect_tx(&smem.full_bar[stage], tx_bytes);
         const int k = static_cast<int>(kb * kBlockK);
-#pragma unroll
-        for (uint32_t i = 0; i < T::kABoxesPerCta; ++i) {  // A multicast: this CTA's half of the boxes, into both
-          const uint32_t box = (T::kMulticast == 1 ? scheduler.rank * T::kABoxesPerCta : 0) + i;
-          if (box >= a_boxes) break;
-          uint8_t* dst = smem.a + stage * T::SMEM_A + box * T::A_BOX_M * kBlockK;
-          const int row = a_row + static_cast<int>(box * T::A_BOX_M);
-          if constexpr (T::kMulticast == 1)
-            tma_load_3d_multicast(dst, &tmap_a, &smem.full_bar[stage], 0b11, k, row, a_group);
-          else
-            tma_load_3d(dst, &tmap_a, &smem.full_bar[stage], k, row, a_group);
-        }
+        load_a(stage, k, a_row, a_group, a_boxes, scheduler.rank);
         // B multicast: each CTA of the pair loads its half of the tile's rows into both.
         uint8_t* b_dst = smem.b + stage * T::SMEM_B + (T::kMulticast == 2 ? scheduler.rank * (T::SMEM_B / 2) : 0);
         const int b_row_cta = b_row + static_cast<int>(T::kMulticast == 2 ? scheduler.rank * T::BLOCK_N / 2 : 0);
@@ -142,17 +149,7 @@ template <class T> struct Producer {
           mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
           mbarrier_arrive_expect_tx(&smem.full_bar[stage], tx_bytes);
           const int k = static_cast<int>(kb * kBlockK);
-#pragma unroll
-          for (uint32_t i = 0; i < T::kABoxesPerCta; ++i) {
-            const uint32_t box = (T::kMulticast == 1 ? scheduler.rank * T::kABoxesPerCta : 0) + i;
-            if (box >= a_boxes) break;
-            uint8_t* dst = smem.a + stage * T::SMEM_A + box * T::A_BOX_M * kBlockK;
-            const int row = a_row + static_cast<int>(box * T::A_BOX_M);
-            if constexpr (T::kMulticast == 1)
-              tma_load_3d_multicast(dst, &tmap_a, &smem.full_bar[stage], 0b11, k, row, a_group);
-            else
-              tma_load_3d(dst, &tmap_a, &smem.full_bar[stage], k, row, a_group);
-          }
+          load_a(stage, k, a_row, a_group, a_boxes, scheduler.rank);
           tma_load_3d(reinterpret_cast<uint8_t*>(smem.sfa) + stage * T::SMEM_SFA, &tmap_sfa, &smem.full_bar[stage],
                       a_row, static_cast<int>(kb), a_group);
         }
