@@ -8,6 +8,18 @@ import os
 import sys
 
 
+def _ranges(values: list[int]) -> str:
+    """[0, 1, 2, 5, 6] -> '0-2,5-6'."""
+    out, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(f"{start}-{v}" if v != start else str(v))
+            start = None
+    return ",".join(out)
+
+
 def _cmd_info(args: argparse.Namespace) -> int:
     import cupygemm
     from cupygemm.jit import cache
@@ -40,6 +52,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
             cc = f"{d.compute_capability[0]}.{d.compute_capability[1:]}"
             note = "" if d.compute_capability == "90" else "  (not Hopper: cupygemm kernels will not run)"
             print(f"GPU {i}         {d.name}, compute capability {cc}, {d.num_sms} SMs{note}")
+            if d.compute_capability == "90":
+                from cupygemm import l2
+
+                side = l2.side_info(i)  # measured now (well under a second), as pack_weights would
+                print(f"  L2 sides    {side.describe() if side else f'none ({l2.unavailable_reason(i)})'}")
+                if side:
+                    far = [sm for sm, s in enumerate(side.sm_side) if s == 1]
+                    print(f"  side 1 SMs  {_ranges(far)}")
     else:
         print("GPU           no GPU")
     from cupygemm import env

@@ -171,23 +171,16 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
 
 def _run_packed(kind: int, a: Any, sfa: Any, rhs: PackedWeights, out: Any, layout: Any, expected_m: int | None,
                 stream: Any) -> Any:
-    """A call whose ``rhs`` is :class:`~cupygemm.packing.PackedWeights`: CuPy and torch callers run side-aware
-    (torch eagerly: this path is not a torch operator), JAX callers through :mod:`cupygemm.jax`; weights that fell
-    back to plain B run as ``(B, SFB)``."""
+    """A call on side-aware :class:`~cupygemm.packing.PackedWeights` (weights that fell back to plain B are passed
+    on as ``(B, SFB)`` by the callers). CuPy and torch callers only; torch calls run eagerly (not through the torch
+    operator)."""
     framework = _frameworks.get(type(a)) or framework_of(a)
     if framework is Framework.JAX:
-        jax_ops = _jax_ops(stream, a, sfa, out, layout)
-        if kind == KIND_NORMAL:
-            _no_jax_out(out)
-            return jax_ops.gemm_fp8_fp8_bf16_nt(a, sfa, rhs, None)
-        if kind == KIND_CONTIGUOUS:
-            return jax_ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, rhs, None, layout, out)
-        return jax_ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, rhs, None, layout, expected_m, out)
+        raise TypeError("rhs: packed weights are not supported for JAX callers yet; pass (B, SFB)")
     if framework_of(rhs.data) is not framework:
         raise TypeError(f"rhs: packed weights held by {framework_of(rhs.data).value}, while A is a "
                         f"{framework.value} tensor; pack the weights with the framework of the call")
-    return run(kind, a, sfa, rhs.data, rhs.scales, out, layout, expected_m, stream, framework,
-               rhs if rhs.side_aware else None)
+    return run(kind, a, sfa, rhs.data, rhs.scales, out, layout, expected_m, stream, framework, rhs)
 
 
 def _read_all(framework: Framework, a: Any, sfa: Any, b: Any, sfb: Any, out: Any,
@@ -339,7 +332,9 @@ def gemm_fp8_fp8_bf16_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any = 
     """
     a, sfa = lhs if type(lhs) is tuple and len(lhs) == 2 else validate.pair(lhs, "lhs")
     if type(rhs) is PackedWeights:
-        return _run_packed(KIND_NORMAL, a, sfa, rhs, out, None, None, stream)
+        if rhs.side_aware:
+            return _run_packed(KIND_NORMAL, a, sfa, rhs, out, None, None, stream)
+        rhs = (rhs.data, rhs.scales)
     b, sfb = rhs if type(rhs) is tuple and len(rhs) == 2 else validate.pair(rhs, "rhs")
     framework = _frameworks.get(type(a)) or framework_of(a)
     if framework is Framework.TORCH:
@@ -367,7 +362,9 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs: tuple[Any, Any], rhs: tuple[A
     """
     a, sfa = validate.pair(lhs, "lhs")
     if type(rhs) is PackedWeights:
-        return _run_packed(KIND_CONTIGUOUS, a, sfa, rhs, out, m_indices, None, stream)
+        if rhs.side_aware:
+            return _run_packed(KIND_CONTIGUOUS, a, sfa, rhs, out, m_indices, None, stream)
+        rhs = (rhs.data, rhs.scales)
     b, sfb = validate.pair(rhs, "rhs")
     framework = framework_of(a)
     if framework is Framework.TORCH:
@@ -396,7 +393,9 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[Any, Any], rhs: tuple[Any, 
     a, sfa = validate.pair(lhs, "lhs")
     validate.check_expected_m(expected_m)
     if type(rhs) is PackedWeights:
-        return _run_packed(KIND_MASKED, a, sfa, rhs, out, masked_m, int(expected_m), stream)
+        if rhs.side_aware:
+            return _run_packed(KIND_MASKED, a, sfa, rhs, out, masked_m, int(expected_m), stream)
+        rhs = (rhs.data, rhs.scales)
     b, sfb = validate.pair(rhs, "rhs")
     framework = framework_of(a)
     if framework is Framework.TORCH:

@@ -3,7 +3,7 @@ the L2 side of the SMs that compute it (``cuda_src/l2_sides.cuh`` has the layout
 measurement).
 
 The packed weights are one uint8 buffer allocated by the caller's framework (CuPy's pool, torch's caching
-allocator; JAX through :func:`cupygemm.jax.pack_weights`), 8 KiB-aligned inside it, with the swap bits that say
+allocator; JAX arrays are not packed yet), 8 KiB-aligned inside it, with the swap bits that say
 which slot of each 8 KiB pair holds which half stored after each group's data. The GEMM reads those bits, so the
 math never depends on where the buffer lives: a copy (to another address, another process) computes the same
 result, only its pairs may then sit on the wrong sides. Same accumulation order as plain B: the results are bitwise
@@ -106,7 +106,7 @@ def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
     """
     framework = framework_of(b)
     if framework is Framework.JAX:
-        raise TypeError("b: JAX arrays are packed by cupygemm.jax.pack_weights")
+        raise TypeError("b: packing JAX arrays is not supported yet; JAX callers pass (B, SFB)")
     device = gpu_device_of(b, "b")
     launch_stream = resolve(stream, framework, device)
     view = read(b, "b", launch_stream)
@@ -149,6 +149,8 @@ def _check_b(v: View) -> None:
     if v.strides[-1] != 1 or v.shape[-1] % 16 or v.strides[-2] % 16 or v.ptr % 16:
         raise ValueError(f"b: rows must be contiguous and 16-byte aligned (K % 16 == 0), got shape "
                          f"{tuple(v.shape)}, strides {tuple(v.strides)} bytes")
+    if v.ndim == 3 and v.strides[0] % 16:
+        raise ValueError(f"b: groups must start 16-byte aligned, got a group stride of {v.strides[0]} bytes")
     if min(v.shape) < 1:
         raise ValueError(f"b: empty weights, shape {tuple(v.shape)}")
 

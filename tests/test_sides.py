@@ -110,3 +110,24 @@ def test_probe_and_pack_kernels_compile():
                            ("cupygemm_pack_b", {"CUPYGEMM_PACK_N": 1000, "CUPYGEMM_PACK_K": 384})):
         _, cubin = build_cubin(render("l2_probe.cu", entry, defines))
         assert cubin[:4] == b"\x7fELF"
+
+
+def test_info_lists_sm_ranges():
+    from cupygemm.cli import _ranges
+
+    assert _ranges([0, 1, 2, 5, 6, 9]) == "0-2,5-6,9"
+    assert _ranges([]) == ""
+
+
+def test_jax_callers_get_a_clear_error_for_packed_weights():
+    jnp = pytest.importorskip("jax.numpy")
+    import cupygemm
+    from cupygemm.packing import PackedWeights
+
+    a = jnp.zeros((64, 128), jnp.float8_e4m3fn)
+    sfa = jnp.ones((64, 1), jnp.float32)
+    packed = PackedWeights(jnp.zeros((16384,), jnp.uint8), jnp.ones((1, 1), jnp.float32), (128, 128), True)
+    with pytest.raises(TypeError, match="JAX callers"):
+        cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), packed)
+    with pytest.raises(TypeError, match="JAX arrays is not supported"):
+        cupygemm.pack_weights(jnp.zeros((128, 128), jnp.float8_e4m3fn), jnp.ones((1, 1), jnp.float32))

@@ -18,6 +18,14 @@ from gpu_helpers import (bf16_to_f64, calc_diff, check_against_reference, groupe
                          make_normal, poison_bf16, ref_normal)
 
 
+@pytest.fixture(autouse=True)
+def _release_memory():
+    """The float64 references of the long-K shapes take GBs; hand them back so that other test processes sharing
+    the GPU (pytest -n) do not run out of memory, e.g. inside a torch graph capture, where that is fatal."""
+    yield
+    cp.get_default_memory_pool().free_all_blocks()
+
+
 @pytest.fixture(scope="module")
 def info():
     dev = cp.cuda.runtime.getDevice()

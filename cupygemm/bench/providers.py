@@ -97,8 +97,7 @@ class PackedPeer:
             from ..tensors import gpu_device_of
 
             raise RuntimeError(f"no L2 side info: {unavailable_reason(gpu_device_of(inp.b, 'b'))}")
-        prep = prepare_cupygemm(inp, packed)
-        return prep
+        return prepare_cupygemm(inp, packed)
 
 
 def torch_fp8(torch: Any, u8: Any) -> Any:
