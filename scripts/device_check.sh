@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
 # Usage (from the repo root on the GPU machine):
-#   bash scripts/device_check.sh [tests] [bench] [peers] [decode] [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
+#   bash scripts/device_check.sh [tests] [bench] [peers] [decode] [masked-full] [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
 # peers: set up DeepGEMM and DeeperGEMM from a carried .peers/ folder (benchmarks/README.md, Peers); decode: the
 # M = 64 and 128 seed shapes against every peer, cupygemm with packed (L2-side-aware) weights too.
 set -uo pipefail
@@ -39,6 +39,9 @@ for s in "${steps[@]}"; do
         128x7168x2048 --peers packed,cublas,deepgemm,deepergemm,deepergemm_s128 \
         ${DEEPERGEMM_SIDEAWARE:+--deepergemm-sideaware "$DEEPERGEMM_SIDEAWARE"} --json "$OUT/decode.json" --markdown \
         2>&1 | tee "$OUT/decode.log" ;;
+    masked-full)  # masked groups with every row valid (max_m = expected_m), DeepGEMM in the same run
+      python3 -m cupygemm bench --kinds masked --full-groups --peers deepgemm --json "$OUT/masked_full.json" --markdown \
+        2>&1 | tee "$OUT/masked_full.log" ;;
     overhead) python3 -m cupygemm overhead --markdown --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
     chain) python3 -m cupygemm chain --json "$OUT/chain.json" 2>&1 | tee "$OUT/chain.log" ;;
     jax)  # cupygemm.jax in a lax.scan, with and without XLA command buffers; the FP8 MLP example

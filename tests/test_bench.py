@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from cupygemm import config as C
 from cupygemm import reference as ref
 from cupygemm.bench import cases, checks, environment, inputs, metrics, options, plot, providers, report, run
 from cupygemm.bench.cases import Shape, Sizes
@@ -119,6 +120,20 @@ def test_make_sizes_masked(shape):
     for r in s.group_rows:
         assert int(0.7 * shape.m) <= r <= int(1.3 * shape.m)
     assert s.valid_m == sum(s.group_rows)
+
+
+@pytest.mark.parametrize("shape", [s for s in cases.default_shapes() if s.kind == "masked"])
+def test_full_groups_hold_every_row_and_plan_for_them(shape):
+    s = cases.make_sizes(shape, 0, valid_rows=None, full_groups=True)
+    assert s.group_rows == (shape.m,) * shape.groups and s.a_rows == shape.m
+    sizes = cases.shape_sizes([shape], 0, None, full_groups=True)
+    assert sizes[shape] == s
+    # The config the bench times is the one the API plans for max_m = expected_m.
+    assert cases.shape_config(shape, s, 132) == C.choose_config(C.KIND_MASKED, shape.m, shape.n, shape.k,
+                                                                shape.groups, 132, max_m=shape.m)
+    # Normal and contiguous shapes keep their sizes.
+    other = Shape("contiguous", (4, 8192, 4096, 7168))
+    assert cases.make_sizes(other, 0, full_groups=True) == cases.make_sizes(other, 0)
 
 
 def test_sizes_do_not_depend_on_the_shape_list():

@@ -317,6 +317,29 @@ def test_masked_plan_averages_group_sizes():
     assert est.waves == 1 and 1.2 * single < est.seconds < 2 * single
 
 
+def test_masked_plan_caps_group_sizes_at_max_m():
+    """With every row valid (max_m = expected_m) no group can be 1.3x expected_m: the draws are capped at max_m, and
+    the full-group picks are 256-row tiles, which measured 51.1, 59.3 and 34.5 us against the uncapped 128-row
+    picks' 61.9, 71.0 and 43.7 on an H100 (benchmarks/NOTES.md 28)."""
+    capped = cost.masked_group_rows(256, 4, 256)
+    assert max(map(max, capped)) == 256 and min(map(min, capped)) >= int(256 * 0.7)
+    assert capped == tuple(tuple(min(r, 256) for r in d) for d in cost.masked_group_rows(256, 4))
+    assert cost.largest_masked_draw(256, 4) > 256
+    for g, m, n, k in ((2, 512, 4096, 7168), (4, 256, 4096, 7168), (4, 256, 7168, 2048)):
+        free = C.choose_config(C.KIND_MASKED, m, n, k, g, 132)
+        full = C.choose_config(C.KIND_MASKED, m, n, k, g, 132, max_m=m)
+        assert free.block_m == 128 and full.block_m == 256, (free.describe(), full.describe())
+        # A cap no draw reaches is no cap: the peers' max_m of 4096 keeps the uncapped pick.
+        assert C.choose_config(C.KIND_MASKED, m, n, k, g, 132, max_m=4096) == free
+        assert C.choose_config(C.KIND_MASKED, m, n, k, g, 132,
+                               max_m=cost.largest_masked_draw(m, g)) == free
+    # Other kinds ignore max_m.
+    assert (C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132, max_m=1)
+            == C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132))
+    with pytest.raises(ValueError, match="max_m"):
+        C.choose_config(C.KIND_MASKED, 256, 4096, 7168, 4, 132, max_m=0)
+
+
 @pytest.mark.parametrize("units,clusters,k_blocks,want", [
     (132, 66, 56, (0, 1)),  # full rounds: nothing to split
     (143, 66, 56, (11, 6)),  # 11 units left over: 6 pieces each fill the 66 clusters

@@ -171,12 +171,16 @@ class Sizes:
         return int(sum(self.group_rows))
 
 
-def make_sizes(shape: Shape, seed: int, valid_rows: int | None = None) -> Sizes:
+def make_sizes(shape: Shape, seed: int, valid_rows: int | None = None, full_groups: bool = False) -> Sizes:
     """Group sizes like the peers' tests: int(expected x U(0.7, 1.3)) (at least 1); contiguous groups are padded
     to 128 rows; masked ones are clamped to max_m. Deterministic in (shape, seed). ``valid_rows``: make the
-    sizes sum to it instead (see :func:`match_total`), to run the very row count a peer table measured."""
+    sizes sum to it instead (see :func:`match_total`), to run the very row count a peer table measured.
+    ``full_groups`` (masked): every group holds expected rows, all valid, and max_m = expected (a batch of
+    equal full groups, the case DeepGEMM's own tests time)."""
     if shape.kind == "normal":
         return Sizes((shape.m,), shape.m)
+    if full_groups and shape.kind == "masked":
+        return Sizes((shape.m,) * shape.groups, shape.m)
     rng = np.random.default_rng(shape_seed(shape, seed))
     factors = rng.uniform(GROUP_SPREAD[0], GROUP_SPREAD[1], size=shape.groups)
     rows = [max(1, int(shape.m * f)) for f in factors]
@@ -244,6 +248,8 @@ def shape_config(shape: Shape, sizes: Sizes, num_sms: int, smem_limit: int | Non
     """The GemmConfig the library picks for this shape (same arguments as cupygemm.gemm)."""
     kid = kind_id(shape.kind)
     kwargs = {} if smem_limit is None else {"smem_limit": smem_limit}
+    if shape.kind == "masked":
+        kwargs["max_m"] = sizes.a_rows
     return choose_config(kid, config_m_rows(shape, sizes), shape.n, shape.k, shape.groups, num_sms, **kwargs)
 
 
@@ -271,8 +277,10 @@ def check_rows(shape: Shape, sizes: Sizes, count: int, seed: int) -> tuple[np.nd
     return flat.astype(np.int64), groups.astype(np.int64)
 
 
-def shape_sizes(shapes: Sequence[Shape], seed: int, match_rows: str | None) -> dict[Shape, Sizes]:
-    """Each shape's rows; with ``match_rows`` (a peer table) grouped shapes get the valid-row totals it measured."""
+def shape_sizes(shapes: Sequence[Shape], seed: int, match_rows: str | None,
+                full_groups: bool = False) -> dict[Shape, Sizes]:
+    """Each shape's rows; with ``match_rows`` (a peer table) grouped shapes get the valid-row totals it measured;
+    with ``full_groups`` masked shapes run full groups (:func:`make_sizes`), whatever the table says."""
     targets: dict[tuple[str, tuple[int, ...]], int] = {}
     if match_rows:
         try:
@@ -282,7 +290,7 @@ def shape_sizes(shapes: Sequence[Shape], seed: int, match_rows: str | None) -> d
     out = {}
     for s in shapes:
         try:
-            out[s] = make_sizes(s, seed, targets.get((s.kind, tuple(s.dims))))
+            out[s] = make_sizes(s, seed, targets.get((s.kind, tuple(s.dims))), full_groups)
         except ValueError as e:
             raise BenchUsageError(f"--match-rows: {s.kind} {s.label}: {e}") from None
     return out

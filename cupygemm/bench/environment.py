@@ -46,6 +46,8 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--deepergemm-sideaware", str(args.deepergemm_sideaware)]
     if getattr(args, "match_rows", None):
         parts += ["--match-rows", str(args.match_rows)]
+    if getattr(args, "full_groups", False):
+        parts.append("--full-groups")
     if getattr(args, "timing", "cupti") != "cupti":
         parts += ["--timing", args.timing]
     if getattr(args, "json", None):
@@ -109,5 +111,6 @@ def environment(info: Any, args: argparse.Namespace, peers: dict[str, Any]) -> d
         "iters": args.iters,
         "seed": args.seed,
         "match_rows": getattr(args, "match_rows", None),
+        "full_groups": getattr(args, "full_groups", False),
         "method": timing_method(False, FLUSH_BYTES),
     }

@@ -68,6 +68,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--match-rows", default=None, metavar="PEERS.json",
                    help="grouped shapes: draw group sizes that sum to the valid rows the peer table measured "
                         "(e.g. benchmarks/peers/h200-2026-11-21.json in the source tree), so both runs do the same work")
+    p.add_argument("--full-groups", action="store_true",
+                   help="masked shapes: every group holds M rows, all valid, and max_m = expected_m = M (instead of "
+                        "the peers' random sizes around M)")
     p.add_argument("--timing", choices=("cupti", "cupti-python", "cupti-ctypes", "events"), default="cupti",
                    help="cupti: kernel time from CUPTI activity records, through NVIDIA's cupti-python when it is "
                         "installed (bench extra), else libcupti through ctypes (CUPYGEMM_CUPTI names the library), "

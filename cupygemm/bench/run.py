@@ -149,7 +149,7 @@ def run_bench(args: argparse.Namespace) -> int:
             raise BenchUsageError("--iters must be at least 1")
         if args.seed < 0:
             raise BenchUsageError("--seed must be non-negative")
-        sizes = shape_sizes(shapes, args.seed, args.match_rows)
+        sizes = shape_sizes(shapes, args.seed, args.match_rows, getattr(args, "full_groups", False))
     except BenchUsageError as e:
         print(f"cupygemm bench: {e}", file=sys.stderr)
         return 2

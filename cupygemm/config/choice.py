@@ -15,7 +15,7 @@ from .. import env
 from ..util import ceil_div
 from .constants import (BLOCK_K, KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, SM90_MAX_SMEM_PER_BLOCK,
                         STREAM_K_KINDS, THREE_WG_BLOCK_M, kind_id)
-from .cost import Estimate, estimate, interleave_k_pays, interleave_k_regime
+from .cost import Estimate, estimate, interleave_k_pays, interleave_k_regime, largest_masked_draw
 from .legality import GemmConfig, make_config, multicast_options, serial_m_possible, split_k_extent, wgmma_n_for
 from .overrides import config_version, forced
 
@@ -36,7 +36,8 @@ M_CLASS_ROWS = 64
 
 
 class Problem(NamedTuple):
-    """What the choice reads: the kind, ``m_rows`` (M, total rows, or expected rows per group), N, K, groups, SMs."""
+    """What the choice reads: the kind, ``m_rows`` (M, total rows, or expected rows per group), N, K, groups, SMs;
+    masked: ``max_m``, the rows a group can have, where it caps the group sizes the model averages over (else None)."""
 
     kind: int
     m_rows: int
@@ -44,6 +45,7 @@ class Problem(NamedTuple):
     k: int
     num_groups: int
     num_sms: int
+    max_m: int | None = None
 
 
 class Candidate(NamedTuple):
@@ -59,7 +61,7 @@ class Candidate(NamedTuple):
 
 def price(p: Problem, c: Candidate) -> Estimate:
     return estimate(p.kind, p.m_rows, p.n, p.k, p.num_groups, c.block_m, c.block_n, p.num_sms, c.multicast,
-                    c.split_k, c.stream_k)
+                    c.split_k, c.stream_k, max_m=p.max_m)
 
 
 def _score(priced: tuple[Candidate, Estimate]) -> tuple:
@@ -215,10 +217,10 @@ def _grid(p: Problem, c: Candidate, est: Estimate) -> int:
 # --- the choice ---------------------------------------------------------------------------------------------------
 
 def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int,
-           smem_limit: int = SM90_MAX_SMEM_PER_BLOCK) -> tuple[GemmConfig, Estimate]:
+           smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, max_m: int | None = None) -> tuple[GemmConfig, Estimate]:
     """The config for exactly ``m_rows`` (unmemoized; :func:`choose_config` is the memoized entry), and the model's
-    estimate of the pick."""
-    p = Problem(kind, m_rows, n, k, num_groups, num_sms)
+    estimate of the pick. ``max_m`` (masked): caps the group sizes the model averages over."""
+    p = Problem(kind, m_rows, n, k, num_groups, num_sms, max_m if kind == KIND_MASKED else None)
     tiles = candidate_tiles(kind, m_rows)
     three_wg_tiles = [t for t in tiles if t[0] == THREE_WG_BLOCK_M]
 
@@ -278,8 +280,11 @@ def _check_problem(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_
 
 
 def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int,
-                  smem_limit: int = SM90_MAX_SMEM_PER_BLOCK) -> GemmConfig:
+                  smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, max_m: int | None = None) -> GemmConfig:
     """Pick the config for a GEMM. ``m_rows``: M (normal), total rows (contiguous), expected rows per group (masked).
+    ``max_m`` (masked only, else ignored): the rows a group can have. The model plans masked groups of expected_m
+    rows give or take 30 % (cost.MASKED_SPREAD); where max_m is below that, no group can be larger than max_m
+    (every row valid when max_m = expected_m), and the plan uses the capped sizes.
 
     Memoized by :func:`m_class` (every M = 1..4096 of six (N, K) pairs is 6 x 64 entries, not 24,576), so a
     serving loop over varying M searches once per class and the GEMM call's host overhead stays small.
@@ -292,7 +297,14 @@ def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_s
     if kind != KIND_MASKED:
         # The class's largest M stands for all of it, so the memo's key is a function of the class alone.
         m_rows = m_class(kind, m_rows) * M_CLASS_ROWS
-    return _choose_memo(kind, m_rows, n, k, num_groups, num_sms, smem_limit, config_version())
+        max_m = None
+    elif max_m is not None:
+        if type(max_m) is not int or max_m < 1:
+            raise ValueError(f"choose_config: max_m: expected a positive int, got {max_m!r}")
+        # Only a cap that some averaged group size exceeds changes the estimate: keep the others out of the key.
+        if max_m >= largest_masked_draw(m_rows, num_groups):
+            max_m = None
+    return _choose_memo(kind, m_rows, n, k, num_groups, num_sms, smem_limit, config_version(), max_m)
 
 
 def memo_info():
@@ -310,11 +322,11 @@ _print_lock = threading.Lock()
 
 @functools.lru_cache(maxsize=16384)
 def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int, smem_limit: int,
-                 override_version: int) -> GemmConfig:
-    cfg, est = choose(kind, m_rows, n, k, num_groups, num_sms, smem_limit)
+                 override_version: int, max_m: int | None = None) -> GemmConfig:
+    cfg, est = choose(kind, m_rows, n, k, num_groups, num_sms, smem_limit, max_m)
     if env.print_configs():
         with _print_lock:
-            rows = (f"M={m_rows}" if kind == KIND_MASKED
+            rows = (f"M={m_rows}" + (f" (max {max_m})" if max_m is not None else "") if kind == KIND_MASKED
                     else f"M={m_rows - M_CLASS_ROWS + 1}..{m_rows}")  # the memo class this choice serves
             print(f"[cupygemm] {rows} G={num_groups} -> {cfg.describe()} "
                   f"(est {est.seconds * 1e6:.1f} us, {est.waves} waves, last wave {est.last_wave_util:.0%})",

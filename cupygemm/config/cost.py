@@ -116,14 +116,22 @@ def tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0, interle
 
 
 @functools.lru_cache(maxsize=256)
-def masked_group_rows(expected_m: int, groups: int) -> tuple[tuple[int, ...], ...]:
+def masked_group_rows(expected_m: int, groups: int, max_m: int | None = None) -> tuple[tuple[int, ...], ...]:
     """The group sizes the masked estimate averages over: MASKED_DRAWS deterministic draws of int(expected_m x f) rows
-    per group, f spread evenly over MASKED_SPREAD (a different offset per group). Cached: every candidate tile of a
-    problem averages over the same draws."""
+    per group, f spread evenly over MASKED_SPREAD (a different offset per group), none above ``max_m`` (the rows a
+    group can have). Cached: every candidate tile of a problem averages over the same draws."""
     lo, hi = MASKED_SPREAD
     golden = (math.sqrt(5.0) - 1.0) / 2.0
-    return tuple(tuple(max(1, int(expected_m * (lo + (hi - lo) * (((d + 0.5) / MASKED_DRAWS + g * golden) % 1.0))))
-                       for g in range(groups)) for d in range(MASKED_DRAWS))
+    draws = tuple(tuple(max(1, int(expected_m * (lo + (hi - lo) * (((d + 0.5) / MASKED_DRAWS + g * golden) % 1.0))))
+                        for g in range(groups)) for d in range(MASKED_DRAWS))
+    if max_m is None:
+        return draws
+    return tuple(tuple(min(r, max_m) for r in rows) for rows in draws)
+
+
+def largest_masked_draw(expected_m: int, groups: int) -> int:
+    """The largest group size the uncapped masked estimate averages over: a max_m at or above it changes nothing."""
+    return max(max(rows) for rows in masked_group_rows(expected_m, groups))
 
 
 def stream_k_tail(units: int, clusters: int, k_blocks: int) -> tuple[int, int]:
@@ -150,10 +158,11 @@ def _stream_k_seconds(kind: int, tiles: int, sms: int, cluster: int, k: int, til
 
 
 def estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: int, num_sms: int,
-             multicast: int = 0, split_k: int = 1, stream_k: bool = False) -> Estimate:
+             multicast: int = 0, split_k: int = 1, stream_k: bool = False, max_m: int | None = None) -> Estimate:
     """Time of a GEMM (waves x time of one tile, or with ``stream_k`` the full rounds plus the split tail).
-    Masked: ``m_rows`` = expected_m; the time is the mean over masked_group_rows, the waves and last-wave figures
-    those of groups of exactly expected_m rows. Interleaved K is priced where the chooser would use it."""
+    Masked: ``m_rows`` = expected_m; the time is the mean over masked_group_rows (capped at ``max_m``), the waves
+    and last-wave figures those of groups of exactly expected_m rows. Interleaved K is priced where the chooser would
+    use it."""
     n_blocks = ceil_div(n, bn)
     sms = num_sms - num_sms % 2 if multicast else num_sms
     k_unit = split_k_extent(k, split_k)
@@ -179,7 +188,7 @@ def estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: i
     tiles = m_blocks * n_blocks * split_k
     seconds, waves = time_of(tiles)
     if kind == KIND_MASKED:
-        draws = masked_group_rows(m_rows, groups)
+        draws = masked_group_rows(m_rows, groups, max_m)
         seconds = sum(time_of(sum(ceil_div(r, bm) for r in rows) * n_blocks)[0] for rows in draws) / len(draws)
     last = tiles - (waves - 1) * sms
     return Estimate(seconds, waves, last / sms, tiles)
