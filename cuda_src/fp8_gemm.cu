@@ -11,6 +11,7 @@
 #include "kernel_traits.cuh"
 #include "mainloop.cuh"
 #include "producer.cuh"
+#include "ptx_bulk.cuh"
 #include "reduction.cuh"
 #include "scheduler.cuh"
 
@@ -28,6 +29,16 @@ template <class T> __device__ __forceinline__ void take_side_ticket(const SideAr
     st_cluster_u32(&smem.ticket[0], 1, half);
     st_cluster_u32(&smem.ticket[1], 1, index);
   }
+}
+
+// Side-aware kernels: every CTA's producer copies the page bits of packed B (l2_sides.cuh, PageSides) into shared
+// memory, in flight while the ticket is drawn; the producer waits for them before its first load of B.
+template <class T>
+__device__ __forceinline__ void load_page_bits(const SideArgs& sides, uint32_t num_groups, const SharedStorage<T>& smem) {
+  using L = typename T::PackedLayout;
+  const uint32_t bytes = round_up(L::page_words(sides.base_low, num_groups) * 4, 16u);
+  mbarrier_arrive_expect_tx(smem.page_bar, bytes);
+  bulk_load(smem.page_bits, sides.packed_b + num_groups * L::kGroupBytes, bytes, smem.page_bar);
 }
 
 template <class T> __device__ __forceinline__ SideWork side_work(const uint32_t* ticket, uint32_t clusters0) {
@@ -51,15 +62,19 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
   const uint32_t warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (threadIdx.x == T::kNumMathThreads) {
     tma_prefetch_descriptor(&tmap_a);
-    if constexpr (!T::kSides) tma_prefetch_descriptor(&tmap_b);
+    tma_prefetch_descriptor(&tmap_b);
     tma_prefetch_descriptor(&tmap_sfa);
     tma_prefetch_descriptor(&tmap_d);
     for (uint32_t s = 0; s < T::kNumStages; ++s) {
       mbarrier_init(&smem.full_bar[s], 1);
       mbarrier_init(&smem.empty_bar[s], T::kConsumersPerStage * 4 * T::kCluster);  // one arrival per consuming warp
     }
+    if constexpr (T::kSides) mbarrier_init(smem.page_bar, 1);
     mbarrier_init_fence();
-    if constexpr (T::kSides && !T::kPdl) take_side_ticket<T>(sides, smem);
+    if constexpr (T::kSides && !T::kPdl) {
+      load_page_bits<T>(sides, num_groups, smem);
+      take_side_ticket<T>(sides, smem);
+    }
   }
   // Clustered: the peer multicasts into our shared memory and arrives on our barriers, so it must see them
   // initialised.
@@ -67,7 +82,10 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
   // Everything above overlaps the previous kernel's tail; from here on global memory is read and written.
   if constexpr (T::kPdl) grid_dependency_wait();
   if constexpr (T::kSides && T::kPdl) {  // the ticket counters are global memory the previous kernel may reset
-    if (threadIdx.x == T::kNumMathThreads) take_side_ticket<T>(sides, smem);
+    if (threadIdx.x == T::kNumMathThreads) {
+      load_page_bits<T>(sides, num_groups, smem);
+      take_side_ticket<T>(sides, smem);
+    }
     if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
   }
   const SideWork side = T::kSides ? side_work<T>(smem.ticket, sides.clusters0) : SideWork{};
@@ -79,8 +97,9 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     // ---------------- producer warpgroup: one thread issues every TMA load ----------------
     if (T::kNumMathWG > 1) regs_dealloc<T::kProducerRegs>();
     if (threadIdx.x / 32 != T::kNumMathThreads / 32) return;
-    const Producer<T> producer{tmap_a, tmap_b, tmap_sfa, smem, sides.packed_b};
-    producer.run(shape_m, num_groups, grouped_layout, b_evict_first, side, tile);
+    const Producer<T> producer{tmap_a, tmap_b, tmap_sfa, smem};
+    const PageSides pages{smem.page_bits, sides.base_low, sides.hash};
+    producer.run(shape_m, num_groups, grouped_layout, b_evict_first, side, pages, tile);
     if constexpr (T::kSides) {
       if (threadIdx.x == T::kNumMathThreads && (T::kCluster == 1 || cluster_cta_rank() == 0))
         release_side_ticket(sides, gridDim.x / T::kCluster);
@@ -151,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                       uint32_t shape_m, uint32_t num_groups, uint32_t ld_d, uint32_t b_evict_first
 #if CUPYGEMM_SIDES
                       , const __grid_constant__ cupygemm::SideMap sm_sides, const uint8_t* packed_b,
-                      uint32_t* side_tickets, uint32_t side_clusters0
+                      uint32_t* side_tickets, uint32_t side_clusters0, uint32_t side_base_low, uint32_t side_hash
 #endif
                       ) {
   using Traits = cupygemm::KernelTraits<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N,
@@ -161,7 +180,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                         CUPYGEMM_SERIAL_M, CUPYGEMM_SPLIT_K, CUPYGEMM_STREAM_K, CUPYGEMM_A_BOX_M,
                                         CUPYGEMM_PDL, CUPYGEMM_SIDES>;
 #if CUPYGEMM_SIDES
-  const cupygemm::SideArgs sides{&sm_sides, packed_b, side_tickets, side_clusters0};
+  static_assert(Traits::kSideBoxRows == CUPYGEMM_SIDE_BOX_ROWS, "tmap_b's box (contract.py) fits the producer's");
+  const cupygemm::SideArgs sides{&sm_sides, packed_b, side_tickets, side_clusters0, side_base_low, side_hash};
 #else
   const cupygemm::SideArgs sides{};
 #endif

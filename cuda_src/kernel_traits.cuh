@@ -116,11 +116,17 @@ struct KernelTraits {
   static constexpr uint32_t SMEM_SFA = round_up(BLOCK_M * 4u, 128u);
   static constexpr uint32_t kStageTxBytesNoA = SMEM_B + BLOCK_M * 4;  // plus the A boxes loaded for the tile
   static constexpr uint32_t SMEM_HANDOFF = kInterleaveK ? BLOCK_N * 256 : 0;
-  static constexpr uint32_t SMEM_TICKET = kSides ? 16 : 0;  // the cluster's side ticket (half, index)
+  // Side-aware: the cluster's ticket (half, index), the barrier of the page bits' load, the page bits.
+  static constexpr uint32_t SMEM_SIDES = kSides ? 16 + kMaxPageWords * 4 : 0;
 
   // ---- L2 sides ----
   using PackedLayout = PackedB<SHAPE_N, SHAPE_K>;
-  static_assert(!kSides || (!kStreamK && BLOCK_N % 8 == 0), "side-aware: no stream-K tail; whole swizzle rows");
+  static_assert(!kSides || (!kStreamK && BLOCK_N % (kMulticast == 2 ? 16 : 8) == 0),
+                "side-aware: no stream-K tail; whole swizzle rows per CTA");
+  // Rows per TMA box of packed B: the largest of 32, 16, 8 dividing the rows a CTA loads, so that boxes start on
+  // whole swizzle rows and never straddle a 32-row chunk (cupygemm/contract.py's side_box_rows).
+  static constexpr uint32_t kSideCtaRows = kMulticast == 2 ? BLOCK_N / 2 : BLOCK_N;
+  static constexpr uint32_t kSideBoxRows = kSideCtaRows % 32 == 0 ? 32 : kSideCtaRows % 16 == 0 ? 16 : 8;
   // Half 0 of N gets the n units (n blocks, or pairs of them with A multicast) whose middle row lies in it.
   static constexpr uint32_t kUnitRows = BLOCK_N * (kMulticast == 1 ? 2 : 1);
   static constexpr uint32_t kSideUnits0 =
@@ -140,7 +146,7 @@ struct KernelTraits {
 
 // Where the parts of dynamic shared memory start: the output staging tile, the pipeline's A, B and A-scale stages,
 // their full/empty barriers, (interleave_k) the buffer through which warpgroup 1 hands its sums to warpgroup 0, and
-// (side-aware) the cluster's side ticket.
+// (side-aware) the cluster's side ticket, the barrier of the page bits' load and the page bits of packed B.
 template <class T> struct SharedStorage {
   uint8_t* d;
   uint8_t* a;
@@ -150,13 +156,16 @@ template <class T> struct SharedStorage {
   uint64_t* empty_bar;
   float* handoff;
   uint32_t* ticket;
+  uint64_t* page_bar;
+  uint32_t* page_bits;
 
   __device__ __forceinline__ explicit SharedStorage(uint8_t* base)
       : d(base), a(base + T::SMEM_D), b(a + T::kNumStages * T::SMEM_A),
         sfa(reinterpret_cast<float*>(b + T::kNumStages * T::SMEM_B)),
         full_bar(reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(sfa) + T::kNumStages * T::SMEM_SFA)),
         empty_bar(full_bar + T::kNumStages), handoff(reinterpret_cast<float*>(empty_bar + T::kNumStages)),
-        ticket(reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(handoff) + T::SMEM_HANDOFF)) {}
+        ticket(reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(handoff) + T::SMEM_HANDOFF)),
+        page_bar(reinterpret_cast<uint64_t*>(ticket + 2)), page_bits(ticket + 4) {}
 };
 
 // A math thread's place: its warpgroup, and where its accumulator registers sit in an m64 x N wgmma result

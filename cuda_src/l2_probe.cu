@@ -7,7 +7,7 @@
 // record the SM they ran on. The word measured is restored afterwards.
 //
 // cupygemm_pack_b (rendered with CUPYGEMM_PACK_N / CUPYGEMM_PACK_K): B [G][N][K] (row stride ld_b bytes, group
-// stride group_b bytes) into the packed layout of PackedB<N, K>, whose swap bits the host has already written.
+// stride group_b bytes) into the packed layout of PackedB<N, K>, whose page bits the host has already written.
 #include "l2_sides.cuh"
 
 namespace cupygemm {
@@ -56,7 +56,8 @@ extern "C" __global__ void cupygemm_l2_latency(const unsigned long long* addrs, 
 #ifdef CUPYGEMM_PACK_N
 // One block per (pair, group): 512 threads, thread t moves 16 bytes of row t % 256 / 8 of the pair's half t / 256.
 extern "C" __global__ void __launch_bounds__(512) cupygemm_pack_b(const uint8_t* b, unsigned long long ld_b,
-                                                                   unsigned long long group_b, uint8_t* packed) {
+                                                                   unsigned long long group_b, uint8_t* packed,
+                                                                   uint32_t base_low, uint32_t hash) {
   using namespace cupygemm;
   using L = PackedB<CUPYGEMM_PACK_N, CUPYGEMM_PACK_K>;
   const uint32_t pair = blockIdx.x, g = blockIdx.y;
@@ -67,11 +68,10 @@ extern "C" __global__ void __launch_bounds__(512) cupygemm_pack_b(const uint8_t*
   uint4 v = make_uint4(0, 0, 0, 0);
   if (row < CUPYGEMM_PACK_N && col < CUPYGEMM_PACK_K)
     v = *reinterpret_cast<const uint4*>(b + g * group_b + row * ld_b + col);
-  uint8_t* group = packed + g * L::kGroupBytes;
-  const uint32_t bit = j * L::kKBlocks + kb;
-  const uint32_t slot = half ^ ((reinterpret_cast<const uint32_t*>(group + L::kDataBytes)[bit / 32] >> (bit % 32)) & 1u);
+  const PageSides sides{reinterpret_cast<const uint32_t*>(packed + gridDim.y * L::kGroupBytes), base_low, hash};
+  const uint64_t pair_off = L::pair_offset(g, kb, row);
   // The 16-byte unit lands where a 128-byte-swizzled TMA box puts it: unit ^ (row % 8) (chunks start on 8 rows).
-  *reinterpret_cast<uint4*>(group + uint64_t(pair) * L::kPairBytes + slot * L::kSlotBytes + r * 128u +
+  *reinterpret_cast<uint4*>(packed + pair_off + L::slot_of(sides, pair_off, row) * L::kSlotBytes + r * 128u +
                             ((unit ^ (r % 8)) * 16u)) = v;
 }
 #endif

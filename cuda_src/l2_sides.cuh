@@ -15,13 +15,33 @@ struct SideMap {
   uint32_t bits[8];
 };
 
-// The packed layout of one group of B [N, K]. N is cut into 32-row chunks of one K block (32 x 128 bytes = 4 KiB,
-// the L2 hash's granularity), each row stored as a 128-byte-swizzled TMA box would leave it in shared memory, so
-// a bulk copy lands ready for wgmma. Chunks [0, kChunks0) are half 0 of N, the rest half 1. Chunk j of half 0 and
-// chunk j of half 1 of a K block share the 8 KiB pair kb * kPairs + j, whose two 4 KiB slots lie on opposite L2
-// sides; half h sits in slot h ^ swap, the swap bit chosen at packing time so that half h lies on side h. The
-// group's swap bits follow its pairs, bit j * kKBlocks + kb for pair (kb, j): one word serves a chunk for 32 K
-// blocks. The next group starts 8 KiB-aligned after them.
+// Where the packed weights' slots lie. A 4 KiB chunk's L2 side is the parity of its address's hash bits (below
+// 2 MiB, where virtual and physical addresses agree) xor one bit per 2 MiB page, both measured when the weights were
+// packed. The layout is fixed by the address the buffer had then (its offset in its first page, `base_low`) and
+// those bits, all kept with the weights: a copy of the buffer elsewhere computes the same results, only from the
+// wrong sides.
+struct PageSides {
+  const uint32_t* bits;  // bit i: the side of page i's chunks whose hash parity is 0
+  uint32_t base_low;     // the buffer's address at packing, modulo 2 MiB
+  uint32_t hash;         // the side hash bits (below 2 MiB)
+
+  // The side of the 4 KiB chunk `offset` bytes into the buffer.
+  __device__ __forceinline__ uint32_t side_of(uint64_t offset) const {
+    const uint64_t at = base_low + offset;
+    const uint32_t page = static_cast<uint32_t>(at >> 21);
+    return ((bits[page / 32] >> (page % 32)) ^ __popc(static_cast<uint32_t>(at) & hash)) & 1u;
+  }
+};
+
+// Page bits a side-aware kernel holds in shared memory: pages of at most 16 GiB of packed weights.
+constexpr uint32_t kMaxPageWords = 256;
+
+// The packed layout of B [G][N, K]. N is cut into 32-row chunks of one K block (32 x 128 bytes = 4 KiB, the L2
+// hash's granularity), each row stored as a 128-byte-swizzled TMA box would leave it in shared memory. Chunks
+// [0, kChunks0) are half 0 of N, the rest half 1. Chunk j of half 0 and chunk j of half 1 of a K block share the
+// 8 KiB pair kb * kPairs + j, whose two 4 KiB slots lie on opposite L2 sides; half h sits in slot h ^ swap, where
+// swap is the side of the pair's first slot, so that half h lies on side h. Group g starts at g * kGroupBytes; the
+// page bits (PageSides) follow the last group.
 template <uint32_t SHAPE_N, uint32_t SHAPE_K> struct PackedB {
   static constexpr uint32_t kChunkRows = 32, kSlotBytes = 4096, kPairBytes = 8192;
   static constexpr uint32_t kChunks = ceil_div(SHAPE_N, kChunkRows);
@@ -30,37 +50,32 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K> struct PackedB {
   static constexpr uint32_t kPaddedRows = kChunks * kChunkRows;
   static constexpr uint32_t kPairs = kChunks0;  // per K block
   static constexpr uint32_t kKBlocks = ceil_div(SHAPE_K, 128u);
-  static constexpr uint64_t kDataBytes = uint64_t(kKBlocks) * kPairs * kPairBytes;
-  static constexpr uint64_t kSwapBytes = round_up(uint64_t(ceil_div(kKBlocks * kPairs, 32u)) * 4, uint64_t(kPairBytes));
-  static constexpr uint64_t kGroupBytes = kDataBytes + kSwapBytes;
+  static constexpr uint64_t kGroupBytes = uint64_t(kKBlocks) * kPairs * kPairBytes;
 
-  static __device__ __forceinline__ const uint8_t* group_at(const uint8_t* packed, uint32_t g) {
-    return packed + g * kGroupBytes;
+  // The page bits' words after `num_groups` groups (cupygemm/packing.py writes as many).
+  static __device__ __forceinline__ uint32_t page_words(uint32_t base_low, uint32_t num_groups) {
+    return ceil_div(static_cast<uint32_t>(ceil_div(base_low + num_groups * kGroupBytes, uint64_t(1) << 21)), 32u);
   }
-  static __device__ __forceinline__ const uint32_t* swap_words(const uint8_t* group) {
-    return reinterpret_cast<const uint32_t*>(group + kDataBytes);
-  }
-  // Where row `row` (of N) of K block kb starts, given the swap bit of its pair; rows up to the end of its chunk
-  // follow it.
-  static __device__ __forceinline__ const uint8_t* row_at(const uint8_t* group, uint32_t kb, uint32_t row,
-                                                         uint32_t swap) {
-    const uint32_t chunk = row / kChunkRows, half = chunk >= kChunks0 ? 1u : 0u;
-    const uint32_t pair = kb * kPairs + chunk - half * kChunks0;
-    return group + uint64_t(pair) * kPairBytes + (half ^ swap) * kSlotBytes + (row % kChunkRows) * 128u;
-  }
-  // The pair index j of a row's chunk within its K block.
-  static __device__ __forceinline__ uint32_t pair_of_row(uint32_t row) {
+  // The byte offset of the pair holding row `row` (of N) of K block kb of group g.
+  static __device__ __forceinline__ uint64_t pair_offset(uint32_t g, uint32_t kb, uint32_t row) {
     const uint32_t chunk = row / kChunkRows;
-    return chunk >= kChunks0 ? chunk - kChunks0 : chunk;
+    const uint32_t pair = kb * kPairs + (chunk >= kChunks0 ? chunk - kChunks0 : chunk);
+    return g * kGroupBytes + uint64_t(pair) * kPairBytes;
+  }
+  // The slot of row `row`'s half in its pair.
+  static __device__ __forceinline__ uint32_t slot_of(const PageSides& sides, uint64_t pair_off, uint32_t row) {
+    return (row / kChunkRows >= kChunks0 ? 1u : 0u) ^ sides.side_of(pair_off);
   }
 };
 
 // What a side-aware launch passes besides the usual parameters.
 struct SideArgs {
   const SideMap* map;  // the __grid_constant__ parameter (indexed by SM: read in place, not copied)
-  const uint8_t* packed_b;  // B packed as PackedB describes
+  const uint8_t* packed_b;  // B packed as PackedB describes (the kernel reads its page bits; B itself via tmap_b)
   uint32_t* tickets;        // [3] uint32, zero at launch (scratch on the launch's stream)
   uint32_t clusters0;       // clusters that work on half 0 (the rest work on half 1)
+  uint32_t base_low;        // PageSides of the packed weights
+  uint32_t hash;
 };
 
 // The part of the schedule a cluster runs: the n units of one half, shared with that half's other clusters.

@@ -1,11 +1,10 @@
 // The producer: one thread of the last warpgroup streams each tile's A, B and A-scale blocks into the pipeline's
 // stages with TMA, cluster multicast halving the operand traffic of paired CTAs, and an L2 eviction hint on B
-// tiles read by one CTA (pair) only. Side-aware kernels read B packed (l2_sides.cuh) with one bulk copy per 4 KiB
-// chunk, issued by the whole warp.
+// tiles read by one CTA (pair) only. Side-aware kernels read B packed (l2_sides.cuh), a TMA box per piece of a
+// 4 KiB chunk.
 #pragma once
 #include "kernel_traits.cuh"
 #include "ptx_mbarrier.cuh"
-#include "ptx_bulk.cuh"
 #include "ptx_tma.cuh"
 
 namespace cupygemm {
@@ -15,7 +14,6 @@ template <class T> struct Producer {
   const TmaDescriptor& tmap_b;
   const TmaDescriptor& tmap_sfa;
   const SharedStorage<T>& smem;
-  const uint8_t* packed_b;  // side-aware kernels: B, packed (tmap_b is unused)
 
   // A's boxes of K offset k for a tile starting at row a_row into `stage` (A multicast: this CTA's half of the
   // boxes, into both CTAs of the pair).
@@ -39,9 +37,10 @@ template <class T> struct Producer {
   // scheduler hands this CTA (into `tile`) into the ring of stages, and waits until the consumers released them
   // all.
   __device__ __forceinline__ void run(uint32_t shape_m, uint32_t num_groups, const int* grouped_layout,
-                                      uint32_t b_evict_first, const SideWork& side, Tile& tile) const {
+                                      uint32_t b_evict_first, const SideWork& side, const PageSides& pages,
+                                      Tile& tile) const {
     if constexpr (T::kSides) {
-      run_sides(shape_m, num_groups, grouped_layout, b_evict_first, side, tile);
+      run_sides(shape_m, num_groups, grouped_layout, b_evict_first, side, pages, tile);
       return;
     }
     typename T::ProducerScheduler scheduler(shape_m, num_groups, grouped_layout);
@@ -99,16 +98,20 @@ template <class T> struct Producer {
     }
   }
 
-  // The side-aware loop. Lane 0 runs the stage ring and loads A and its scales as run() does; B comes in one bulk
-  // copy per 32-row chunk of the tile, lane c copying chunk c, since each copy's address needs its pair's swap bit
-  // (a load) and one thread issuing them all in turn held every stage back.
+  // The side-aware loop: run()'s, with B as TMA boxes over the packed buffer (tmap_b maps it as rows of 128 bytes),
+  // one box per piece of a 32-row chunk, each from the slot its pair's side picks. The sides come from the page bits
+  // in shared memory and the hash, so no load waits on global memory (a swap bit loaded per chunk, or the whole
+  // warp issuing, cost the loop 10-25 %: NOTES.md 28).
   __device__ __forceinline__ void run_sides(uint32_t shape_m, uint32_t num_groups, const int* grouped_layout,
-                                            uint32_t b_evict_first, const SideWork& side, Tile& tile) const {
+                                            uint32_t b_evict_first, const SideWork& side, const PageSides& pages,
+                                            Tile& tile) const {
     using L = typename T::PackedLayout;
     typename T::ProducerScheduler scheduler(shape_m, num_groups, grouped_layout, side);
-    const uint32_t lane = threadIdx.x % 32;
-    constexpr uint32_t kCtaRows = T::kMulticast == 2 ? T::BLOCK_N / 2 : T::BLOCK_N;  // B rows this CTA loads
-    static_assert(ceil_div(kCtaRows, L::kChunkRows) + 1 <= 32, "one lane per chunk a tile touches");
+    if (threadIdx.x != T::kNumMathThreads) return;
+    constexpr uint32_t kCtaRows = T::kSideCtaRows;  // B rows this CTA loads (B multicast: half the tile's)
+    constexpr uint32_t kBox = T::kSideBoxRows;      // rows per TMA box: pieces never straddle a chunk
+    static_assert(L::kChunkRows % kBox == 0 && kCtaRows % kBox == 0, "boxes tile the chunks and the CTA's rows");
+    mbarrier_wait(smem.page_bar, 0);
     uint32_t stage = 0, phase = 0;
     while (scheduler.next(tile)) {
       const int a_row = static_cast<int>(tile.m_block * T::BLOCK_M);
@@ -121,58 +124,39 @@ template <class T> struct Producer {
                                 (cmin(n0 + T::BLOCK_N, L::kPaddedRows) - n0) * kBlockK;
       const bool b_first = b_evict_first != 0 && ceil_div(tile.rows, T::BLOCK_M) <= (T::kMulticast == 2 ? 2u : 1u);
       const uint64_t b_policy = l2_evict_first_policy();
-      // This lane's rows: its chunk's share of this CTA's rows (B multicast: each CTA of the pair loads its half).
       const uint32_t row0 = n0 + (T::kMulticast == 2 ? scheduler.rank * kCtaRows : 0);
       const uint32_t rows_end = cmin(row0 + kCtaRows, L::kPaddedRows);
-      const uint32_t chunk = row0 / L::kChunkRows + lane;
-      const uint32_t my_begin = cmax(row0, chunk * L::kChunkRows);
-      const uint32_t my_end = cmin(rows_end, (chunk + 1) * L::kChunkRows);
-      const uint32_t my_offset = (my_begin - n0) * kBlockK, my_bytes = my_end > my_begin ? (my_end - my_begin) * kBlockK : 0;
-      const uint8_t* group = L::group_at(packed_b, b_group);
-      const uint32_t* swap_words = L::swap_words(group);
-      // This chunk's swap bits, one word per 32 K blocks; the next word is loaded while this one is used, so the
-      // copies never wait for it (a load at each word boundary held the stages back: NOTES.md 27).
-      constexpr uint32_t kSwapWords = static_cast<uint32_t>(L::kSwapBytes / 4);
-      const uint32_t swap_base = L::pair_of_row(my_begin) * L::kKBlocks;
-      uint32_t word_index = (swap_base + tile.k_begin) / 32;
-      uint32_t word = my_bytes ? __ldg(swap_words + word_index) : 0u;
-      uint32_t next_word = my_bytes && word_index + 1 < kSwapWords ? __ldg(swap_words + word_index + 1) : 0u;
 #pragma unroll 1
       for (uint32_t kb = tile.k_begin; kb < tile.k_end; ++kb) {
-        const uint32_t bit = swap_base + kb;
-        if (bit / 32 != word_index) {
-          ++word_index, word = next_word;
-          if (my_bytes && word_index + 1 < kSwapWords) next_word = __ldg(swap_words + word_index + 1);
-        }
-        const uint8_t* src = L::row_at(group, kb, my_begin, (word >> (bit % 32)) & 1u);
-        if (lane == 0) {
-          mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
-          mbarrier_arrive_expect_tx(&smem.full_bar[stage], tx_bytes);
-          const int k = static_cast<int>(kb * kBlockK);
-          load_a(stage, k, a_row, a_group, a_boxes, scheduler.rank);
-          tma_load_3d(reinterpret_cast<uint8_t*>(smem.sfa) + stage * T::SMEM_SFA, &tmap_sfa, &smem.full_bar[stage],
-                      a_row, static_cast<int>(kb), a_group);
-        }
-        __syncwarp();  // the stage is free (lane 0 saw its empty barrier)
-        if (my_bytes) {
-          uint8_t* dst = smem.b + stage * T::SMEM_B + my_offset;
+        mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
+        mbarrier_arrive_expect_tx(&smem.full_bar[stage], tx_bytes);
+        const int k = static_cast<int>(kb * kBlockK);
+        load_a(stage, k, a_row, a_group, a_boxes, scheduler.rank);
+#pragma unroll
+        for (uint32_t r = 0; r < kCtaRows; r += kBox) {
+          const uint32_t row = row0 + r;
+          if (row >= rows_end) break;
+          const uint64_t pair = L::pair_offset(b_group, kb, row);
+          const int y = static_cast<int>((pair + L::slot_of(pages, pair, row) * L::kSlotBytes) / kBlockK) +
+                        static_cast<int>(row % L::kChunkRows);
+          uint8_t* dst = smem.b + stage * T::SMEM_B + (row - n0) * kBlockK;
           if constexpr (T::kMulticast == 2) {
-            if (b_first) bulk_load_multicast_hint(dst, src, my_bytes, &smem.full_bar[stage], 0b11, b_policy);
-            else bulk_load_multicast(dst, src, my_bytes, &smem.full_bar[stage], 0b11);
+            if (!b_first) tma_load_3d_multicast(dst, &tmap_b, &smem.full_bar[stage], 0b11, 0, y, 0);
+            else tma_load_3d_multicast_hint(dst, &tmap_b, &smem.full_bar[stage], 0b11, 0, y, 0, b_policy);
           } else {
-            if (b_first) bulk_load_hint(dst, src, my_bytes, &smem.full_bar[stage], b_policy);
-            else bulk_load(dst, src, my_bytes, &smem.full_bar[stage]);
+            if (!b_first) tma_load_3d(dst, &tmap_b, &smem.full_bar[stage], 0, y, 0);
+            else tma_load_3d_hint(dst, &tmap_b, &smem.full_bar[stage], 0, y, 0, b_policy);
           }
         }
+        tma_load_3d(reinterpret_cast<uint8_t*>(smem.sfa) + stage * T::SMEM_SFA, &tmap_sfa, &smem.full_bar[stage],
+                    a_row, static_cast<int>(kb), a_group);
         if (++stage == T::kNumStages) stage = 0, phase ^= 1;
       }
     }
     if constexpr (T::kCluster > 1) {
-      if (lane == 0) {
-        for (uint32_t i = 0; i < T::kNumStages; ++i) {
-          mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
-          if (++stage == T::kNumStages) stage = 0, phase ^= 1;
-        }
+      for (uint32_t i = 0; i < T::kNumStages; ++i) {
+        mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
+        if (++stage == T::kNumStages) stage = 0, phase ^= 1;
       }
     }
   }

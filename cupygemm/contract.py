@@ -22,6 +22,7 @@ from . import tma
 from .config.constants import (BLOCK_K, KIND_MASKED, MATH_REGS_ONE_WG, MATH_REGS_THREE_WG, MATH_REGS_TWO_WG,
                                PRODUCER_REGS_THREE_WG, PRODUCER_REGS_TWO_WG, THREE_WG_BLOCK_M)
 from .launch import DESC, PTR, SIDE_MAP, U32
+from .packing import MAX_PAGE_WORDS, PackedLayout
 from .util import ceil_div, round_up
 
 if TYPE_CHECKING:
@@ -32,12 +33,14 @@ GEMM_FILE, GEMM_ENTRY = "fp8_gemm.cu", "cupygemm_fp8_gemm"
 GEMM_PARAM_NAMES = ("tmap_a", "tmap_b", "tmap_sfa", "tmap_d", "sfb", "grouped_layout", "d", "partials",
                     "tile_counters", "shape_m", "num_groups", "ld_d", "b_evict_first")
 GEMM_PARAMS = (DESC,) * 4 + (PTR,) * 5 + (U32,) * 4
-#: Side-aware kernels (``GemmConfig.sides``) take four more: the SM side map (by value), B packed, the side ticket
-#: counters and the clusters that work on half 0 of N (cuda_src/l2_sides.cuh).
-SIDE_PARAM_NAMES = ("sm_sides", "packed_b", "side_tickets", "side_clusters0")
-GEMM_PARAMS_SIDES = GEMM_PARAMS + (SIDE_MAP, PTR, PTR, U32)
-#: Shared memory of a side-aware kernel's ticket (after the stages), and its uint32 counters in the scratch.
-SIDE_TICKET_BYTES = 16
+#: Side-aware kernels (``GemmConfig.sides``) take six more: the SM side map (by value), B packed (tmap_b maps the
+#: same buffer), the side ticket counters, the clusters that work on half 0 of N, and the packed weights' base_low
+#: and hash bits (cuda_src/l2_sides.cuh, PageSides).
+SIDE_PARAM_NAMES = ("sm_sides", "packed_b", "side_tickets", "side_clusters0", "side_base_low", "side_hash")
+GEMM_PARAMS_SIDES = GEMM_PARAMS + (SIDE_MAP, PTR, PTR, U32, U32, U32)
+#: Shared memory of a side-aware kernel after the stages: the ticket and the page bits' barrier (16 bytes), then the
+#: page bits (KernelTraits::SMEM_SIDES); and its uint32 counters in the scratch.
+SIDE_SMEM_BYTES = 16 + MAX_PAGE_WORDS * 4
 SIDE_TICKET_COUNTERS = 4
 
 #: Threads of one warpgroup; the CTA is one producer warpgroup plus the math warpgroups.
@@ -103,7 +106,7 @@ def defines(cfg: GemmConfig, pdl: bool = False) -> dict[str, object]:
     after its last tile, for launches with programmatic dependent launch (:mod:`cupygemm.launch`). Left out when
     off (the kernel's default), so those kernels keep their sources, cache entries and code."""
     pdl_define = {"CUPYGEMM_PDL": 1} if pdl else {}
-    pdl_define |= {"CUPYGEMM_SIDES": 1} if cfg.sides else {}
+    pdl_define |= {"CUPYGEMM_SIDES": 1, "CUPYGEMM_SIDE_BOX_ROWS": side_box_rows(cfg)} if cfg.sides else {}
     return pdl_define | {
         "CUPYGEMM_SHAPE_N": cfg.shape_n,
         "CUPYGEMM_SHAPE_K": cfg.shape_k,
@@ -173,13 +176,32 @@ def tma_specs(cfg: GemmConfig, m: int, n: int, k: int, num_groups: int, a_stride
     wg_m = cfg.block_m if cfg.interleave_k else cfg.block_m // cfg.num_math_wg
     slab = cfg.block_n if cfg.swizzle_d == 0 else cfg.swizzle_d // 2
     box_n = cfg.block_n // 2 if cfg.multicast == 2 else cfg.block_n
+    b_spec = (packed_b_spec(cfg, num_groups, side_box_rows(cfg)) if cfg.sides
+              else TmaSpec(tma.UINT8, (k, n, num_groups), (ldb, b_group), (BLOCK_K, box_n, 1), 128))
     return (
         TmaSpec(tma.UINT8, (k, m, g_a), (lda, a_group), (BLOCK_K, a_box_rows(cfg.kind, cfg.block_m, cfg.multicast), 1),
                 128),
-        TmaSpec(tma.UINT8, (k, n, num_groups), (ldb, b_group), (BLOCK_K, box_n, 1), 128),
+        b_spec,
         TmaSpec(tma.FLOAT32, (m, kb, g_a), (4 * m_pad, 4 * m_pad * kb), (cfg.block_m, 1, 1), 0),
         TmaSpec(tma.BFLOAT16, (n, m, g_a), (ldd, d_group), (slab, wg_m, 1), cfg.swizzle_d),
     )
+
+
+def side_box_rows(cfg: GemmConfig) -> int:
+    """Rows per TMA box of packed B (side-aware kernels): the largest of 32, 16, 8 that divides the rows each CTA
+    loads, so boxes start on whole swizzle rows and never straddle a 32-row chunk (KernelTraits::kSideBoxRows)."""
+    rows = cfg.block_n // 2 if cfg.multicast == 2 else cfg.block_n
+    return next(b for b in (32, 16, 8) if rows % b == 0)
+
+
+def packed_b_spec(cfg: GemmConfig, num_groups: int, box_rows: int) -> TmaSpec:
+    """The map over packed B (cupygemm/packing.py): the whole buffer as rows of 128 bytes, stored pre-swizzled
+    (so no swizzle here), boxes of ``box_rows`` rows."""
+    rows = num_groups * PackedLayout(cfg.shape_n, cfg.shape_k).group_bytes // BLOCK_K
+    if rows >= 1 << 31:  # the kernel's TMA row coordinate is an int
+        raise ValueError(f"packed weights of {rows * BLOCK_K / 2**30:.0f} GiB: side-aware kernels address at most "
+                         f"{(1 << 31) * BLOCK_K / 2**30:.0f} GiB of packed B")
+    return TmaSpec(tma.UINT8, (BLOCK_K, rows, 1), (BLOCK_K, rows * BLOCK_K), (BLOCK_K, box_rows, 1), 0)
 
 
 def sfa_m_pad(m: int) -> int:

@@ -160,11 +160,14 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
     if plan.scratch_counters:
         partials, counters, keep2 = scratch(plan.scratch_floats, plan.scratch_counters, problem.device,
                                             launch_stream, framework)
+    page_sides = (0, 0) if packed is None else (packed.base_low, packed.hash_bits)
     if single_gpu():
-        plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], ptrs[3], d_ptr, ptrs[5], partials, counters)
+        plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], ptrs[3], d_ptr, ptrs[5], partials, counters,
+                    page_sides=page_sides)
     else:
         with on_device(problem.device):
-            plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], ptrs[3], d_ptr, ptrs[5], partials, counters)
+            plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], ptrs[3], d_ptr, ptrs[5], partials, counters,
+                        page_sides=page_sides)
     del keep
     return result if out is not None else export_like(result, framework)
 

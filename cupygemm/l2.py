@@ -189,18 +189,22 @@ def _vote(addrs: np.ndarray, info: SideInfo, votes: int, num_sms: int) -> np.nda
     return (ones > zeros).astype(np.int64)
 
 
-def address_sides(addrs: np.ndarray, info: SideInfo, num_sms: int) -> np.ndarray:
-    """The L2 side of each 4 KiB-aligned address (uint64 array) on the current device: one chunk per 2 MiB page
-    is timed (the first of ``addrs`` in it), the rest follow from the hash bits. Synchronizes the current CuPy
-    stream; the probed words are restored."""
+def page_sides(base: int, nbytes: int, info: SideInfo, num_sms: int) -> np.ndarray:
+    """The page bits of the buffer [base, base + nbytes) (base 4 KiB-aligned) on the current device: bit i (uint8
+    0/1) is the side of the chunks of the buffer's i-th 2 MiB page (counted from base's page) whose hash parity is 0;
+    a chunk's side is that bit xor the parity of its address's hash bits. One chunk per page, inside the buffer, is
+    timed. Synchronizes the current CuPy stream; the probed words are restored."""
+    first_page, last_page = base >> 21, (base + nbytes - 1) >> 21
+    pages = np.arange(first_page, last_page + 1, dtype=np.uint64)
+    refs = np.maximum(pages << np.uint64(21), np.uint64(base))  # the first chunk of each page in the buffer
+    return (_vote(refs, info, _ADDRESS_VOTES, num_sms) ^ _parity(refs & np.uint64(info.hash_bits))).astype(np.uint8)
+
+
+def chunk_side(addrs: np.ndarray, base: int, bits: np.ndarray, hash_bits: int) -> np.ndarray:
+    """The side of each chunk address, from the page bits of the buffer at ``base`` (as :func:`page_sides` gives)."""
     addrs = np.asarray(addrs, dtype=np.uint64)
-    pages = addrs >> np.uint64(21)
-    uniq, first = np.unique(pages, return_index=True)
-    refs = addrs[first]
-    ref_side = _vote(refs, info, _ADDRESS_VOTES, num_sms)
-    idx = np.searchsorted(uniq, pages)
-    flip = _parity((addrs ^ refs[idx]) & np.uint64(info.hash_bits))
-    return ref_side[idx] ^ flip
+    page = (addrs >> np.uint64(21)) - np.uint64(base >> 21)
+    return bits[page.astype(np.int64)] ^ _parity(addrs & np.uint64(hash_bits))
 
 
 def _parity(x: np.ndarray) -> np.ndarray:

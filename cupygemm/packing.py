@@ -3,11 +3,12 @@ the L2 side of the SMs that compute it (``cuda_src/l2_sides.cuh`` has the layout
 measurement).
 
 The packed weights are one uint8 buffer allocated by the caller's framework (CuPy's pool, torch's caching
-allocator; JAX arrays are not packed yet), 8 KiB-aligned inside it, with the swap bits that say
-which slot of each 8 KiB pair holds which half stored after each group's data. The GEMM reads those bits, so the
-math never depends on where the buffer lives: a copy (to another address, another process) computes the same
-result, only its pairs may then sit on the wrong sides. Same accumulation order as plain B: the results are bitwise
-equal to the unpacked GEMM's with the same config.
+allocator; JAX arrays are not packed yet), 8 KiB-aligned inside it. Which slot of each 8 KiB pair holds which half
+follows from the buffer's address when it was packed (kept as ``base_low``, its offset in its 2 MiB page), the
+device's side hash (``hash_bits``) and one measured bit per 2 MiB page, stored after the last group. The GEMM
+computes the slots from those, never from where the buffer lives now: a copy (to another address, another process)
+computes the same result, only its pairs may then sit on the wrong sides. Same accumulation order as plain B: the
+results are bitwise equal to the unpacked GEMM's with the same config.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from .util import ceil_div
 
 PAIR_BYTES = 8192  # two 4 KiB slots on opposite L2 sides
 CHUNK_ROWS = 32  # rows of B (of one 128-wide K block) per 4 KiB slot
+PAGE_BYTES = 1 << 21  # the page bits' granularity
+MAX_PAGE_WORDS = 256  # page bits a side-aware kernel holds (cuda_src/l2_sides.cuh, kMaxPageWords): 16 GiB
 
 
 @dataclass(frozen=True)
@@ -45,28 +48,31 @@ class PackedLayout:
         return ceil_div(self.k, 128)
 
     @property
-    def data_bytes(self) -> int:
+    def group_bytes(self) -> int:
         return self.k_blocks * self.pairs * PAIR_BYTES
 
-    @property
-    def swap_bytes(self) -> int:
-        return ceil_div(ceil_div(self.k_blocks * self.pairs, 32) * 4, PAIR_BYTES) * PAIR_BYTES
+    def page_words(self, base_low: int, groups: int) -> int:
+        """uint32 words of page bits after ``groups`` groups of a buffer whose address mod 2 MiB is ``base_low``."""
+        return ceil_div(ceil_div(base_low + groups * self.group_bytes, PAGE_BYTES), 32)
 
-    @property
-    def group_bytes(self) -> int:
-        return self.data_bytes + self.swap_bytes
+    def buffer_bytes(self, base_low: int, groups: int) -> int:
+        """The whole buffer: the groups, then the page bits (rounded to the kernel's 16-byte copy)."""
+        return groups * self.group_bytes + ceil_div(self.page_words(base_low, groups) * 4, 16) * 16
 
 
 @dataclass(frozen=True, eq=False)
 class PackedWeights:
     """Weights for the GEMMs' ``rhs``, in place of ``(B, SFB)``: ``data`` is B packed side-aware (uint8, one
     dimension) when ``side_aware``, else B itself (the device has no side info, :func:`cupygemm.l2.unavailable_reason`
-    says why); ``scales`` is SFB as given. ``shape`` is B's: [N, K] or [G, N, K]."""
+    says why); ``scales`` is SFB as given. ``shape`` is B's: [N, K] or [G, N, K]. ``base_low`` and ``hash_bits``
+    fix where each half lies (the module's docstring): the GEMMs pass them to the kernel."""
 
     data: Any
     scales: Any
     shape: tuple[int, ...]
     side_aware: bool
+    base_low: int = 0
+    hash_bits: int = 0
 
     @property
     def n(self) -> int:
@@ -117,28 +123,28 @@ def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
         return PackedWeights(b, sfb, shape, False)
     layout = PackedLayout(shape[-2], shape[-1])
     groups = shape[0] if len(shape) == 3 else 1
-    total = groups * layout.group_bytes
-    buf, base, data = _alloc(framework, total, device, launch_stream)
+    longest = layout.buffer_bytes(PAGE_BYTES - PAIR_BYTES, groups)  # whatever the address turns out to be
+    if layout.page_words(PAGE_BYTES - PAIR_BYTES, groups) > MAX_PAGE_WORDS:
+        raise ValueError(f"b: {groups * layout.group_bytes / 2**30:.1f} GiB packed is more than side-aware kernels "
+                         f"address ({MAX_PAGE_WORDS * 32 * PAGE_BYTES // 2**30} GiB less a page); pass (B, SFB)")
+    buf, base, data = _alloc(framework, longest, device, launch_stream)
+    base_low = base % PAGE_BYTES
     import cupy
 
     with cupy.cuda.Device(device), cupy_stream(launch_stream, device):
-        addrs = (np.uint64(base) + np.arange(groups, dtype=np.uint64)[:, None] * np.uint64(layout.group_bytes)
-                 + np.arange(layout.k_blocks * layout.pairs, dtype=np.uint64)[None, :] * np.uint64(PAIR_BYTES))
-        sides = l2.address_sides(addrs.reshape(-1), info, _num_sms(device))
-        # Slot 0's side is the pair's swap bit, stored at bit j * k_blocks + kb for pair (kb, j).
-        sides = sides.reshape(groups, layout.k_blocks, layout.pairs).transpose(0, 2, 1).reshape(groups, -1)
-        words = np.zeros((groups, layout.swap_bytes // 4), dtype=np.uint32)
-        bits = np.packbits(sides.astype(np.uint8), axis=1, bitorder="little")
-        words.view(np.uint8)[:, :bits.shape[1]] = bits
-        host = np.frombuffer(words.tobytes(), dtype=np.uint8).reshape(groups, -1)
-        raw = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(base, total, buf), 0)
-        dev = cupy.ndarray((groups, layout.group_bytes), dtype=cupy.uint8, memptr=raw)
-        dev[:, layout.data_bytes:] = cupy.asarray(host)
+        data_bytes = groups * layout.group_bytes
+        bits = l2.page_sides(base, data_bytes, info, _num_sms(device))
+        words = np.zeros(layout.page_words(base_low, groups), dtype=np.uint32)
+        packed_bits = np.packbits(bits, bitorder="little")
+        words.view(np.uint8)[:packed_bits.size] = packed_bits
+        raw = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(base, longest, buf), 0)
+        dev = cupy.ndarray((longest,), dtype=cupy.uint8, memptr=raw)
+        dev[data_bytes:data_bytes + words.nbytes] = cupy.asarray(words.view(np.uint8))
         g_stride = view.strides[0] if len(shape) == 3 else 0
         _pack_kernel(layout).function((layout.k_blocks * layout.pairs, groups), (512,),
                                       (np.uint64(view.ptr), np.uint64(view.strides[-2]), np.uint64(g_stride),
-                                       np.uint64(base)))
-    return PackedWeights(data, sfb, shape, True)
+                                       np.uint64(base), np.uint32(base_low), np.uint32(info.hash_bits)))
+    return PackedWeights(data, sfb, shape, True, base_low, info.hash_bits)
 
 
 def _check_b(v: View) -> None:

@@ -59,19 +59,20 @@ class GemmPlan:
     _packed: dict = field(default_factory=dict, repr=False)
 
     def launch(self, stream: int, a: int, sfa: int, b: int, sfb: int, d: int, layout: int = 0, partials: int = 0,
-               counters: int = 0, zero_counters: bool = False) -> None:
+               counters: int = 0, zero_counters: bool = False, page_sides: tuple[int, int] = (0, 0)) -> None:
         """Launch on ``stream`` over the given device pointers.
 
         ``layout``: m_indices (contiguous) or masked_m (masked). ``partials``/``counters``: scratch of
         :attr:`scratch_floats` floats and :attr:`scratch_counters` uint32, the counters zero unless
-        ``zero_counters`` (then they are cleared on ``stream`` first; capturable in a CUDA graph).
+        ``zero_counters`` (then they are cleared on ``stream`` first; capturable in a CUDA graph). ``page_sides``
+        (side-aware plans; ``b`` is the packed data): the packed weights' (base_low, hash_bits).
         """
         if self.scratch_floats and not (partials and counters):
             raise ValueError(f"this launch needs scratch ({self.scratch_floats} floats, {self.scratch_counters} "
                              "counters)")
         if zero_counters and self.scratch_counters:
             _memset_u32(counters, self.scratch_counters, stream)
-        ptrs = (a, sfa, b, sfb, d, layout, partials, counters)
+        ptrs = (a, sfa, b, sfb, d, layout, partials, counters, *page_sides)
         params = self._packed.get(ptrs)
         if params is None:
             params = self._pack(ptrs)
@@ -81,11 +82,12 @@ class GemmPlan:
             self.launcher.launch(params, self.grid, self.threads, self.smem_bytes, stream)
 
     def _pack(self, ptrs: tuple[int, ...]) -> object:
-        a, sfa, b, sfb, d, layout, partials, counters = ptrs
+        a, sfa, b, sfb, d, layout, partials, counters, base_low, hash_bits = ptrs
         tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, b, sfa, d)))
         # In the order of contract.GEMM_PARAM_NAMES (and SIDE_PARAM_NAMES: B is the packed weights).
         sides = () if not self.side_map else (
-            self.side_map, b, counters + 4 * (self.scratch_counters - contract.SIDE_TICKET_COUNTERS), self.side_clusters0)
+            self.side_map, b, counters + 4 * (self.scratch_counters - contract.SIDE_TICKET_COUNTERS), self.side_clusters0,
+            base_low, hash_bits)
         params = self.launcher.pack(tmaps + (sfb, layout, d, partials, counters) + self.scalars + sides)
         if len(self._packed) >= _PACKED_LIMIT:  # a cycle longer than the limit would miss on every call if cleared
             del self._packed[next(iter(self._packed))]
@@ -154,7 +156,7 @@ def _plan(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, ro
         info = require_hopper()
         evict_b = b_evict_first(num_groups, n, k, info.l2_bytes)
         cfg = choose_config(kind, rows, n, k, num_groups, num_sms, smem_limit=info.max_smem_per_block,
-                            max_m=m if kind == KIND_MASKED else None)
+                            max_m=m if kind == KIND_MASKED else None, sides=sides)
         side_map, clusters0 = b"", 0
         if sides:
             side = l2.side_info(device_id)

@@ -68,8 +68,7 @@ def main() -> None:
         for v in variants:
             C.override_config(shape.kind, shape.n, shape.k, **fields(v))
             try:
-                cfg = cases.shape_config(shape, size, 132)
-                out.append(C.side_aware_config(cfg, 132) if v.get("packed") else cfg)
+                out.append(cases.shape_config(shape, size, 132, sides=bool(v.get("packed"))))
             except ValueError as ex:
                 print(f"skip {shape.label} {v}: {ex}")
                 out.append(None)

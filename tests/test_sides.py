@@ -2,34 +2,43 @@
 measurement's arithmetic (on made-up chain times) and the NVRTC builds of the side-aware, probe and packing kernels."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from cupygemm import config as C
-from cupygemm import contract, l2
+from cupygemm import contract, l2, packing
 from cupygemm.jit.build import build_cubin
 from cupygemm.jit.source import render
 from cupygemm.kernels import compile_gemm
 from cupygemm.packing import PackedLayout
+from cupygemm.util import ceil_div
 
 
 def test_packed_layout_sizes():
     lay = PackedLayout(2112, 7168)
     assert (lay.chunks, lay.pairs, lay.k_blocks) == (66, 33, 56)
-    assert lay.data_bytes == 56 * 33 * 8192
-    assert lay.swap_bytes == 8192 and lay.group_bytes % 8192 == 0
+    assert lay.group_bytes == 56 * 33 * 8192
     odd = PackedLayout(1000, 384)  # a partial last chunk; an odd chunk count leaves half 1 one chunk short
     assert (odd.chunks, odd.pairs, odd.k_blocks) == (32, 16, 3)
-    big = PackedLayout(7168, 16384)
-    assert big.swap_bytes == 8192 and big.k_blocks * big.pairs <= big.swap_bytes * 8
+    # Page bits: one per 2 MiB page the groups touch from the buffer's offset in its first page, 16-byte rounded.
+    big = PackedLayout(7168, 16384)  # 112 MiB per group
+    assert big.page_words(0, 1) == 2 and big.page_words((1 << 21) - 8192, 1) == 2
+    assert big.page_words(0, 100) == ceil_div(ceil_div(100 * big.group_bytes, 1 << 21), 32)
+    assert big.buffer_bytes(0, 1) == big.group_bytes + 16
+    assert big.page_words(0, 146) <= packing.MAX_PAGE_WORDS < big.page_words(0, 147)
 
 
-def test_side_aware_config_keeps_the_tile_without_b_multicast_or_stream_k():
+def test_side_aware_config_keeps_the_tile_without_stream_k():
     cfg = C.make_config(C.KIND_NORMAL, 7168, 2048, 64, 112, 128, multicast=2)
     side = C.side_aware_config(cfg, 132)
-    assert side.sides and side.multicast == 0 and side.num_sms == 132
+    assert side.sides and side.multicast == 2 and side.num_sms == 132
     assert (side.block_m, side.block_n, side.num_stages) == (cfg.block_m, cfg.block_n, cfg.num_stages)
-    assert side.smem_bytes == cfg.smem_bytes + contract.SIDE_TICKET_BYTES
+    assert side.smem_bytes == cfg.smem_bytes + contract.SIDE_SMEM_BYTES
+    assert contract.side_box_rows(side) == 8 and contract.side_box_rows(dataclasses.replace(side, multicast=0)) == 16
+    assert contract.side_box_rows(C.side_aware_config(C.make_config(C.KIND_NORMAL, 7168, 2048, 64, 40, 128),
+                                                      132)) == 8
     masked = C.make_config(C.KIND_MASKED, 4096, 7168, 128, 160, 132, stream_k=True)
     assert not C.side_aware_config(masked, 132).stream_k
     with pytest.raises(ValueError, match="stream-K"):
@@ -37,6 +46,15 @@ def test_side_aware_config_keeps_the_tile_without_b_multicast_or_stream_k():
     # A config at the shared-memory limit loses a stage rather than fail.
     full = C.make_config(C.KIND_NORMAL, 24576, 1536, 128, 96, 128)
     assert C.side_aware_config(full, 132).smem_bytes <= C.SM90_MAX_SMEM_PER_BLOCK
+
+
+def test_packed_b_map_covers_the_groups_in_rows():
+    cfg = C.side_aware_config(C.make_config(C.KIND_MASKED, 4096, 7168, 128, 128, 132), 132)
+    specs = contract.tma_specs(cfg, 256, 4096, 7168, 4, (256 * 7168 * 4, 7168, 1), (4096 * 7168, 7168, 1),
+                               (256 * 4096 * 2, 8192, 2))
+    rows = 4 * PackedLayout(4096, 7168).group_bytes // 128
+    assert specs[1].dims == (128, rows, 1) and specs[1].box == (128, 32, 1) and specs[1].swizzle == 0
+    assert contract.defines(cfg)["CUPYGEMM_SIDE_BOX_ROWS"] == 32
 
 
 def test_side_contract():
@@ -64,25 +82,30 @@ def test_two_groups_and_parity():
     assert list(l2._parity(x)) == [0, 1, 0, 1, 1, 0]
 
 
-def test_address_sides_times_one_chunk_per_page(monkeypatch):
+def test_page_sides_time_one_chunk_per_page_inside_the_buffer(monkeypatch):
     info = l2.SideInfo(0, (0, 1) * 66, 0xB3000, 320.0, 515.0)
     timed = []
 
     def vote(addrs, info_, votes, num_sms):
         timed.append(np.array(addrs))
-        return (np.arange(len(addrs)) % 2).astype(np.int64)  # page i's first chunk: side i % 2
+        return (np.arange(len(addrs)) % 2).astype(np.int64)  # page i's first chunk in the buffer: side i % 2
 
     monkeypatch.setattr(l2, "_vote", vote)
-    base = 0x7F0000000000
-    addrs = base + np.arange(0, 3 << 21, 8192, dtype=np.uint64)  # three pages of pairs
-    sides = l2.address_sides(addrs, info, 132)
-    assert len(timed) == 1 and list(timed[0]) == [base, base + (1 << 21), base + (2 << 21)]
-    # Within a page the side follows the hash bits from the page's first chunk.
-    page0 = sides[:256]
-    want = l2._parity((addrs[:256] - np.uint64(base)) & np.uint64(0xB3000))
-    assert np.array_equal(page0, want)
-    assert np.array_equal(sides[256:512], 1 ^ l2._parity((addrs[256:512] - np.uint64(base + (1 << 21)))
-                                                        & np.uint64(0xB3000)))
+    page = 0x7F0000000000
+    base = page + 0x6000  # the buffer starts 24 KiB (8 KiB-aligned, as packing allocates) into its first page
+    bits = l2.page_sides(base, 3 << 21, info, 132)  # reaches into a fourth page
+    assert len(timed) == 1 and list(timed[0]) == [base, page + (1 << 21), page + (2 << 21), page + (3 << 21)]
+    assert len(bits) == 4
+    # A timed chunk comes out on its measured side; the others of its page follow the hash bits.
+    refs = timed[0]
+    assert list(l2.chunk_side(refs, base, bits, info.hash_bits)) == [0, 1, 0, 1]
+    addrs = base + np.arange(0, 3 << 21, 8192, dtype=np.uint64)
+    sides = l2.chunk_side(addrs, base, bits, info.hash_bits)
+    in_page0 = addrs < page + (1 << 21)
+    want = l2._parity((addrs[in_page0] ^ np.uint64(base)) & np.uint64(0xB3000))
+    assert np.array_equal(sides[in_page0], want)
+    # Slot 1 of a pair is on the other side of slot 0 (bit 12 is a hash bit).
+    assert np.all(l2.chunk_side(addrs + np.uint64(4096), base, bits, info.hash_bits) == 1 - sides)
 
 
 def test_side_map_bits():

@@ -47,18 +47,37 @@ def test_packed_pairs_sit_on_their_sides(info):
     """A second, independent vote on the chunks pack_weights placed: half 0's slots on side 0, half 1's on 1."""
     _, _, b, sfb, _, _ = make_normal(64, 4096, 7168, seed=3)
     p = cupygemm.pack_weights(b, sfb)
-    assert p.side_aware
+    assert p.side_aware and p.hash_bits == info.hash_bits
     lay = p.layout
     base = p.data.data.ptr
-    rng = np.random.default_rng(0)
-    pairs = rng.choice(lay.k_blocks * lay.pairs, size=64, replace=False)
-    words = p.data[lay.data_bytes:].view(cp.uint32).get()
-    bit = (pairs % lay.pairs) * lay.k_blocks + pairs // lay.pairs  # pair (kb, j) = kb * pairs + j
-    swap = (words[bit // 32] >> (bit % 32)) & 1
-    half1_slot = 1 ^ swap
-    addrs = (base + pairs.astype(np.uint64) * 8192 + half1_slot.astype(np.uint64) * 4096).astype(np.uint64)
+    assert base % 8192 == 0 and base % (1 << 21) == p.base_low
+    words = p.data[lay.group_bytes:lay.group_bytes + 4 * lay.page_words(p.base_low, 1)].view(cp.uint32).get()
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+    pairs = np.random.default_rng(0).choice(lay.k_blocks * lay.pairs, size=64, replace=False).astype(np.uint64)
+    slot0 = base + pairs * np.uint64(8192)
+    half1_slot = 1 ^ l2.chunk_side(slot0, base, bits, p.hash_bits)  # the kernel's rule (l2_sides.cuh, PageSides)
+    addrs = slot0 + half1_slot.astype(np.uint64) * np.uint64(4096)
     sides = l2._vote(addrs, info, 7, cp.cuda.Device().attributes["MultiProcessorCount"])
     assert (sides == 1).mean() >= 0.9, sides
+
+
+def test_copied_packed_weights_compute_the_same():
+    """The slots follow from what the weights keep (base_low, hash bits, page bits), not from where the buffer is:
+    a copy at another address (another offset in its page) gives the same result."""
+    m, n, k = 64, 2112, 7168
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, seed=5)
+    sfa_mn = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    p = cupygemm.pack_weights(b, sfb)
+    first = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), p)
+    holder = cp.empty(p.data.size + 3 * 8192, dtype=cp.uint8)
+    off = (-holder.data.ptr % 8192) + 8192 * (1 if (holder.data.ptr + (-holder.data.ptr % 8192)) % (1 << 21)
+                                               == p.base_low else 0)
+    moved = holder[off:off + p.data.size]
+    moved[...] = p.data
+    assert moved.data.ptr % (1 << 21) != p.base_low
+    copy = cupygemm.PackedWeights(moved, p.scales, p.shape, True, p.base_low, p.hash_bits)
+    again = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), copy)
+    assert cp.array_equal(first.view(cp.uint16), again.view(cp.uint16))
 
 
 DENSE = [(64, 2112, 7168), (128, 7168, 2048), (64, 7168, 16384), (128, 4096, 7168), (64, 24576, 1536),

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..config import choose_config, kind_id, model_rows
+from ..config import choose_config, kind_id, model_rows, side_aware_config
 from ..layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
 from ..shapes import CONTIGUOUS, MASKED, NORMAL, parse_shape
 
@@ -244,13 +244,16 @@ def config_m_rows(shape: Shape, sizes: Sizes) -> int:
     return model_rows(kid, sizes.a_rows, shape.m)
 
 
-def shape_config(shape: Shape, sizes: Sizes, num_sms: int, smem_limit: int | None = None):
-    """The GemmConfig the library picks for this shape (same arguments as cupygemm.gemm)."""
+def shape_config(shape: Shape, sizes: Sizes, num_sms: int, smem_limit: int | None = None, sides: bool = False):
+    """The GemmConfig the library picks for this shape (same arguments as cupygemm.gemm); ``sides``: on weights
+    packed by cupygemm.pack_weights (the side-aware kernel's config)."""
     kid = kind_id(shape.kind)
     kwargs = {} if smem_limit is None else {"smem_limit": smem_limit}
     if shape.kind == "masked":
         kwargs["max_m"] = sizes.a_rows
-    return choose_config(kid, config_m_rows(shape, sizes), shape.n, shape.k, shape.groups, num_sms, **kwargs)
+    cfg = choose_config(kid, config_m_rows(shape, sizes), shape.n, shape.k, shape.groups, num_sms, sides=sides,
+                        **kwargs)
+    return side_aware_config(cfg, num_sms, *([] if smem_limit is None else [smem_limit])) if sides else cfg
 
 
 def check_rows(shape: Shape, sizes: Sizes, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -31,6 +31,14 @@ SPLIT_K_BLOCK_N = 48
 MAX_SPLIT_K = 4
 MIN_SPLIT_K_BLOCKS = 8
 
+# Side-aware kernels (packed B) load B in 32-row TMA boxes, one per packed 4 KiB chunk. A CTA whose B rows are not
+# whole chunks loads 16- or 8-row boxes, and many small boxes held the loop back: 64x112 tiles on 128x7168x16384 took
+# 110 us packed against 49.8 plain, 64x48 split-K tiles on 64x2112x7168 12.8 against 11.8 (H100; NOTES.md 28). So
+# packed weights get tiles whose B rows per CTA are multiples of 32 (with B multicast each CTA loads half the tile),
+# and 32-column split-K tiles (64x2112x7168: 11.5 us).
+SIDE_CHUNK_ROWS = 32
+SIDE_SPLIT_K_BLOCK_N = 32
+
 #: Rows per memo class: see m_class.
 M_CLASS_ROWS = 64
 
@@ -46,6 +54,7 @@ class Problem(NamedTuple):
     num_groups: int
     num_sms: int
     max_m: int | None = None
+    sides: bool = False  # B packed side-aware: tiles whose B rows per CTA are whole 32-row chunks
 
 
 class Candidate(NamedTuple):
@@ -114,14 +123,15 @@ def _multicast_candidates(p: Problem, bm: int, bn: int) -> list[int]:
     if p.num_sms < 2:
         return [0]
     return [mc for mc in multicast_options(p.kind, p.m_rows, p.n, bm, bn)
-            if not (mc == 2 and bm == THREE_WG_BLOCK_M) and not (mc == 1 and bm == 64)]
+            if not (mc == 2 and bm == THREE_WG_BLOCK_M) and not (mc == 1 and bm == 64)
+            and not (mc == 2 and p.sides and bn % (2 * SIDE_CHUNK_ROWS))]
 
 
 def _stream_k_weighed(p: Problem, bm: int, plain: Estimate) -> bool:
     """Whether the model also weighs the tile with a stream-K tail: masked GEMMs (whose groups' sizes the tail
     absorbs) and normal ones of two or more waves, the measured cases (one partial wave is interleaved K's), not on
-    interleaved-K or 192-row tiles."""
-    return (p.kind in STREAM_K_KINDS and (p.kind == KIND_MASKED or plain.waves >= 2)
+    interleaved-K or 192-row tiles, nor for side-aware kernels, which have no tail."""
+    return (p.kind in STREAM_K_KINDS and (p.kind == KIND_MASKED or plain.waves >= 2) and not p.sides
             and not interleave_k_regime(bm, p.k, plain.waves) and bm != THREE_WG_BLOCK_M)
 
 
@@ -149,16 +159,18 @@ def shares_single_a_block(p: Problem, c: Candidate) -> bool:
     return c.multicast == 1 and p.kind == KIND_NORMAL and c.block_m == 128 and p.m_rows <= c.block_m
 
 
-def split_k_tile(kind: int, m_rows: int, n: int, k: int, num_sms: int) -> tuple[int, int, int] | None:
-    """(block_m, block_n, split_k) of split-K across CTAs where the measured rule asks for it (see SPLIT_K_BLOCK_N),
-    else None: a normal GEMM whose 64x64 tiles would fill at most half the SMs, with at least two splits of 8+ K
-    blocks in one wave."""
+def split_k_tile(kind: int, m_rows: int, n: int, k: int, num_sms: int,
+                 sides: bool = False) -> tuple[int, int, int] | None:
+    """(block_m, block_n, split_k) of split-K across CTAs where the measured rule asks for it (see SPLIT_K_BLOCK_N;
+    SIDE_SPLIT_K_BLOCK_N for packed B), else None: a normal GEMM whose 64x64 tiles would fill at most half the SMs,
+    with at least two splits of 8+ K blocks in one wave."""
     if kind != KIND_NORMAL or ceil_div(m_rows, 64) * ceil_div(n, 64) > num_sms // 2:
         return None
     bm = 64 if m_rows <= 64 else 128
-    tiles = ceil_div(m_rows, bm) * ceil_div(n, SPLIT_K_BLOCK_N)
+    bn = SIDE_SPLIT_K_BLOCK_N if sides else SPLIT_K_BLOCK_N
+    tiles = ceil_div(m_rows, bm) * ceil_div(n, bn)
     ks = min(MAX_SPLIT_K, num_sms // tiles, ceil_div(k, BLOCK_K) // MIN_SPLIT_K_BLOCKS)
-    return (bm, SPLIT_K_BLOCK_N, ks) if ks >= 2 else None
+    return (bm, bn, ks) if ks >= 2 else None
 
 
 def _apply_overrides(p: Problem, c: Candidate, est: Estimate, fields: dict) -> tuple[Candidate, Estimate]:
@@ -217,11 +229,15 @@ def _grid(p: Problem, c: Candidate, est: Estimate) -> int:
 # --- the choice ---------------------------------------------------------------------------------------------------
 
 def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int,
-           smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, max_m: int | None = None) -> tuple[GemmConfig, Estimate]:
+           smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, max_m: int | None = None,
+           sides: bool = False) -> tuple[GemmConfig, Estimate]:
     """The config for exactly ``m_rows`` (unmemoized; :func:`choose_config` is the memoized entry), and the model's
-    estimate of the pick. ``max_m`` (masked): caps the group sizes the model averages over."""
-    p = Problem(kind, m_rows, n, k, num_groups, num_sms, max_m if kind == KIND_MASKED else None)
+    estimate of the pick. ``max_m`` (masked): caps the group sizes the model averages over. ``sides``: B is packed
+    side-aware (tiles of whole 32-row chunks; the result is still the plain config, see side_aware_config)."""
+    p = Problem(kind, m_rows, n, k, num_groups, num_sms, max_m if kind == KIND_MASKED else None, sides)
     tiles = candidate_tiles(kind, m_rows)
+    if sides:
+        tiles = [t for t in tiles if t[1] % SIDE_CHUNK_ROWS == 0]
     three_wg_tiles = [t for t in tiles if t[0] == THREE_WG_BLOCK_M]
 
     # 1. The model's best tile, multicast and tail over the candidates (192-row tiles aside).
@@ -235,7 +251,7 @@ def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int
         pick = pick._replace(multicast=0)
         est = price(p, pick)
     # 4. Split-K across CTAs where even 64x64 tiles leave half the SMs idle.
-    split = split_k_tile(kind, m_rows, n, k, num_sms)
+    split = split_k_tile(kind, m_rows, n, k, num_sms, sides)
     if split is not None:
         pick = Candidate(split[0], split[1], split_k=split[2])
         est = price(p, pick)
@@ -280,11 +296,14 @@ def _check_problem(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_
 
 
 def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int,
-                  smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, max_m: int | None = None) -> GemmConfig:
+                  smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, max_m: int | None = None,
+                  sides: bool = False) -> GemmConfig:
     """Pick the config for a GEMM. ``m_rows``: M (normal), total rows (contiguous), expected rows per group (masked).
     ``max_m`` (masked only, else ignored): the rows a group can have. The model plans masked groups of expected_m
     rows give or take 30 % (cost.MASKED_SPREAD); where max_m is below that, no group can be larger than max_m
-    (every row valid when max_m = expected_m), and the plan uses the capped sizes.
+    (every row valid when max_m = expected_m), and the plan uses the capped sizes. ``sides``: B is packed
+    side-aware; the pick is among tiles that load whole packed chunks (SIDE_CHUNK_ROWS), before
+    :func:`~cupygemm.config.side_aware_config` turns it into the side-aware kernel's config.
 
     Memoized by :func:`m_class` (every M = 1..4096 of six (N, K) pairs is 6 x 64 entries, not 24,576), so a
     serving loop over varying M searches once per class and the GEMM call's host overhead stays small.
@@ -304,7 +323,7 @@ def choose_config(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_s
         # Only a cap that some averaged group size exceeds changes the estimate: keep the others out of the key.
         if max_m >= largest_masked_draw(m_rows, num_groups):
             max_m = None
-    return _choose_memo(kind, m_rows, n, k, num_groups, num_sms, smem_limit, config_version(), max_m)
+    return _choose_memo(kind, m_rows, n, k, num_groups, num_sms, smem_limit, config_version(), max_m, bool(sides))
 
 
 def memo_info():
@@ -322,8 +341,8 @@ _print_lock = threading.Lock()
 
 @functools.lru_cache(maxsize=16384)
 def _choose_memo(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int, smem_limit: int,
-                 override_version: int, max_m: int | None = None) -> GemmConfig:
-    cfg, est = choose(kind, m_rows, n, k, num_groups, num_sms, smem_limit, max_m)
+                 override_version: int, max_m: int | None = None, sides: bool = False) -> GemmConfig:
+    cfg, est = choose(kind, m_rows, n, k, num_groups, num_sms, smem_limit, max_m, sides)
     if env.print_configs():
         with _print_lock:
             rows = (f"M={m_rows}" + (f" (max {max_m})" if max_m is not None else "") if kind == KIND_MASKED

@@ -200,8 +200,8 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
                          f"wgmma; got block {block_m}x{block_n}, wgmma_n={wn}")
     if sides and stream_k:
         raise ValueError("sides (L2-side-aware B) has no stream-K tail: pass stream_k=False")
-    # Side-aware kernels keep their side ticket after the stages.
-    ticket = contract.SIDE_TICKET_BYTES if sides else 0
+    # Side-aware kernels keep their side ticket and page bits after the stages.
+    ticket = contract.SIDE_SMEM_BYTES if sides else 0
     stages = (num_stages if num_stages is not None else
               stages_for(block_m, block_n, ceil_div(num_k_blocks, split_k), smem_limit - ticket, interleave,
                          tile_rounds))
@@ -239,12 +239,10 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
 
 
 def side_aware_config(cfg: GemmConfig, num_sms: int, smem_limit: int = SM90_MAX_SMEM_PER_BLOCK) -> GemmConfig:
-    """``cfg`` for packed, L2-side-aware B (:mod:`cupygemm.packing`): the same tile, A multicast and K split, on
-    every SM (each cluster takes a ticket for its SMs' side, so all of them must be launched), without a stream-K
-    tail or B multicast (measured no faster side-aware: benchmarks/NOTES.md 27); the same stages unless the side
-    ticket's 16 bytes no longer fit beside them."""
-    kw = dict(wgmma_n=cfg.wgmma_n, raster_n=None if cfg.multicast == 2 else cfg.raster_n,
-              multicast=0 if cfg.multicast == 2 else cfg.multicast, interleave_k=cfg.interleave_k,
+    """``cfg`` for packed, L2-side-aware B (:mod:`cupygemm.packing`): the same tile, multicast and K split, on every
+    SM (each cluster takes a ticket for its SMs' side, so all of them must be launched), without a stream-K tail;
+    the same stages unless the side ticket and page bits (1 KiB) no longer fit beside them."""
+    kw = dict(wgmma_n=cfg.wgmma_n, raster_n=cfg.raster_n, multicast=cfg.multicast, interleave_k=cfg.interleave_k,
               serial_m=cfg.serial_m, split_k=cfg.split_k, sides=True)
     try:
         return make_config(cfg.kind, cfg.shape_n, cfg.shape_k, cfg.block_m, cfg.block_n, num_sms, smem_limit,
