@@ -175,11 +175,17 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
 def _run_packed(kind: int, a: Any, sfa: Any, rhs: PackedWeights, out: Any, layout: Any, expected_m: int | None,
                 stream: Any) -> Any:
     """A call on side-aware :class:`~cupygemm.packing.PackedWeights` (weights that fell back to plain B are passed
-    on as ``(B, SFB)`` by the callers). CuPy and torch callers only; torch calls run eagerly (not through the torch
-    operator)."""
+    on as ``(B, SFB)`` by the callers). JAX calls go through :mod:`cupygemm.jax`; torch calls run eagerly (not
+    through the torch operator)."""
     framework = _frameworks.get(type(a)) or framework_of(a)
     if framework is Framework.JAX:
-        raise TypeError("rhs: packed weights are not supported for JAX callers yet; pass (B, SFB)")
+        ops = _jax_ops(stream, a, sfa, rhs.data, rhs.scales, out, layout)
+        if kind == KIND_NORMAL:
+            _no_jax_out(out)
+            return ops.gemm_fp8_fp8_bf16_nt(a, sfa, rhs)
+        if kind == KIND_CONTIGUOUS:
+            return ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, rhs, None, layout, out)
+        return ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, rhs, None, layout, expected_m, out)
     if framework_of(rhs.data) is not framework:
         raise TypeError(f"rhs: packed weights held by {framework_of(rhs.data).value}, while A is a "
                         f"{framework.value} tensor; pack the weights with the framework of the call")

@@ -48,6 +48,13 @@ differently); each is within the kernels' accuracy.
 
 ``jax.grad`` (any differentiation) raises TypeError: these are inference kernels without a VJP.
 
+**Packed weights.** :func:`cupygemm.pack_weights` packs a JAX B into an XLA buffer (L2-side-aware, see
+:mod:`cupygemm.packing`); pass the :class:`~cupygemm.PackedWeights` as ``b`` with ``sfb=None`` (its scales are
+used). The class is a pytree here (leaves: the packed bytes and the scales), so it passes through ``jit`` and
+``scan`` as an argument; its layout (shape, offsets, hash) is static. A copy XLA makes of the bytes computes the same
+results, only from the wrong L2 sides. Under ``vmap`` packed weights must not be mapped (each element's call then
+runs in sequence).
+
 Eager calls (concrete arrays outside ``jit``) take the same path: each public function is itself jitted, so the
 result is ordered on XLA's stream like any JAX result.
 """
@@ -57,7 +64,7 @@ import functools
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -67,6 +74,7 @@ from jax import lax
 from . import xla_ffi
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL
 from .errors import CupygemmDeviceError
+from .packing import PackedLayout, PackedWeights
 from .util import ceil_div
 
 __all__ = [
@@ -88,6 +96,49 @@ _INT32_LIMIT = 2**31
 _FP8_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.uint8))
 
 
+# --- packed weights ----------------------------------------------------------------------------------------------
+
+class _PackedSpec(NamedTuple):
+    """What a side-aware launch needs of packed weights besides their bytes: static under ``jit``."""
+
+    shape: tuple[int, ...]
+    base_low: int
+    hash_bits: int
+    data_offset: int
+
+
+def _flatten_packed(p: PackedWeights) -> tuple[tuple[Any, Any], tuple]:
+    return (p.data, p.scales), (p.shape, p.side_aware, p.base_low, p.hash_bits, p.data_offset)
+
+
+def _unflatten_packed(aux: tuple, leaves: tuple[Any, Any]) -> PackedWeights:
+    return PackedWeights(leaves[0], leaves[1], *aux)
+
+
+jax.tree_util.register_pytree_node(PackedWeights, _flatten_packed, _unflatten_packed)
+
+
+def _unpack(b: Any, sfb: Any, grouped: bool) -> tuple[Any, Any, _PackedSpec | None]:
+    """``(b, sfb, spec)``: plain weights as given (spec None), or packed weights' bytes and scales and their spec;
+    weights that fell back to plain B (no side info) as ``(B, SFB)``."""
+    if not isinstance(b, PackedWeights):
+        return b, sfb, None
+    if sfb is not None:
+        raise TypeError("sfb: packed weights carry their scales; pass sfb=None with PackedWeights as b")
+    if not b.side_aware:
+        return b.data, b.scales, None
+    if len(b.shape) != (3 if grouped else 2):
+        raise ValueError(f"b: packed weights of shape {b.shape}, expected {'[G, N, K]' if grouped else '[N, K]'}")
+    lay = PackedLayout(b.shape[-2], b.shape[-1])
+    groups = b.shape[0] if grouped else 1
+    shape, dtype = _shape_dtype(b.data, "b.data")
+    need = b.data_offset + lay.buffer_bytes(b.base_low, groups)
+    if dtype != jnp.uint8 or len(shape) != 1 or shape[0] < need:
+        raise ValueError(f"b.data: packed weights {b.shape} need a uint8 vector of at least {need} bytes, got "
+                         f"{dtype} {shape}")
+    return b.data, b.scales, _PackedSpec(tuple(b.shape), b.base_low, b.hash_bits, b.data_offset)
+
+
 # --- backends: the CUDA one, and a test double --------------------------------------------------------------
 
 @dataclass
@@ -106,7 +157,8 @@ class _Backend:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _plan_cuda(kind: int, m: int, n: int, k: int, num_groups: int, expected_m: int | None) -> dict[int, Any]:
+def _plan_cuda(kind: int, m: int, n: int, k: int, num_groups: int, expected_m: int | None,
+               sides: bool = False) -> dict[int, Any]:
     try:
         gpus = jax.devices("gpu")
     except RuntimeError as e:
@@ -122,7 +174,7 @@ def _plan_cuda(kind: int, m: int, n: int, k: int, num_groups: int, expected_m: i
             continue
         ordinal = int(getattr(dev, "local_hardware_id", None) or dev.id)
         with cupy.cuda.Device(ordinal):
-            plans[ordinal] = plan_gemm(kind, m, n, k, num_groups, ordinal, expected_m=expected_m)
+            plans[ordinal] = plan_gemm(kind, m, n, k, num_groups, ordinal, expected_m=expected_m, sides=sides)
     return plans
 
 
@@ -172,21 +224,22 @@ def _check_inputs() -> bool:
     return check_inputs_enabled()
 
 
-def _entry(kind: int, m: int, n: int, k: int, g: int, expected_m: int | None,
-           operands: list[Any], out_shape: tuple[int, ...]) -> tuple[int, int, int, int]:
-    """Plan (at trace time) and register the handler entry of one static problem.
+def _entry(kind: int, m: int, n: int, k: int, g: int, expected_m: int | None, operands: list[Any],
+           out_shape: tuple[int, ...], packed: _PackedSpec | None = None) -> tuple[int, int, int, int]:
+    """Plan (at trace time) and register the handler entry of one static problem (``packed``: B is packed
+    weights, operand 2 their bytes).
 
     Returns ``(entry_id, sfa_m_pad, scratch_floats, scratch_counters)``.
     """
     backend = _backend
     handler = _handler(backend)
     check = _check_inputs()
-    key = (kind, m, n, k, g, expected_m, tuple(str(x.dtype) for x in operands), check)
+    key = (kind, m, n, k, g, expected_m, tuple(str(x.dtype) for x in operands), check, packed)
     with backend.lock:
         hit = backend.entries.get(key)
     if hit is not None:
         return hit
-    plans = backend.plan(kind, m, n, k, g, expected_m)
+    plans = backend.plan(kind, m, n, k, g, expected_m, **({"sides": True} if packed is not None else {}))
     if not plans:
         raise CupygemmDeviceError("cupygemm.jax: no local GPU to plan the GEMM for")
     first = next(iter(plans.values()))
@@ -201,7 +254,14 @@ def _entry(kind: int, m: int, n: int, k: int, g: int, expected_m: int | None,
 
     def make_launch(plan: Any) -> Callable:
         run = plan.launch
-        if has_layout:
+        if packed is not None:  # B: the packed bytes at their offset in the operand
+            off, sides = packed.data_offset, (packed.base_low, packed.hash_bits)
+
+            def launch(stream: int, a: list[int], r: list[int]) -> None:
+                run(stream, a[0], a[1], a[2] + off, a[3], r[0], layout=a[4] if has_layout else 0,
+                    partials=r[ip] if ip else 0, counters=r[ic] if ic else 0, zero_counters=bool(ic),
+                    page_sides=sides)
+        elif has_layout:
             def launch(stream: int, a: list[int], r: list[int]) -> None:
                 # r[0] is the aliased ``out`` (also a[5]): rows the kernel skips keep its contents.
                 run(stream, a[0], a[1], a[2], a[3], r[0], layout=a[4], partials=r[ip] if ip else 0,
@@ -244,10 +304,11 @@ def _sfa_m_major(sfa: jax.Array, m_pad: int) -> jax.Array:
 
 
 def _ffi_gemm(kind: int, a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array, layout: jax.Array | None,
-              out: jax.Array | None, m: int, n: int, k: int, g: int, expected_m: int | None) -> jax.Array:
+              out: jax.Array | None, m: int, n: int, k: int, g: int, expected_m: int | None,
+              packed: _PackedSpec | None = None) -> jax.Array:
     out_shape = (g, m, n) if kind == KIND_MASKED else (m, n)
     operands = [a, sfa, b, sfb] + ([layout, out] if layout is not None else [])
-    eid, m_pad, floats, counters = _entry(kind, m, n, k, g, expected_m, operands, out_shape)
+    eid, m_pad, floats, counters = _entry(kind, m, n, k, g, expected_m, operands, out_shape, packed)
     operands[1] = _sfa_m_major(sfa, m_pad)
     results = [jax.ShapeDtypeStruct(out_shape, jnp.bfloat16)]
     if floats:
@@ -310,8 +371,8 @@ def _check_dims(k: int, n: int, **dims: int) -> None:
         raise ValueError(f"N must be a multiple of 8 (16-byte aligned BF16 output rows for TMA), got N = {n}")
 
 
-def _grouped_b(b: Any, sfb: Any, k: int) -> tuple[int, int]:
-    g, n, kb_ = _fp8(b, "b", 3)
+def _grouped_b(b: Any, sfb: Any, k: int, packed: _PackedSpec | None = None) -> tuple[int, int]:
+    g, n, kb_ = _fp8(b, "b", 3) if packed is None else packed.shape
     if kb_ != k:
         raise ValueError(f"a has K = {k} but b is [G, N, K] = {(g, n, kb_)}")
     _f32(sfb, "sfb", (g, ceil_div(n, _GROUP), ceil_div(k, _GROUP)))
@@ -422,28 +483,57 @@ def _masked_op(expected_m: int) -> Callable:
     return op
 
 
+@functools.lru_cache(maxsize=None)
+def _packed_op(kind: int, packed: _PackedSpec, expected_m: int | None) -> Callable:
+    """The op of one kind on packed weights of one static layout (B's bytes as operand 2)."""
+    n, k = packed.shape[-2:]
+    g = packed.shape[0] if len(packed.shape) == 3 else 1
+    if kind == KIND_NORMAL:
+        def impl(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array) -> jax.Array:
+            m = a.shape[0]
+            if m == 0:
+                return jnp.zeros((m, n), jnp.bfloat16)
+            return _ffi_gemm(KIND_NORMAL, a, sfa, b, sfb, None, None, m, n, k, 1, None, packed)
+    else:
+        def impl(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array, layout: jax.Array,
+                 out: jax.Array) -> jax.Array:
+            m = a.shape[1] if kind == KIND_MASKED else a.shape[0]
+            if m == 0:
+                return out
+            return _ffi_gemm(kind, a, sfa, b, sfb, layout, out, m, n, k, g, expected_m, packed)
+    op = jax.custom_batching.custom_vmap(impl)
+    op.def_vmap(_sequential_rule(op))
+    public = {KIND_NORMAL: "gemm_fp8_fp8_bf16_nt", KIND_CONTIGUOUS: "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
+              KIND_MASKED: "m_grouped_gemm_fp8_fp8_bf16_nt_masked"}[kind]
+    op = jax.custom_jvp(op)
+    op.defjvp(_no_derivative(public))
+    return op
+
+
 # --- public API ----------------------------------------------------------------------------------------------
 
 @jax.jit
-def _gemm_jit(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array) -> jax.Array:
+def _gemm_jit(a: jax.Array, sfa: jax.Array, b: Any, sfb: jax.Array | None) -> jax.Array:
+    b, sfb, packed = _unpack(b, sfb, grouped=False)
     m, k = _fp8(a, "a", 2)
-    n, kb_ = _fp8(b, "b", 2)
+    n, kb_ = _fp8(b, "b", 2) if packed is None else packed.shape
     if kb_ != k:
         raise ValueError(f"a is [M, K] = {(m, k)} and b is [N, K] = {(n, kb_)}: K differs")
     _check_dims(k, n, M=m, N=n, K=k)
     kb = ceil_div(k, _GROUP)
     _f32(sfa, "sfa", (m, kb))
     _f32(sfb, "sfb", (ceil_div(n, _GROUP), kb))
-    return _dense_op(a, sfa, b, sfb)
+    return (_dense_op if packed is None else _packed_op(KIND_NORMAL, packed, None))(a, sfa, b, sfb)
 
 
-def gemm_fp8_fp8_bf16_nt(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array) -> jax.Array:
+def gemm_fp8_fp8_bf16_nt(a: jax.Array, sfa: jax.Array, b: jax.Array | PackedWeights,
+                         sfb: jax.Array | None = None) -> jax.Array:
     """D = A @ B.T with DeepSeek-V3 fine-grained FP8 scaling, BF16 output, as an XLA custom call.
 
     Args:
         a: float8_e4m3fn (or uint8 e4m3 bits) [M, K].
         sfa: float32 [M, ceil(K/128)], one scale per row and 128 of K (row-major, as the casts return it).
-        b: float8_e4m3fn [N, K].
+        b: float8_e4m3fn [N, K], or :class:`~cupygemm.PackedWeights` of it (then ``sfb`` is None).
         sfb: float32 [ceil(N/128), ceil(K/128)], one scale per 128x128 block.
 
     Returns:
@@ -456,26 +546,30 @@ def gemm_fp8_fp8_bf16_nt(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Ar
 
 
 @jax.jit
-def _contiguous_jit(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array, m_indices: jax.Array,
+def _contiguous_jit(a: jax.Array, sfa: jax.Array, b: Any, sfb: jax.Array | None, m_indices: jax.Array,
                     out: jax.Array | None) -> jax.Array:
+    b, sfb, packed = _unpack(b, sfb, grouped=True)
     m, k = _fp8(a, "a", 2)
-    g, n = _grouped_b(b, sfb, k)
+    g, n = _grouped_b(b, sfb, k, packed)
     _check_dims(k, n, M=m, N=n, K=k, G=g)
     _f32(sfa, "sfa", (m, ceil_div(k, _GROUP)))
     _int32_vector(m_indices, "m_indices", m)
     if out is None:
         out = jnp.zeros((m, n), jnp.bfloat16)
     _bf16_out(out, "out", (m, n))
-    return _contiguous_op(a, sfa, b, sfb, m_indices, out)
+    op = _contiguous_op if packed is None else _packed_op(KIND_CONTIGUOUS, packed, None)
+    return op(a, sfa, b, sfb, m_indices, out)
 
 
-def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array,
-                                              m_indices: jax.Array, out: jax.Array | None = None) -> jax.Array:
+def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a: jax.Array, sfa: jax.Array, b: jax.Array | PackedWeights,
+                                              sfb: jax.Array | None, m_indices: jax.Array,
+                                              out: jax.Array | None = None) -> jax.Array:
     """Grouped GEMM, contiguous layout: row r of A uses B[m_indices[r]] (MoE prefill), as an XLA custom call.
 
     Args:
         a: float8_e4m3fn [M_sum, K]; sfa: float32 [M_sum, ceil(K/128)].
-        b: float8_e4m3fn [G, N, K]; sfb: float32 [G, ceil(N/128), ceil(K/128)].
+        b: float8_e4m3fn [G, N, K] (or :class:`~cupygemm.PackedWeights`, sfb None); sfb: float32
+            [G, ceil(N/128), ceil(K/128)].
         m_indices: int32 [M_sum] (may be traced): each row's group, -1 for padding rows. Groups are contiguous and
             padded to 128 rows (``cupygemm.get_m_alignment_for_contiguous_layout()``).
         out: optional bfloat16 [M_sum, N] whose rows the kernel skips (m_indices == -1) are kept; default zeros
@@ -489,10 +583,11 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a: jax.Array, sfa: jax.Array, b: j
 
 
 @functools.partial(jax.jit, static_argnames=("expected_m",))
-def _masked_jit(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array, masked_m: jax.Array,
+def _masked_jit(a: jax.Array, sfa: jax.Array, b: Any, sfb: jax.Array | None, masked_m: jax.Array,
                 expected_m: int, out: jax.Array | None) -> jax.Array:
+    b, sfb, packed = _unpack(b, sfb, grouped=True)
     g, m, k = _fp8(a, "a", 3)
-    gb, n = _grouped_b(b, sfb, k)
+    gb, n = _grouped_b(b, sfb, k, packed)
     if gb != g:
         raise ValueError(f"a has {g} groups ([G, max_m, K] = {(g, m, k)}) but b has {gb}")
     _check_dims(k, n, max_m=m, N=n, K=k, G=g, total_rows=g * m)
@@ -501,17 +596,19 @@ def _masked_jit(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array, mask
     if out is None:
         out = jnp.zeros((g, m, n), jnp.bfloat16)
     _bf16_out(out, "out", (g, m, n))
-    return _masked_op(expected_m)(a, sfa, b, sfb, masked_m, out)
+    op = _masked_op(expected_m) if packed is None else _packed_op(KIND_MASKED, packed, expected_m)
+    return op(a, sfa, b, sfb, masked_m, out)
 
 
-def m_grouped_gemm_fp8_fp8_bf16_nt_masked(a: jax.Array, sfa: jax.Array, b: jax.Array, sfb: jax.Array,
-                                          masked_m: jax.Array, expected_m: int,
+def m_grouped_gemm_fp8_fp8_bf16_nt_masked(a: jax.Array, sfa: jax.Array, b: jax.Array | PackedWeights,
+                                          sfb: jax.Array | None, masked_m: jax.Array, expected_m: int,
                                           out: jax.Array | None = None) -> jax.Array:
     """Grouped GEMM, masked layout: group g computes its first masked_m[g] rows (MoE decode), as an XLA custom call.
 
     Args:
         a: float8_e4m3fn [G, max_m, K]; sfa: float32 [G, max_m, ceil(K/128)].
-        b: float8_e4m3fn [G, N, K]; sfb: float32 [G, ceil(N/128), ceil(K/128)].
+        b: float8_e4m3fn [G, N, K] (or :class:`~cupygemm.PackedWeights`, sfb None); sfb: float32
+            [G, ceil(N/128), ceil(K/128)].
         masked_m: int32 [G] on the device (may be traced and change between calls); read by the kernel, clamped
             to [0, max_m].
         expected_m: static Python int, typical rows per group: only picks the kernel config.

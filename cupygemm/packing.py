@@ -3,7 +3,8 @@ the L2 side of the SMs that compute it (``cuda_src/l2_sides.cuh`` has the layout
 measurement).
 
 The packed weights are one uint8 buffer allocated by the caller's framework (CuPy's pool, torch's caching
-allocator; JAX arrays are not packed yet), 8 KiB-aligned inside it. Which slot of each 8 KiB pair holds which half
+allocator, XLA's allocator for JAX arrays), 8 KiB-aligned inside it (at ``data_offset`` of a JAX array, which cannot
+be a view). Which slot of each 8 KiB pair holds which half
 follows from the buffer's address when it was packed (kept as ``base_low``, its offset in its 2 MiB page), the
 device's side hash (``hash_bits``) and one measured bit per 2 MiB page, stored after the last group. The GEMM
 computes the slots from those, never from where the buffer lives now: a copy (to another address, another process)
@@ -65,7 +66,11 @@ class PackedWeights:
     """Weights for the GEMMs' ``rhs``, in place of ``(B, SFB)``: ``data`` is B packed side-aware (uint8, one
     dimension) when ``side_aware``, else B itself (the device has no side info, :func:`cupygemm.l2.unavailable_reason`
     says why); ``scales`` is SFB as given. ``shape`` is B's: [N, K] or [G, N, K]. ``base_low`` and ``hash_bits``
-    fix where each half lies (the module's docstring): the GEMMs pass them to the kernel."""
+    fix where each half lies (the module's docstring): the GEMMs pass them to the kernel. ``data_offset``: where
+    the packed bytes start in ``data`` (JAX arrays; 0 otherwise).
+
+    For JAX, :mod:`cupygemm.jax` registers the class as a pytree (``data`` and ``scales`` its leaves), so packed
+    weights pass through ``jax.jit``, ``lax.scan`` and friends like the arrays they hold."""
 
     data: Any
     scales: Any
@@ -73,6 +78,7 @@ class PackedWeights:
     side_aware: bool
     base_low: int = 0
     hash_bits: int = 0
+    data_offset: int = 0
 
     @property
     def n(self) -> int:
@@ -111,10 +117,14 @@ def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
     ``b`` itself and the GEMMs run as with ``(b, sfb)``.
     """
     framework = framework_of(b)
-    if framework is Framework.JAX:
-        raise TypeError("b: packing JAX arrays is not supported yet; JAX callers pass (B, SFB)")
     device = gpu_device_of(b, "b")
-    launch_stream = resolve(stream, framework, device)
+    if framework is Framework.JAX:
+        if stream is not None:
+            raise TypeError("stream: JAX arrays are packed on a stream of cupygemm's, then synchronized; "
+                            "stream= is for CuPy and torch")
+        launch_stream = 0  # the legacy default stream: ordered after XLA's work, and synchronized below
+    else:
+        launch_stream = resolve(stream, framework, device)
     view = read(b, "b", launch_stream)
     _check_b(view)
     shape = tuple(int(d) for d in view.shape)
@@ -129,6 +139,7 @@ def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
                          f"address ({MAX_PAGE_WORDS * 32 * PAGE_BYTES // 2**30} GiB less a page); pass (B, SFB)")
     buf, base, data = _alloc(framework, longest, device, launch_stream)
     base_low = base % PAGE_BYTES
+    data_offset = base - data.unsafe_buffer_pointer() if framework is Framework.JAX else 0
     import cupy
 
     with cupy.cuda.Device(device), cupy_stream(launch_stream, device):
@@ -144,7 +155,9 @@ def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
         _pack_kernel(layout).function((layout.k_blocks * layout.pairs, groups), (512,),
                                       (np.uint64(view.ptr), np.uint64(view.strides[-2]), np.uint64(g_stride),
                                        np.uint64(base), np.uint32(base_low), np.uint32(info.hash_bits)))
-    return PackedWeights(data, sfb, shape, True, base_low, info.hash_bits)
+        if framework is Framework.JAX:  # XLA's streams know nothing of ours
+            cupy.cuda.Stream.null.synchronize()
+    return PackedWeights(data, sfb, shape, True, base_low, info.hash_bits, data_offset)
 
 
 def _check_b(v: View) -> None:
@@ -168,7 +181,17 @@ def _num_sms(device: int) -> int:
 
 
 def _alloc(framework: Framework, nbytes: int, device: int, stream: int) -> tuple[Any, int, Any]:
-    """(owner, 8 KiB-aligned address, the framework's uint8 array of nbytes there) from the framework's allocator."""
+    """(owner, 8 KiB-aligned address, the framework's uint8 array of nbytes there) from the framework's allocator;
+    for JAX, whose arrays cannot be views, the array holds the aligned bytes at an offset."""
+    if framework is Framework.JAX:
+        import jax
+        import jax.numpy as jnp
+
+        gpu = next(d for d in jax.devices("gpu") if int(getattr(d, "local_hardware_id", None) or d.id) == device)
+        owner = jax.device_put(jnp.zeros(nbytes + PAIR_BYTES, jnp.uint8), gpu)
+        owner.block_until_ready()
+        ptr = owner.unsafe_buffer_pointer()
+        return owner, ptr + (-ptr % PAIR_BYTES), owner
     if framework is Framework.TORCH:
         import torch
 

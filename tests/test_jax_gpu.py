@@ -255,3 +255,53 @@ def test_command_buffers_replay_the_handler():
     assert plain["digest"] == graphs["digest"]
     assert plain["executes"] == 5 * 102
     assert graphs["executes"] < plain["executes"] // 4, graphs
+
+
+# --- packed (L2-side-aware) weights -----------------------------------------------------------------------------
+
+def _packed_or_skip(b, sfb):
+    p = cupygemm.pack_weights(b, sfb)
+    if not p.side_aware:
+        from cupygemm import l2
+
+        pytest.skip(f"no L2 side info: {l2.unavailable_reason(cp.cuda.runtime.getDevice())}")
+    return p
+
+
+@pytest.mark.parametrize("m, n, k", [(64, 2112, 7168), (128, 7168, 2048)])
+def test_packed_weights_in_jit_equal_cupy_packed(m, n, k):
+    """JAX B packed into an XLA buffer, passed to a jitted function (a pytree argument) and eagerly: bit for bit
+    the CuPy call on CuPy-packed weights (same shapes: same side-aware plan and kernel)."""
+    a, sfa, b, sfb = _quantized(m, n, k, seed=4)
+    ja, jsfa, jb, jsfb = _jx(a, sfa, b, sfb)
+    packed = _packed_or_skip(jb, jsfb)
+    assert isinstance(packed.data, jax.Array) and packed.data.dtype == jnp.uint8
+    want = cupygemm.gemm_fp8_fp8_bf16_nt((cp.asarray(a), cupygemm.get_col_major_tma_aligned_tensor(
+        cp.asarray(sfa))), _packed_or_skip(cp.asarray(b), cp.asarray(sfb)))
+    got = jax.jit(cj.gemm_fp8_fp8_bf16_nt)(ja, jsfa, packed)
+    assert np.array_equal(_bits(got), _bits(want))
+    eager = cupygemm.gemm_fp8_fp8_bf16_nt((ja, jsfa), packed)  # the public entry routes JAX to cupygemm.jax
+    assert np.array_equal(_bits(eager), _bits(want))
+    r = ref.gemm_reference(a, sfa, b, sfb)
+    assert ref.calc_diff(np.asarray(got).astype(np.float64), r) < 1e-3
+
+
+def test_packed_weights_masked_traced_in_scan():
+    g, max_m, n, k = 4, 64, 4096, 7168
+    a, sfa, b, sfb = _quantized(g * max_m, n, k, seed=6, g=g)
+    a3, sfa3 = a.reshape(g, max_m, k), sfa.reshape(g, max_m, -1)
+    ja, jsfa, jb, jsfb = _jx(a3, sfa3, b, sfb)
+    packed = _packed_or_skip(jb, jsfb)
+    steps = jnp.asarray([[64, 0, 17, 5], [1, 64, 64, 0]], jnp.int32)
+
+    @jax.jit
+    def run(w, mms):
+        return jax.lax.scan(lambda c, mm: (c, cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(ja, jsfa, w, None, mm, 32)),
+                            0, mms)[1]
+    got = np.asarray(run(packed, steps)).astype(np.float64)
+    full = ref.grouped_masked_reference(a3, sfa3, b, sfb, np.full(g, max_m))
+    for s, mm in enumerate(np.asarray(steps)):
+        for gi, rows in enumerate(mm):
+            if rows:
+                assert ref.calc_diff(got[s, gi, :rows], full[gi, :rows]) < 1e-3
+            assert (got[s, gi, rows:] == 0).all()

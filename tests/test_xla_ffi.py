@@ -301,18 +301,72 @@ def _host(ptr: int, dtype, shape) -> np.ndarray:
     return np.frombuffer(raw, dtype=dtype, count=count).reshape(shape)
 
 
+def _packed_rows(n, k, g, base_low, hash_bits, page_bits):
+    """Where packed B's rows lie (cuda_src/l2_sides.cuh's layout, modelled in NumPy): for group gi, K block kb and
+    row r, the byte offset of the row's 128 bytes, whose 16-byte units are stored swizzled (unit u at u ^ r % 8)."""
+    from cupygemm.packing import PackedLayout
+
+    lay = PackedLayout(n, k)
+    gi, kb, r = np.meshgrid(np.arange(g), np.arange(lay.k_blocks), np.arange(n), indexing="ij")
+    chunk = r // 32
+    half = (chunk >= (lay.chunks + 1) // 2).astype(np.int64)
+    pair = gi * lay.group_bytes + (kb * lay.pairs + chunk - half * ((lay.chunks + 1) // 2)) * 8192
+    at = base_low + pair
+    parity = np.array([bin(int(x) & hash_bits).count("1") & 1 for x in at.ravel()]).reshape(at.shape)
+    side = page_bits[at >> 21] ^ parity
+    return pair + (half ^ side) * 4096 + (r % 32) * 128, lay
+
+
+def pack_host(b, base_low, hash_bits, page_bits):
+    """Packed bytes of B [G, N, K] uint8 (and the page bits after the groups), as pack_weights lays them out."""
+    g, n, k = b.shape
+    rows, lay = _packed_rows(n, k, g, base_low, hash_bits, page_bits)
+    out = np.zeros(lay.buffer_bytes(base_low, g), np.uint8)
+    kpad = np.zeros((g, n, lay.k_blocks * 128), np.uint8)
+    kpad[:, :, :k] = b
+    units = kpad.reshape(g, n, lay.k_blocks, 8, 16).transpose(0, 2, 1, 3, 4)  # [g, kb, n, unit, 16]
+    swz = (np.arange(8)[None, :] ^ (np.arange(n)[:, None] % 8))  # stored position of unit u of row r
+    for u in range(8):
+        dst = rows + swz[None, None, :, u] * 16
+        out[dst[..., None] + np.arange(16)] = units[:, :, :, u, :]
+    words = np.zeros(lay.page_words(base_low, g), np.uint32)
+    bits = np.packbits(page_bits.astype(np.uint8), bitorder="little")
+    words.view(np.uint8)[:bits.size] = bits[:words.nbytes]
+    out[g * lay.group_bytes:g * lay.group_bytes + words.nbytes] = words.view(np.uint8)
+    return out
+
+
+def unpack_host(ptr, n, k, g, base_low, hash_bits):
+    """B [G, N, K] uint8 back from packed bytes at ``ptr``, reading the page bits they hold, as the kernel does."""
+    from cupygemm.packing import PackedLayout
+
+    lay = PackedLayout(n, k)
+    raw = _host(ptr, np.uint8, (lay.buffer_bytes(base_low, g),))
+    words = raw[g * lay.group_bytes:g * lay.group_bytes + 4 * lay.page_words(base_low, g)]
+    page_bits = np.unpackbits(words, bitorder="little").astype(np.int64)
+    rows, _ = _packed_rows(n, k, g, base_low, hash_bits, page_bits)
+    b = np.zeros((g, lay.k_blocks, n, 8, 16), np.uint8)
+    swz = (np.arange(8)[None, :] ^ (np.arange(n)[:, None] % 8))
+    for u in range(8):
+        b[:, :, :, u, :] = raw[(rows + swz[None, None, :, u] * 16)[..., None] + np.arange(16)]
+    return b.transpose(0, 2, 1, 3, 4).reshape(g, n, lay.k_blocks * 128)[:, :, :k]
+
+
 class HostPlan:
     """Does what the GPU plan's launch does, on host buffers, from the same pointers and layouts (SFA M-major,
-    padded to sfa_m_pad), including rows the kernel skips and the scratch counters' zeroing."""
+    padded to sfa_m_pad), including rows the kernel skips and the scratch counters' zeroing; side-aware plans read
+    B from packed weights (``page_sides``: their base_low and hash bits), as the kernel does."""
 
-    def __init__(self, kind, m, n, k, g, expected_m, floats=0, counters=0, fail=None):
+    def __init__(self, kind, m, n, k, g, expected_m, floats=0, counters=0, fail=None, sides=False):
         self.kind, self.m, self.n, self.k, self.g, self.expected_m = kind, m, n, k, g, expected_m
         self.sfa_m_pad = (m + 3) // 4 * 4
         self.scratch_floats, self.scratch_counters = floats, counters
         self.fail = fail
+        self.sides = sides
         self.calls = 0
 
-    def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, zero_counters=False):
+    def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, zero_counters=False,
+               page_sides=(0, 0)):
         if self.fail is not None:
             raise self.fail
         self.calls += 1
@@ -321,7 +375,9 @@ class HostPlan:
         ga = g if kind == KIND_MASKED else 1
         A = _host(a, np.uint8, (ga, m, k))
         SFA = _host(sfa, np.float32, (ga, kb, self.sfa_m_pad))[:, :, :m].transpose(0, 2, 1)
-        B, SFB = _host(b, np.uint8, (g, n, k)), _host(sfb, np.float32, (g, nb, kb))
+        assert self.sides == (page_sides != (0, 0))
+        B = unpack_host(b, n, k, g, *page_sides) if self.sides else _host(b, np.uint8, (g, n, k))
+        SFB = _host(sfb, np.float32, (g, nb, kb))
         D = _host(d, ml_dtypes.bfloat16, (ga, m, n))
         assert bool(partials) == bool(self.scratch_floats) and bool(counters) == bool(self.scratch_counters)
         if counters:
@@ -343,8 +399,8 @@ class HostPlanner:
     def __init__(self, **kw):
         self.kw, self.plans = kw, []
 
-    def __call__(self, kind, m, n, k, g, expected_m):
-        p = HostPlan(kind, m, n, k, g, expected_m, **self.kw)
+    def __call__(self, kind, m, n, k, g, expected_m, sides=False):
+        p = HostPlan(kind, m, n, k, g, expected_m, sides=sides, **self.kw)
         self.plans.append(p)
         return {0: p}
 
@@ -555,3 +611,85 @@ def test_jax_e4m3_rounding_every_float_pattern():
     probe = np.concatenate([probe, -probe])
     got = np.asarray(jax.jit(cj._f32_to_e4m3fn)(probe)).view(np.uint8)
     np.testing.assert_array_equal(got, ref.float32_to_fp8(probe))
+
+
+# --- packed (L2-side-aware) weights through cupygemm.jax --------------------------------------------------------
+
+def _packed_weights(b3, sfb, grouped, offset=48, seed=0):
+    """PackedWeights over a JAX array holding packed bytes at a 16-byte (not 8 KiB) offset, laid out for a buffer
+    that started 24 KiB before a 2 MiB page boundary (groups straddle pages) with random page bits."""
+    import jax.numpy as jnp
+
+    from cupygemm.packing import PackedLayout, PackedWeights
+
+    g, n, k = b3.shape
+    base_low, hash_bits = (1 << 21) - 3 * 8192, 0xB3000
+    lay = PackedLayout(n, k)
+    pages = -(-(base_low + g * lay.group_bytes) // (1 << 21))
+    page_bits = np.random.default_rng(seed).integers(0, 2, pages)
+    raw = pack_host(b3.view(np.uint8), base_low, hash_bits, page_bits)
+    data = np.zeros(offset + raw.size + 64, np.uint8)
+    data[offset:offset + raw.size] = raw
+    shape = tuple(b3.shape) if grouped else tuple(b3.shape[1:])
+    return PackedWeights(jnp.asarray(data), jnp.asarray(sfb), shape, True, base_low, hash_bits, offset)
+
+
+def test_host_packing_model_round_trips():
+    rng = np.random.default_rng(3)
+    b = rng.integers(0, 256, (2, 200, 272), dtype=np.uint8)  # an odd chunk count: half 1 one chunk short
+    bits = rng.integers(0, 2, 3)
+    raw = pack_host(b, 8192, 0xB3000, bits)
+    assert np.array_equal(unpack_host(raw.ctypes.data, 200, 272, 2, 8192, 0xB3000), b)
+
+
+def test_jax_packed_weights_eager_jit_scan(cj):
+    import jax
+
+    a, sfa, b, sfb = _operands(72, 136, 272)
+    r = ref.gemm_reference(a.view(np.uint8), sfa, b.view(np.uint8), sfb)
+    packed = _packed_weights(b[None], sfb, grouped=False)
+    _close(cj.gemm_fp8_fp8_bf16_nt(a, sfa, packed), r)
+    plan = cj._backend.plan.plans[-1]
+    assert plan.sides and plan.calls == 1
+
+    @jax.jit
+    def scanned(a3, sfa, w):  # packed weights as a jit argument (a pytree) and closed over by the scan body
+        return jax.lax.scan(lambda c, x: (c, cj.gemm_fp8_fp8_bf16_nt(x, sfa, w)), 0, a3)[1]
+    ds = scanned(np.stack([a] * 3), sfa, packed)
+    for i in range(3):
+        _close(ds[i], r)
+    leaves, tree = jax.tree_util.tree_flatten(packed)
+    assert len(leaves) == 2 and jax.tree_util.tree_unflatten(tree, leaves).data_offset == packed.data_offset
+
+
+def test_jax_packed_weights_grouped(cj):
+    import jax.numpy as jnp
+
+    a, sfa, b, sfb = _masked_operands(3, 64, 128, 256)
+    packed = _packed_weights(b, sfb, grouped=True, seed=1)
+    mm = jnp.asarray([64, 0, 17], jnp.int32)
+    d = np.asarray(cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, packed, None, mm, 32)).astype(np.float64)
+    full = ref.grouped_masked_reference(a.view(np.uint8), sfa, b.view(np.uint8), sfb, np.full(3, 64))
+    assert ref.calc_diff(d[0], full[0]) < 1e-5 and ref.calc_diff(d[2, :17], full[2, :17]) < 1e-5
+    assert (d[1] == 0).all() and (d[2, 17:] == 0).all()
+    # contiguous: 128-row blocks of groups 2, 0 over the same packed weights
+    ac = np.concatenate([a[2], a[2], a[0], a[0]])
+    sfac = np.concatenate([sfa[2], sfa[2], sfa[0], sfa[0]])
+    idx = jnp.asarray(np.repeat([2, 0], 128).astype(np.int32))
+    dc = np.asarray(cj.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(ac, sfac, packed, None, idx)).astype(np.float64)
+    assert ref.calc_diff(dc[:64], full[2]) < 1e-5 and ref.calc_diff(dc[128:192], full[0]) < 1e-5
+
+
+def test_jax_packed_weights_bad_input(cj):
+    import dataclasses
+
+    a, sfa, b, sfb = _operands(64, 136, 272)
+    packed = _packed_weights(b[None], sfb, grouped=False)
+    with pytest.raises(TypeError, match="sfb=None"):
+        cj.gemm_fp8_fp8_bf16_nt(a, sfa, packed, sfb)
+    with pytest.raises(ValueError, match="b.data"):
+        cj.gemm_fp8_fp8_bf16_nt(a, sfa, dataclasses.replace(packed, data=packed.data[:1000]))
+    with pytest.raises(ValueError, match=r"expected \[G, N, K\]"):
+        cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a[None], sfa[None], packed, None, np.ones(1, np.int32), 8)
+    with pytest.raises(ValueError, match="K differs"):
+        cj.gemm_fp8_fp8_bf16_nt(a[:, :256], sfa[:, :2], packed)
