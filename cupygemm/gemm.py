@@ -175,8 +175,8 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
 def _run_packed(kind: int, a: Any, sfa: Any, rhs: PackedWeights, out: Any, layout: Any, expected_m: int | None,
                 stream: Any) -> Any:
     """A call on side-aware :class:`~cupygemm.packing.PackedWeights` (weights that fell back to plain B are passed
-    on as ``(B, SFB)`` by the callers). JAX calls go through :mod:`cupygemm.jax`; torch calls run eagerly (not
-    through the torch operator)."""
+    on as ``(B, SFB)`` by the callers). JAX calls go through :mod:`cupygemm.jax`, torch calls through the
+    ``cupygemm::*_packed`` operators (:mod:`cupygemm.torch`)."""
     framework = _frameworks.get(type(a)) or framework_of(a)
     if framework is Framework.JAX:
         ops = _jax_ops(stream, a, sfa, rhs.data, rhs.scales, out, layout)
@@ -189,6 +189,8 @@ def _run_packed(kind: int, a: Any, sfa: Any, rhs: PackedWeights, out: Any, layou
     if framework_of(rhs.data) is not framework:
         raise TypeError(f"rhs: packed weights held by {framework_of(rhs.data).value}, while A is a "
                         f"{framework.value} tensor; pack the weights with the framework of the call")
+    if framework is Framework.TORCH:
+        return _torch_ops().gemm_packed(kind, a, sfa, rhs, out, layout, expected_m, stream)
     return run(kind, a, sfa, rhs.data, rhs.scales, out, layout, expected_m, stream, framework, rhs)
 
 

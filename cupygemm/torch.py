@@ -21,6 +21,9 @@ Operators (``stream`` is a raw ``cudaStream_t``, -1 for torch's current stream):
 ``per_token_cast_to_fp8(x, stream=-1) -> (Tensor, Tensor)``               ``per_block_cast_to_fp8`` likewise
 =======================================================================  ==================================
 
+Each GEMM also has a ``..._packed`` operator (and ``..._packed_out``) for :class:`~cupygemm.PackedWeights`: ``b`` is
+the packed bytes and ``b_shape``, ``base_low``, ``hash_bits`` their layout (after the kind's own arguments).
+
 The GEMMs take A and B as ``float8_e4m3fn`` (or ``uint8`` bits) and return ``bfloat16``; the casts return
 ``float8_e4m3fn`` and ``float32`` scales. There is no autograd formula: FP8 GEMMs are used for inference and
 inside hand-written training steps.
@@ -33,6 +36,7 @@ import torch
 
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
 from .gemm import same_framework, run
+from .packing import PackedWeights
 from .quantization import run_cast
 from .streams import stream_handle
 from .tensors import Framework
@@ -92,6 +96,49 @@ def _define_gemm(name: str, extra: str, kind: int) -> None:
     torch.library.register_fake(f"cupygemm::{name}_out", fake_out, lib=_lib)
 
 
+_PACKED_ARGS = ", int[] b_shape, int base_low, int hash_bits"
+
+
+def _define_packed_gemm(name: str, extra: str, kind: int) -> None:
+    """``{name}_packed`` and ``..._out``: the GEMM on packed weights (``b`` their bytes, the layout as ints)."""
+    _lib.define(f"{name}_packed(Tensor a, Tensor sfa, Tensor b, Tensor sfb{extra}{_PACKED_ARGS}, int stream=-1) "
+                "-> Tensor")
+    _lib.define(f"{name}_packed_out(Tensor a, Tensor sfa, Tensor b, Tensor sfb{extra}{_PACKED_ARGS}, "
+                "Tensor(a!) out, int stream=-1) -> ()")
+    n_extra = {KIND_NORMAL: 0, KIND_CONTIGUOUS: 1, KIND_MASKED: 2}[kind]
+
+    def call(args: tuple, out: Any) -> Any:
+        a, sfa, b, sfb = args[:4]
+        extra_args = args[4:4 + n_extra]
+        b_shape, base_low, hash_bits = args[4 + n_extra:7 + n_extra]
+        stream = args[7 + n_extra] if len(args) > 7 + n_extra else -1
+        packed = PackedWeights(b, sfb, tuple(int(d) for d in b_shape), True, int(base_low), int(hash_bits))
+        layout = extra_args[0] if n_extra else None
+        expected_m = int(extra_args[1]) if n_extra == 2 else None
+        return run(kind, a, sfa, b, sfb, out, layout, expected_m, _stream(stream), Framework.TORCH, packed)
+
+    def functional(*args):
+        return call(args, None)
+
+    def out_variant(*args):
+        # out comes after the layout ints, before stream
+        i = 7 + n_extra
+        call(args[:i] + args[i + 1:], args[i])
+
+    def fake(a, sfa, b, sfb, *rest):
+        n = rest[n_extra][-2]
+        return a.new_empty((a.shape[0], a.shape[1], n) if kind == KIND_MASKED else (a.shape[0], n),
+                           dtype=torch.bfloat16)
+
+    def fake_out(*args):
+        return None
+
+    _lib.impl(f"{name}_packed", functional, "CUDA")
+    _lib.impl(f"{name}_packed_out", out_variant, "CUDA")
+    torch.library.register_fake(f"cupygemm::{name}_packed", fake, lib=_lib)
+    torch.library.register_fake(f"cupygemm::{name}_packed_out", fake_out, lib=_lib)
+
+
 def _define_cast(name: str, rows: Any) -> None:
     _lib.define(f"{name}(Tensor x, int stream=-1) -> (Tensor, Tensor)")
 
@@ -109,6 +156,7 @@ def _define_cast(name: str, rows: Any) -> None:
 
 for _name, (_extra, _kind) in _GEMM_ARGS.items():
     _define_gemm(_name, _extra, _kind)
+    _define_packed_gemm(_name, _extra, _kind)
 _define_cast("per_token_cast_to_fp8", lambda m: m)
 _define_cast("per_block_cast_to_fp8", lambda m: ceil_div(m, 128))
 
@@ -175,6 +223,24 @@ def m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, out, masked_m, expecte
         return ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked.default(a, sfa, b, sfb, masked_m, expected_m,
                                                                  _handle(stream))
     ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked_out.default(a, sfa, b, sfb, masked_m, expected_m, out, _handle(stream))
+    return out
+
+
+_PACKED_OPS = {kind: name + "_packed" for name, (_, kind) in _GEMM_ARGS.items()}
+
+
+def gemm_packed(kind, a, sfa, rhs: PackedWeights, out, layout, expected_m, stream=None):
+    """The torch route of the GEMMs on side-aware :class:`~cupygemm.PackedWeights` (one operator per kind)."""
+    if _plain_eager(a, sfa, rhs.data, rhs.scales, out, layout):
+        return run(kind, a, sfa, rhs.data, rhs.scales, out, layout, expected_m, stream, Framework.TORCH, rhs)
+    _check_torch(a, sfa, rhs.data, rhs.scales, out, layout)
+    extra = () if kind == KIND_NORMAL else (layout,) if kind == KIND_CONTIGUOUS else (layout, int(expected_m))
+    tail = (list(rhs.shape), rhs.base_low, rhs.hash_bits)
+    op = getattr(ops, _PACKED_OPS[kind])
+    if out is None:
+        return op.default(a, sfa, rhs.data, rhs.scales, *extra, *tail, _handle(stream))
+    getattr(ops, _PACKED_OPS[kind] + "_out").default(a, sfa, rhs.data, rhs.scales, *extra, *tail, out,
+                                                     _handle(stream))
     return out
 
 

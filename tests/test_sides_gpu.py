@@ -189,3 +189,24 @@ def test_torch_packed_matches_plain(info):
     got = cupygemm.gemm_fp8_fp8_bf16_nt((ta, tsfa), packed)
     torch.cuda.synchronize()
     assert torch.equal(got.view(torch.int16), plain.view(torch.int16))
+
+
+def test_torch_packed_operators_compile_and_opcheck(info):
+    """Packed weights through the ``cupygemm::*_packed`` operators: torch.compile(fullgraph=True) traces the call as
+    one operator, and opcheck passes (schema, fake tensor, aliasing); results equal the eager call."""
+    torch = pytest.importorskip("torch")
+    m, n, k = 64, 2112, 7168
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, seed=11)
+    ta = torch.from_dlpack(a).view(torch.float8_e4m3fn)
+    tsfa, tsfb = torch.from_dlpack(sfa), torch.from_dlpack(sfb)
+    packed = cupygemm.pack_weights(torch.from_dlpack(b).view(torch.float8_e4m3fn), tsfb)
+    eager = cupygemm.gemm_fp8_fp8_bf16_nt((ta, tsfa), packed)
+    compiled = torch.compile(lambda x, s: cupygemm.gemm_fp8_fp8_bf16_nt((x, s), packed), fullgraph=True)
+    assert torch.equal(compiled(ta, tsfa).view(torch.int16), eager.view(torch.int16))
+    tail = (list(packed.shape), packed.base_low, packed.hash_bits)
+    torch.library.opcheck(torch.ops.cupygemm.gemm_fp8_fp8_bf16_nt_packed.default,
+                          (ta, tsfa, packed.data, packed.scales, *tail))
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=ta.device)
+    torch.library.opcheck(torch.ops.cupygemm.gemm_fp8_fp8_bf16_nt_packed_out.default,
+                          (ta, tsfa, packed.data, packed.scales, *tail, out))
+    assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
