@@ -203,10 +203,23 @@ def test_torch_packed_operators_compile_and_opcheck(info):
     eager = cupygemm.gemm_fp8_fp8_bf16_nt((ta, tsfa), packed)
     compiled = torch.compile(lambda x, s: cupygemm.gemm_fp8_fp8_bf16_nt((x, s), packed), fullgraph=True)
     assert torch.equal(compiled(ta, tsfa).view(torch.int16), eager.view(torch.int16))
+    # uint8 bits: opcheck's schema test compares inputs with ops torch lacks for float8_e4m3fn
+    ua = torch.from_dlpack(a)
     tail = (list(packed.shape), packed.base_low, packed.hash_bits)
     torch.library.opcheck(torch.ops.cupygemm.gemm_fp8_fp8_bf16_nt_packed.default,
-                          (ta, tsfa, packed.data, packed.scales, *tail))
+                          (ua, tsfa, packed.data, packed.scales, *tail))
     out = torch.empty(m, n, dtype=torch.bfloat16, device=ta.device)
     torch.library.opcheck(torch.ops.cupygemm.gemm_fp8_fp8_bf16_nt_packed_out.default,
-                          (ta, tsfa, packed.data, packed.scales, *tail, out))
+                          (ua, tsfa, packed.data, packed.scales, *tail, out))
+    torch.ops.cupygemm.gemm_fp8_fp8_bf16_nt_packed_out.default(ta, tsfa, packed.data, packed.scales, *tail, out)
     assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
+    # masked, on grouped packed weights
+    g, max_m, gn, gk = 2, 64, 256, 512
+    gb, gsfb = grouped_weights(g, gn, gk, cp.random.default_rng(4))
+    gpacked = cupygemm.pack_weights(torch.from_dlpack(gb), torch.from_dlpack(gsfb))
+    a3, sfa3, _, _, _, _ = make_normal(g * max_m, 128, gk, seed=12)
+    ua3, tsfa3 = torch.from_dlpack(a3).view(g, max_m, gk), torch.from_dlpack(sfa3).view(g, max_m, -1)
+    mm = torch.tensor([64, 17], dtype=torch.int32, device=ta.device)
+    torch.library.opcheck(torch.ops.cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked_packed.default,
+                          (ua3, tsfa3, gpacked.data, gpacked.scales, mm, 32, list(gpacked.shape), gpacked.base_low,
+                           gpacked.hash_bits))
