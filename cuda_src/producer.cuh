@@ -32,19 +32,46 @@ template <class T> struct Producer {
     }
   }
 
+  // Side-aware kernels: packed B as TMA boxes over the packed buffer (tmap_b maps it as rows of 128 bytes), one box
+  // per piece of a 32-row chunk, each from the slot its pair's side picks. The sides come from the page bits in
+  // shared memory and the hash, so no load waits on global memory (a swap bit loaded per chunk, or the whole warp
+  // issuing, cost the loop 10-25 %: NOTES.md 28). `row0`: this CTA's first row (B multicast: each CTA of the pair
+  // loads its half into both).
+  __device__ __forceinline__ void load_packed_b(uint32_t stage, uint32_t kb, uint32_t b_group, uint32_t n0,
+                                               uint32_t row0, bool b_first, uint64_t b_policy,
+                                               const PageSides& pages) const {
+    using L = typename T::PackedLayout;
+    constexpr uint32_t kBox = T::kSideBoxRows;  // rows per TMA box: pieces never straddle a chunk
+    static_assert(L::kChunkRows % kBox == 0 && T::kSideCtaRows % kBox == 0, "boxes tile the chunks and the rows");
+    const uint32_t rows_end = cmin(row0 + T::kSideCtaRows, L::kPaddedRows);
+#pragma unroll
+    for (uint32_t r = 0; r < T::kSideCtaRows; r += kBox) {
+      const uint32_t row = row0 + r;
+      if (row >= rows_end) break;
+      const uint64_t pair = L::pair_offset(b_group, kb, row);
+      const int y = static_cast<int>((pair + L::slot_of(pages, pair, row) * L::kSlotBytes) / kBlockK) +
+                    static_cast<int>(row % L::kChunkRows);
+      uint8_t* dst = smem.b + stage * T::SMEM_B + (row - n0) * kBlockK;
+      if constexpr (T::kMulticast == 2) {
+        if (!b_first) tma_load_3d_multicast(dst, &tmap_b, &smem.full_bar[stage], 0b11, 0, y, 0);
+        else tma_load_3d_multicast_hint(dst, &tmap_b, &smem.full_bar[stage], 0b11, 0, y, 0, b_policy);
+      } else {
+        if (!b_first) tma_load_3d(dst, &tmap_b, &smem.full_bar[stage], 0, y, 0);
+        else tma_load_3d_hint(dst, &tmap_b, &smem.full_bar[stage], 0, y, 0, b_policy);
+      }
+    }
+  }
+
   // Called by the producer warpgroup's first warp, which builds the scheduler (scheduler.cuh: a whole warp may
   // share the work of planning); then one thread loads the K blocks [tile.k_begin, tile.k_end) of every tile the
   // scheduler hands this CTA (into `tile`) into the ring of stages, and waits until the consumers released them
-  // all.
+  // all. Side-aware kernels wait for the page bits first and load packed B (load_packed_b).
   __device__ __forceinline__ void run(uint32_t shape_m, uint32_t num_groups, const int* grouped_layout,
                                       uint32_t b_evict_first, const SideWork& side, const PageSides& pages,
                                       Tile& tile) const {
-    if constexpr (T::kSides) {
-      run_sides(shape_m, num_groups, grouped_layout, b_evict_first, side, pages, tile);
-      return;
-    }
-    typename T::ProducerScheduler scheduler(shape_m, num_groups, grouped_layout);
+    typename T::ProducerScheduler scheduler(shape_m, num_groups, grouped_layout, side);
     if (threadIdx.x != T::kNumMathThreads) return;
+    if constexpr (T::kSides) mbarrier_wait(smem.page_bar, 0);
     uint32_t stage = 0, phase = 0;
     while (scheduler.next(tile)) {
       const int a_row = static_cast<int>(tile.m_block * T::BLOCK_M);
@@ -53,9 +80,13 @@ template <class T> struct Producer {
       const int b_group = T::kKind == kNormal ? 0 : static_cast<int>(tile.group);
       // A boxes wholly past the tile's valid rows are not loaded: masked tiles use 64-row boxes, since rows past
       // masked_m lie inside the tensor and would otherwise be read from memory for nothing. (The stale rows left in
-      // shared memory only feed output rows that are never stored.)
+      // shared memory only feed output rows that are never stored.) Packed B rows past the packed rows are not
+      // loaded either: they only feed output columns past N, which are never stored.
       const uint32_t a_boxes = cmin(T::kABoxes, ceil_div(tile.rows - tile.m_block * T::BLOCK_M, T::A_BOX_M));
-      const uint32_t tx_bytes = a_boxes * T::A_BOX_M * kBlockK + T::kStageTxBytesNoA;
+      const uint32_t tx_bytes =
+          a_boxes * T::A_BOX_M * kBlockK +
+          (T::kSides ? T::BLOCK_M * 4 + (cmin(b_row + T::BLOCK_N, T::PackedLayout::kPaddedRows) - b_row) * kBlockK
+                     : T::kStageTxBytesNoA);
       // B tiles read by this CTA (or the pair sharing them) alone, when the rows fit one m block (pair), may go into
       // L2 as first to evict (the host allows it when B cannot stay in L2 between calls anyway). Streamed with the
       // normal priority, they push out other data, dirty lines too, whose write-backs then compete for memory
@@ -69,19 +100,24 @@ template <class T> struct Producer {
         mbarrier_arrive_expect_tx(&smem.full_bar[stage], tx_bytes);
         const int k = static_cast<int>(kb * kBlockK);
         load_a(stage, k, a_row, a_group, a_boxes, scheduler.rank);
-        // B multicast: each CTA of the pair loads its half of the tile's rows into both.
-        uint8_t* b_dst = smem.b + stage * T::SMEM_B + (T::kMulticast == 2 ? scheduler.rank * (T::SMEM_B / 2) : 0);
-        const int b_row_cta = b_row + static_cast<int>(T::kMulticast == 2 ? scheduler.rank * T::BLOCK_N / 2 : 0);
-        if constexpr (T::kMulticast == 2) {
-          if (!b_first)
-            tma_load_3d_multicast(b_dst, &tmap_b, &smem.full_bar[stage], 0b11, k, b_row_cta, b_group);
-          else
-            tma_load_3d_multicast_hint(b_dst, &tmap_b, &smem.full_bar[stage], 0b11, k, b_row_cta, b_group, b_policy);
+        if constexpr (T::kSides) {
+          load_packed_b(stage, kb, b_group, b_row, b_row + (T::kMulticast == 2 ? scheduler.rank * T::kSideCtaRows : 0),
+                        b_first, b_policy, pages);
         } else {
-          if (!b_first)
-            tma_load_3d(b_dst, &tmap_b, &smem.full_bar[stage], k, b_row_cta, b_group);
-          else
-            tma_load_3d_hint(b_dst, &tmap_b, &smem.full_bar[stage], k, b_row_cta, b_group, b_policy);
+          // B multicast: each CTA of the pair loads its half of the tile's rows into both.
+          uint8_t* b_dst = smem.b + stage * T::SMEM_B + (T::kMulticast == 2 ? scheduler.rank * (T::SMEM_B / 2) : 0);
+          const int b_row_cta = b_row + static_cast<int>(T::kMulticast == 2 ? scheduler.rank * T::BLOCK_N / 2 : 0);
+          if constexpr (T::kMulticast == 2) {
+            if (!b_first)
+              tma_load_3d_multicast(b_dst, &tmap_b, &smem.full_bar[stage], 0b11, k, b_row_cta, b_group);
+            else
+              tma_load_3d_multicast_hint(b_dst, &tmap_b, &smem.full_bar[stage], 0b11, k, b_row_cta, b_group, b_policy);
+          } else {
+            if (!b_first)
+              tma_load_3d(b_dst, &tmap_b, &smem.full_bar[stage], k, b_row_cta, b_group);
+            else
+              tma_load_3d_hint(b_dst, &tmap_b, &smem.full_bar[stage], k, b_row_cta, b_group, b_policy);
+          }
         }
         tma_load_3d(reinterpret_cast<uint8_t*>(smem.sfa) + stage * T::SMEM_SFA, &tmap_sfa, &smem.full_bar[stage], a_row,
                     static_cast<int>(kb), a_group);
@@ -91,69 +127,6 @@ template <class T> struct Producer {
     if constexpr (T::kCluster > 1) {
       // The peer's consumers arrive remotely on this CTA's empty barriers, so the producer stays until both CTAs'
       // consumers have released every stage.
-      for (uint32_t i = 0; i < T::kNumStages; ++i) {
-        mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
-        if (++stage == T::kNumStages) stage = 0, phase ^= 1;
-      }
-    }
-  }
-
-  // The side-aware loop: run()'s, with B as TMA boxes over the packed buffer (tmap_b maps it as rows of 128 bytes),
-  // one box per piece of a 32-row chunk, each from the slot its pair's side picks. The sides come from the page bits
-  // in shared memory and the hash, so no load waits on global memory (a swap bit loaded per chunk, or the whole
-  // warp issuing, cost the loop 10-25 %: NOTES.md 28).
-  __device__ __forceinline__ void run_sides(uint32_t shape_m, uint32_t num_groups, const int* grouped_layout,
-                                            uint32_t b_evict_first, const SideWork& side, const PageSides& pages,
-                                            Tile& tile) const {
-    using L = typename T::PackedLayout;
-    typename T::ProducerScheduler scheduler(shape_m, num_groups, grouped_layout, side);
-    if (threadIdx.x != T::kNumMathThreads) return;
-    constexpr uint32_t kCtaRows = T::kSideCtaRows;  // B rows this CTA loads (B multicast: half the tile's)
-    constexpr uint32_t kBox = T::kSideBoxRows;      // rows per TMA box: pieces never straddle a chunk
-    static_assert(L::kChunkRows % kBox == 0 && kCtaRows % kBox == 0, "boxes tile the chunks and the CTA's rows");
-    mbarrier_wait(smem.page_bar, 0);
-    uint32_t stage = 0, phase = 0;
-    while (scheduler.next(tile)) {
-      const int a_row = static_cast<int>(tile.m_block * T::BLOCK_M);
-      const int a_group = T::kKind == kGroupedMasked ? static_cast<int>(tile.group) : 0;
-      const uint32_t b_group = T::kKind == kNormal ? 0u : tile.group;
-      const uint32_t n0 = tile.n_block * T::BLOCK_N;
-      const uint32_t a_boxes = cmin(T::kABoxes, ceil_div(tile.rows - tile.m_block * T::BLOCK_M, T::A_BOX_M));
-      // Rows past the packed rows are not loaded: they only feed output columns past N, which are never stored.
-      const uint32_t tx_bytes = a_boxes * T::A_BOX_M * kBlockK + T::BLOCK_M * 4 +
-                                (cmin(n0 + T::BLOCK_N, L::kPaddedRows) - n0) * kBlockK;
-      const bool b_first = b_evict_first != 0 && ceil_div(tile.rows, T::BLOCK_M) <= (T::kMulticast == 2 ? 2u : 1u);
-      const uint64_t b_policy = l2_evict_first_policy();
-      const uint32_t row0 = n0 + (T::kMulticast == 2 ? scheduler.rank * kCtaRows : 0);
-      const uint32_t rows_end = cmin(row0 + kCtaRows, L::kPaddedRows);
-#pragma unroll 1
-      for (uint32_t kb = tile.k_begin; kb < tile.k_end; ++kb) {
-        mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
-        mbarrier_arrive_expect_tx(&smem.full_bar[stage], tx_bytes);
-        const int k = static_cast<int>(kb * kBlockK);
-        load_a(stage, k, a_row, a_group, a_boxes, scheduler.rank);
-#pragma unroll
-        for (uint32_t r = 0; r < kCtaRows; r += kBox) {
-          const uint32_t row = row0 + r;
-          if (row >= rows_end) break;
-          const uint64_t pair = L::pair_offset(b_group, kb, row);
-          const int y = static_cast<int>((pair + L::slot_of(pages, pair, row) * L::kSlotBytes) / kBlockK) +
-                        static_cast<int>(row % L::kChunkRows);
-          uint8_t* dst = smem.b + stage * T::SMEM_B + (row - n0) * kBlockK;
-          if constexpr (T::kMulticast == 2) {
-            if (!b_first) tma_load_3d_multicast(dst, &tmap_b, &smem.full_bar[stage], 0b11, 0, y, 0);
-            else tma_load_3d_multicast_hint(dst, &tmap_b, &smem.full_bar[stage], 0b11, 0, y, 0, b_policy);
-          } else {
-            if (!b_first) tma_load_3d(dst, &tmap_b, &smem.full_bar[stage], 0, y, 0);
-            else tma_load_3d_hint(dst, &tmap_b, &smem.full_bar[stage], 0, y, 0, b_policy);
-          }
-        }
-        tma_load_3d(reinterpret_cast<uint8_t*>(smem.sfa) + stage * T::SMEM_SFA, &tmap_sfa, &smem.full_bar[stage],
-                    a_row, static_cast<int>(kb), a_group);
-        if (++stage == T::kNumStages) stage = 0, phase ^= 1;
-      }
-    }
-    if constexpr (T::kCluster > 1) {
       for (uint32_t i = 0; i < T::kNumStages; ++i) {
         mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
         if (++stage == T::kNumStages) stage = 0, phase ^= 1;
