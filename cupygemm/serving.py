@@ -33,13 +33,15 @@ DEFAULT_M_RANGE = (1, 4096)
 
 @dataclass(frozen=True)
 class Problem:
-    """One call the chooser is asked about: kind, rows (M, contiguous total rows, or masked expected_m), N, K, G."""
+    """One call the chooser is asked about: kind, rows (M, contiguous total rows, or masked expected_m), N, K, G;
+    masked: the groups' max_m where it is known (explicit shapes), which caps the sizes the chooser plans for."""
 
     kind: int
     m: int
     n: int
     k: int
     groups: int = 1
+    max_m: int | None = None
 
 
 @dataclass
@@ -131,13 +133,13 @@ def problems_from_shapes(kind: int | str, shapes: Iterable[Sequence[int]]) -> li
             g, m, n, k = s
             if kid == KIND_CONTIGUOUS:
                 m = g * round_up(m, M_ALIGNMENT)
-        out.append(Problem(kid, model_rows(kid, max(m, 1)), n, k, g))
+        out.append(Problem(kid, model_rows(kid, max(m, 1)), n, k, g, max(m, 1) if kid == KIND_MASKED else None))
     return out
 
 
 def plan(problems: Iterable[Problem], num_sms: int) -> list[GemmConfig]:
     """The config the chooser picks for each problem (in order)."""
-    return [choose_config(p.kind, p.m, p.n, p.k, p.groups, num_sms) for p in problems]
+    return [choose_config(p.kind, p.m, p.n, p.k, p.groups, num_sms, max_m=p.max_m) for p in problems]
 
 
 def kernel_keys(cfgs: Iterable[GemmConfig]) -> dict[str, GemmConfig]:

@@ -218,8 +218,8 @@ def test_warmup_picks_what_the_api_picks():
 
     (cfg,) = warmup_configs("contiguous", [(4, 300, 2048, 7168)], 132)
     assert cfg == C.choose_config(C.KIND_CONTIGUOUS, C.model_rows(C.KIND_CONTIGUOUS, 4 * 384), 2048, 7168, 4, 132)
-    (cfg,) = warmup_configs("masked", [(4, 256, 2048, 7168)], 132)
-    assert cfg == C.choose_config(C.KIND_MASKED, 256, 2048, 7168, 4, 132)
+    (cfg,) = warmup_configs("masked", [(4, 256, 2048, 7168)], 132)  # A [4, 256, K], expected_m 256
+    assert cfg == C.choose_config(C.KIND_MASKED, 256, 2048, 7168, 4, 132, max_m=256)
     assert C.model_rows(C.KIND_MASKED, 4096, 50000) == 4096 and C.model_rows(C.KIND_MASKED, 4096, 0) == 1
     assert C.model_rows(C.KIND_NORMAL, 77) == 77
 

@@ -64,6 +64,17 @@ def test_warmup_preset_and_shapes(fresh_cache):
     assert serving.PRESETS["deepseek-r1"] == serving.PRESETS["deepseek-v3"]
 
 
+def test_explicit_masked_shapes_plan_full_groups():
+    """Explicit masked shapes are groups of M rows (expected_m = max_m = M): the plan is the one a call with those
+    arrays gets, whose max_m caps the sizes the chooser plans for."""
+    probs = serving.problems_from_shapes("masked", [(4, 256, 4096, 7168)])
+    assert probs[0].max_m == 256 and probs[0].m == 256
+    assert serving.plan(probs, 132) == [C.choose_config(C.KIND_MASKED, 256, 4096, 7168, 4, 132, max_m=256)]
+    assert serving.plan(probs, 132)[0].block_m == 256  # full groups: 256-row tiles (uncapped: 128)
+    # M ranges are expected_m with max_m unknown: uncapped
+    assert serving.problems_for("masked", [(4096, 7168)], [(256, 256)], groups=4)[0].max_m is None
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(nk=[(4096, 7168)], m="0:10"), "m: expected 1 <= LO <= HI"),
     (dict(nk=[(4096, 7168)], m="5:a"), "m: expected LO:HI"),
