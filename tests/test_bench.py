@@ -672,6 +672,26 @@ def test_jax_scan_subcommand_parses_without_importing_jax():
     assert res.stdout.split() == ["7", "20", "x.json", "cupygemm.bench.jax_scan", "False"]
 
 
+def test_jax_scan_step_breakdown_splits_a_scan_timeline():
+    """A scan's kernel records split per step into our GEMM, XLA's own kernels and the device's idle time: two steps
+    of slice (1 us), counter (1 us), GEMM (7 us), with 2 us idle before each GEMM and 1 us after it."""
+    from cupygemm.bench.jax_scan import step_breakdown
+
+    recs, t = [], 0
+    for _ in range(2):
+        for dur, idle, name in ((1, 0, "loop_dynamic_slice_fusion"), (1, 2, "loop_add_fusion"),
+                                (7, 1, "cupygemm_fp8_gemm")):
+            recs.append((t * 1000, (t + dur) * 1000, name))
+            t += dur + idle
+    out = step_breakdown(list(reversed(recs)), 2)
+    assert out["kernels_per_step"] == 3 and out["our_kernel_us"] == 7
+    assert out["xla_kernels_us_per_step"] == 2
+    assert out["idle_us_per_step"] == 2.5  # 2 us before each GEMM, 1 us after the first (the scan ends on a GEMM)
+    assert out["xla_kernel_names"] == ["loop_add_fusion", "loop_dynamic_slice_fusion"]
+    with pytest.raises(ValueError, match="records"):
+        step_breakdown([], 2)
+
+
 # --- DeeperGEMM peers, against stand-ins for torch and the package (the real ones run on the GPU machine) ---------
 
 class _FakeTensor:

@@ -127,12 +127,16 @@ class KernelTimer:
                 times.append(sum(end - start for start, end, _ in recs) / 1e3)
         return times
 
-    def names(self, call: Callable[[], Any], sync: Callable[[], Any]) -> list[str]:
-        """Names of the kernels one call launches (a check that the records parse)."""
+    def records(self, call: Callable[[], Any], sync: Callable[[], Any]) -> list[tuple[int, int, str]]:
+        """(start ns, end ns, name) of every kernel one call launches (graph replays included), by start time."""
         with self._recording():
             call()
             sync()
-            return [name for _, _, name in self._drain()]
+            return sorted(self._drain())
+
+    def names(self, call: Callable[[], Any], sync: Callable[[], Any]) -> list[str]:
+        """Names of the kernels one call launches (a check that the records parse)."""
+        return [name for _, _, name in self.records(call, sync)]
 
 
 class CuptiPythonTimer(KernelTimer):

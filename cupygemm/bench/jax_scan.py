@@ -10,6 +10,11 @@ script times, per scan step (``--steps`` GEMMs per scan, median of ``--repeats``
 * ``jnp.dot`` in BF16 (masked: a batched dot over all max_m rows);
 * JAX's FP8 dot: ``lax.dot_general`` on float8_e4m3fn operands with ``preferred_element_type=float32`` and one
   scale per tensor, cast to BF16 (masked: batched, all rows);
+* XLA's own loop: the same scan with a body of one small fusion (the carry plus the step's scalar) and no GEMM, the
+  floor of a step that XLA's while loop puts under any custom call;
+* where CUPTI is available, one warm scan's kernels: our GEMM's time inside the scan, the time of XLA's own kernels
+  per step (the step's slice, the loop counter; with ``WHILE`` the condition too) and the device's idle time per
+  step;
 
 each in a fresh process with default XLA flags, in one with
 ``XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"``, and in one
@@ -37,7 +42,7 @@ import sys
 import time
 from typing import Any
 
-from .timing import capture_graph, stream_event_us
+from .timing import capture_graph, open_cupti_timer, stream_event_us
 
 CB_FLAGS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
 # The scan's while loop itself in the graph too (conditional nodes): no host round trip per step.
@@ -73,6 +78,7 @@ def child(steps: int, repeats: int, with_cupy: bool, unroll: int = 1) -> dict:
 
     rng = np.random.default_rng(0)
     f8 = ml_dtypes.float8_e4m3fn
+    kernel_timer, _ = open_cupti_timer()
     results = []
     for case in CASES:
         m, n, k = case["m"], case["n"], case["k"]
@@ -149,6 +155,13 @@ def child(steps: int, repeats: int, with_cupy: bool, unroll: int = 1) -> dict:
                 jax.block_until_ready(run())
                 times.append((time.perf_counter() - t0) / steps * 1e6)
             row[f"{label}_us"] = _median(times)
+            if label == "cupygemm_jax" and kernel_timer is not None:
+                row["timeline"] = _timeline(kernel_timer, run, steps)
+
+        # XLA's own loop: the same scan with a one-fusion body (the carry plus the step's scalar), no GEMM.
+        floor = scan_of(lambda _a, s_, c: c + s_.astype(jnp.bfloat16), None, jnp.ones(steps, jnp.float32))
+        jax.block_until_ready(floor())
+        row["xla_loop_floor_us"] = _median([_wall_us(jax, floor, steps) for _ in range(repeats)])
 
         # Host time of the handler itself (per call as XLA makes it), and how often XLA runs it in a scan once
         # the executable has run before (with command buffers: only when it records or updates the graph).
@@ -176,6 +189,35 @@ def child(steps: int, repeats: int, with_cupy: bool, unroll: int = 1) -> dict:
         results.append(row)
     return {"xla_flags": os.environ.get("XLA_FLAGS", ""), "unroll": unroll, "jax": jax.__version__,
             "device": jax.devices()[0].device_kind, "cases": results}
+
+
+def _wall_us(jax: Any, run: Any, steps: int) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(run())
+    return (time.perf_counter() - t0) / steps * 1e6
+
+
+def _timeline(kernel_timer: Any, run: Any, steps: int) -> dict:
+    """One warm scan's kernels as CUPTI records them, split per step (:func:`step_breakdown`)."""
+    import jax
+
+    held = []
+    return step_breakdown(kernel_timer.records(lambda: held.append(run()), lambda: jax.block_until_ready(held[-1])),
+                          steps)
+
+
+def step_breakdown(records: list[tuple[int, int, str]], steps: int) -> dict:
+    """Per step of a scan, from its kernel records ((start ns, end ns, name), any order): our GEMM's median time,
+    the time of XLA's own kernels (the step's slice, the loop counter; with ``WHILE`` the condition too), and the
+    device's idle time (the records' span less their busy time)."""
+    if not records or steps < 1:
+        raise ValueError(f"step_breakdown: expected kernel records and steps >= 1, got {len(records)} and {steps}")
+    ours = [(e - s) / 1e3 for s, e, name in records if name.startswith("cupygemm_")]
+    busy = sum(e - s for s, e, _ in records) / 1e3
+    span = (max(e for _, e, _ in records) - min(s for s, _, _ in records)) / 1e3
+    return {"kernels_per_step": len(records) / steps, "our_kernel_us": _median(ours) if ours else None,
+            "xla_kernels_us_per_step": (busy - sum(ours)) / steps, "idle_us_per_step": (span - busy) / steps,
+            "xla_kernel_names": sorted({name[:60] for _, _, name in records if not name.startswith("cupygemm_")})}
 
 
 def _cupy_graph_time(case: dict, a, sfa, b, sfb, masked_m, steps: int, repeats: int) -> float:
@@ -255,15 +297,18 @@ def run(args: argparse.Namespace) -> int:
             continue
         runs[label] = json.loads(res.stdout.strip().splitlines()[-1])
 
-    head = ("| case | XLA flags | cupygemm.jax us/step | kernel us (CuPy graph) | jnp.dot BF16 us | JAX FP8 dot us | "
-            "handler host us/call |")
+    head = ("| case | XLA flags | cupygemm.jax us/step | our kernel in the scan | XLA's kernels per step | idle per step | "
+            "XLA-only step | kernel us (CuPy graph) | jnp.dot BF16 us | JAX FP8 dot us | handler host us/call |")
     print(head)
-    print("|---" * 7 + "|")
+    print("|---" * 11 + "|")
     kernel = {c["case"]: c.get("kernel_us") for c in runs["default"]["cases"]}
     for label, run in runs.items():
         for c in run["cases"]:
             handler = c["handler_host_us"] if label == "default" else None
-            cells = [c["case"], label, f"{c['cupygemm_jax_us']:.1f}",
+            t = c.get("timeline", {})
+            cells = [c["case"], label, f"{c['cupygemm_jax_us']:.1f}", _cell(t.get("our_kernel_us")),
+                     _cell(t.get("xla_kernels_us_per_step")), _cell(t.get("idle_us_per_step")),
+                     _cell(c.get("xla_loop_floor_us")),
                      f"{kernel[c['case']]:.1f}" if kernel.get(c["case"]) else "-",
                      _cell(c.get("jnp_dot_bf16_us")), _cell(c.get("jax_fp8_dot_us")),
                      f"{handler:.1f}" if handler else f"- ({c['handler_calls_per_scan']} calls/scan)"]
