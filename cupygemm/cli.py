@@ -53,13 +53,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
             note = "" if d.compute_capability == "90" else "  (not Hopper: cupygemm kernels will not run)"
             print(f"GPU {i}         {d.name}, compute capability {cc}, {d.num_sms} SMs{note}")
             if d.compute_capability == "90":
-                from cupygemm import l2
+                from cupygemm import env, l2
 
                 side = l2.side_info(i)  # measured now (well under a second), as pack_weights would
                 print(f"  L2 sides    {side.describe() if side else f'none ({l2.unavailable_reason(i)})'}")
                 if side:
                     far = [sm for sm, s in enumerate(side.sm_side) if s == 1]
                     print(f"  side 1 SMs  {_ranges(far)}")
+                    print(f"  packing     {l2.why_plain(i) or 'side-aware'} ({env.L2_SIDES}={env.l2_sides_mode()})")
     else:
         print("GPU           no GPU")
     from cupygemm import env

@@ -124,10 +124,11 @@ def pdl_enabled() -> bool:
     return env_bool(PDL, False)
 
 
-def l2_sides_enabled() -> bool:
-    """``CUPYGEMM_L2_SIDES``: measure the L2 sides and pack weights side-aware (default on; off: ``pack_weights``
-    returns the weights unpacked)."""
-    return env_bool(L2_SIDES, True)
+def l2_sides_mode() -> str:
+    """``CUPYGEMM_L2_SIDES``: ``auto`` (default: measure the L2 sides; ``pack_weights`` packs side-aware only on GPUs
+    where the side-aware kernels measured faster than plain ones), ``1`` (pack wherever two sides are measured) or
+    ``0`` (no measurement; ``pack_weights`` returns the weights unpacked). Boolean spellings accepted."""
+    return env_choice(L2_SIDES, ("auto", "1", "0"), "auto")
 
 
 def check_inputs_enabled() -> bool:

@@ -14,7 +14,9 @@ atomics on chosen addresses from every SM, and the rest is arithmetic here:
 
 Measured once per device and process (:func:`side_info`), in well under a second. Where the measurement does not
 show two clean sides, or ``CUPYGEMM_L2_SIDES=0``, there is no side info and packing falls back to plain weights;
-:func:`unavailable_reason` says why. Nothing here replaces an allocator: probing reads and restores words of
+:func:`unavailable_reason` says why. Side info is not enough to pack: :func:`packing_off_reason` also leaves the
+weights plain on GPUs where the side-aware kernels measured slower than the plain ones (the H200), unless
+``CUPYGEMM_L2_SIDES=1``. Nothing here replaces an allocator: probing reads and restores words of
 memory the caller's framework allocated.
 """
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .env import l2_sides_enabled
+from .env import L2_SIDES, l2_sides_mode
 
 PAGE = 2 << 20  # within a page, virtual and physical address bits agree
 CHUNK = 4096  # the granularity of the side hash
@@ -80,8 +82,8 @@ class _Unavailable(Exception):
 def side_info(device: int) -> SideInfo | None:
     """The side info of ``device`` (measured on first use, then cached); None where there is none (see
     :func:`unavailable_reason`)."""
-    if not l2_sides_enabled():
-        _why[device] = "CUPYGEMM_L2_SIDES=0"
+    if l2_sides_mode() == "0":
+        _why[device] = f"{L2_SIDES}=0"
         return None
     if device in _info:
         return _info[device]
@@ -92,6 +94,36 @@ def side_info(device: int) -> SideInfo | None:
             except _Unavailable as e:
                 _info[device], _why[device] = None, str(e)
     return _info[device]
+
+
+# GPUs (a substring of the device name) where side-aware kernels measured faster than plain ones: the H100 SXM, 2.4 %
+# on geometric mean over the 12 decode shapes (benchmarks/NOTES.md 28e). On the H200 they were 1.22x slower (its
+# plain kernels read B at up to 3.5 TB/s, the packed load path at 2.6; NOTES 29b), so auto packs there no more.
+SIDES_PAY_ON = ("H100",)
+
+
+def packing_off_reason(device_name: str, info: SideInfo | None, why_no_info: str | None = None) -> str | None:
+    """Why ``pack_weights`` leaves weights plain on a GPU named ``device_name`` with side info ``info``, or None
+    when it packs them side-aware (see :data:`SIDES_PAY_ON` and ``CUPYGEMM_L2_SIDES``)."""
+    if info is None:
+        return f"no L2 side info ({why_no_info or 'not measured'})"
+    if l2_sides_mode() == "auto" and not any(s in device_name for s in SIDES_PAY_ON):
+        return (f"side-aware kernels measured slower than plain ones on {device_name} ({L2_SIDES}=1 packs "
+                f"anyway; auto packs on: {', '.join(SIDES_PAY_ON)})")
+    return None
+
+
+def why_plain(device: int) -> str | None:
+    """Why ``pack_weights`` leaves weights on ``device`` plain (no side info, or a GPU where packing does not pay),
+    or None when it packs them side-aware."""
+    from .device import current_device
+
+    import cupy
+
+    info = side_info(device)
+    with cupy.cuda.Device(device):
+        name = current_device().name
+    return packing_off_reason(name, info, unavailable_reason(device))
 
 
 def unavailable_reason(device: int) -> str | None:

@@ -64,8 +64,8 @@ class PackedLayout:
 @dataclass(frozen=True, eq=False)
 class PackedWeights:
     """Weights for the GEMMs' ``rhs``, in place of ``(B, SFB)``: ``data`` is B packed side-aware (uint8, one
-    dimension) when ``side_aware``, else B itself (the device has no side info, :func:`cupygemm.l2.unavailable_reason`
-    says why); ``scales`` is SFB as given. ``shape`` is B's: [N, K] or [G, N, K]. ``base_low`` and ``hash_bits``
+    dimension) when ``side_aware``, else B itself (no side info, or a GPU where packing does not pay:
+    :func:`cupygemm.l2.why_plain` says which); ``scales`` is SFB as given. ``shape`` is B's: [N, K] or [G, N, K]. ``base_low`` and ``hash_bits``
     fix where each half lies (the module's docstring): the GEMMs pass them to the kernel. ``data_offset``: where
     the packed bytes start in ``data`` (JAX arrays; 0 otherwise).
 
@@ -113,8 +113,9 @@ def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
             2 MiB page of the new buffer on it and waits for that: a set-up step, not for a hot loop.
 
     Returns a :class:`PackedWeights` whose buffer comes from ``b``'s framework (CuPy or torch). Where the device
-    has no side info (not an H100/H200, ``CUPYGEMM_L2_SIDES=0``, or a measurement without two clear sides), it holds
-    ``b`` itself and the GEMMs run as with ``(b, sfb)``.
+    has no side info (not an H100/H200, ``CUPYGEMM_L2_SIDES=0``, or a measurement without two clear sides), or is
+    one where side-aware kernels measured slower than plain ones (the H200; ``CUPYGEMM_L2_SIDES=1`` packs anyway),
+    it holds ``b`` itself and the GEMMs run as with ``(b, sfb)``; :func:`cupygemm.l2.why_plain` says which.
     """
     framework = framework_of(b)
     device = gpu_device_of(b, "b")
@@ -129,7 +130,7 @@ def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
     _check_b(view)
     shape = tuple(int(d) for d in view.shape)
     info = l2.side_info(device)
-    if info is None:
+    if info is None or l2.why_plain(device) is not None:
         return PackedWeights(b, sfb, shape, False)
     layout = PackedLayout(shape[-2], shape[-1])
     groups = shape[0] if len(shape) == 3 else 1

@@ -108,6 +108,36 @@ def test_page_sides_time_one_chunk_per_page_inside_the_buffer(monkeypatch):
     assert np.all(l2.chunk_side(addrs + np.uint64(4096), base, bits, info.hash_bits) == 1 - sides)
 
 
+def _info():
+    return l2.SideInfo(device=0, sm_side=(0, 1, 1, 0), hash_bits=0xB3000, near_cycles=100.0, far_cycles=160.0)
+
+
+@pytest.mark.parametrize("mode, name, packs", [
+    (None, "NVIDIA H100 80GB HBM3", True), ("auto", "NVIDIA H100 80GB HBM3", True),
+    (None, "NVIDIA H200", False), ("1", "NVIDIA H200", True), ("on", "NVIDIA H200", True),
+])
+def test_packing_pays_only_where_measured_faster(monkeypatch, mode, name, packs):
+    """auto packs on the GPUs where side-aware kernels measured faster (H100), not on the H200, where they measured
+    1.22x slower; CUPYGEMM_L2_SIDES=1 packs wherever sides are measured."""
+    if mode is None:
+        monkeypatch.delenv("CUPYGEMM_L2_SIDES", raising=False)
+    else:
+        monkeypatch.setenv("CUPYGEMM_L2_SIDES", mode)
+    why = l2.packing_off_reason(name, _info())
+    assert (why is None) == packs
+    if not packs:
+        assert name in why and "CUPYGEMM_L2_SIDES=1" in why
+    assert "no L2 side info (CUPYGEMM_L2_SIDES=0)" == l2.packing_off_reason(name, None, "CUPYGEMM_L2_SIDES=0")
+
+
+def test_l2_sides_mode_is_checked(monkeypatch):
+    monkeypatch.setenv("CUPYGEMM_L2_SIDES", "sometimes")
+    with pytest.raises(ValueError, match="CUPYGEMM_L2_SIDES: expected one of auto, 1, 0"):
+        l2.packing_off_reason("NVIDIA H200", _info())
+    monkeypatch.setenv("CUPYGEMM_L2_SIDES", "0")
+    assert l2.side_info(0) is None and l2.unavailable_reason(0) == "CUPYGEMM_L2_SIDES=0"
+
+
 def test_side_map_bits():
     info = l2.SideInfo(0, (0, 1, -1, 1) + (0,) * 60 + (1,), 0xB3000, 1.0, 2.0)
     words = np.frombuffer(info.side_map(), dtype=np.uint32)

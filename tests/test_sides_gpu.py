@@ -22,6 +22,13 @@ from gpu_helpers import (check_against_reference, grouped_weights,  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
+def _pack_on_any_hopper(monkeypatch):
+    """The side-aware kernels are tested wherever two L2 sides are measured, H200 included, where auto leaves
+    weights plain (test_auto_packs_where_it_pays)."""
+    monkeypatch.setenv("CUPYGEMM_L2_SIDES", "1")
+
+
+@pytest.fixture(autouse=True)
 def _release_memory():
     """The float64 references of the long-K shapes take GBs; hand them back so that other test processes sharing
     the GPU (pytest -n) do not run out of memory, e.g. inside a torch graph capture, where that is fatal."""
@@ -55,6 +62,23 @@ def info():
     if got is None:
         pytest.fail(f"no L2 side info on this Hopper GPU: {l2.unavailable_reason(dev)}")
     return got
+
+
+def test_auto_packs_where_it_pays(info, monkeypatch):
+    """Under CUPYGEMM_L2_SIDES=auto, pack_weights packs on an H100 and leaves an H200's weights plain (the B it was
+    given, not a copy); the GEMM on either gives the plain call's bits."""
+    monkeypatch.setenv("CUPYGEMM_L2_SIDES", "auto")
+    dev = cp.cuda.runtime.getDevice()
+    name = cp.cuda.runtime.getDeviceProperties(dev)["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    a, sfa, b, sfb, _, _ = make_normal(64, 2112, 7168, seed=11)
+    sfa_mn = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    p = cupygemm.pack_weights(b, sfb)
+    assert p.side_aware == ("H100" in name) == (l2.why_plain(dev) is None)
+    if not p.side_aware:
+        assert p.data is b and name in l2.why_plain(dev)
+        got, want = (cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), w) for w in (p, (b, sfb)))
+        assert cp.array_equal(got.view(cp.uint16), want.view(cp.uint16))
 
 
 def test_side_info_splits_the_sms(info):

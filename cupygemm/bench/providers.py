@@ -93,10 +93,10 @@ class PackedPeer:
 
         packed = cupygemm.pack_weights(inp.b, inp.sfb)
         if not packed.side_aware:
-            from ..l2 import unavailable_reason
+            from ..l2 import why_plain
             from ..tensors import gpu_device_of
 
-            raise RuntimeError(f"no L2 side info: {unavailable_reason(gpu_device_of(inp.b, 'b'))}")
+            raise RuntimeError(f"weights not packed: {why_plain(gpu_device_of(inp.b, 'b'))}")
         return prepare_cupygemm(inp, packed)
 
 
