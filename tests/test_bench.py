@@ -673,8 +673,9 @@ def test_jax_scan_subcommand_parses_without_importing_jax():
 
 
 def test_jax_scan_step_breakdown_splits_a_scan_timeline():
-    """A scan's kernel records split per step into our GEMM, XLA's own kernels and the device's idle time: two steps
-    of slice (1 us), counter (1 us), GEMM (7 us), with 2 us idle before each GEMM and 1 us after it."""
+    """A scan's kernel records split per step into the GEMM (the kernel with the most time), the other kernels and
+    the device's idle time: two steps of slice (1 us), counter (1 us), GEMM (7 us), 2 us idle before each GEMM and
+    1 us after it."""
     from cupygemm.bench.jax_scan import step_breakdown
 
     recs, t = [], 0
@@ -684,10 +685,10 @@ def test_jax_scan_step_breakdown_splits_a_scan_timeline():
             recs.append((t * 1000, (t + dur) * 1000, name))
             t += dur + idle
     out = step_breakdown(list(reversed(recs)), 2)
-    assert out["kernels_per_step"] == 3 and out["our_kernel_us"] == 7
-    assert out["xla_kernels_us_per_step"] == 2
+    assert out["kernels_per_step"] == 3 and out["gemm_kernel"] == "cupygemm_fp8_gemm" and out["gemm_us"] == 7
+    assert out["other_kernels_us_per_step"] == 2
     assert out["idle_us_per_step"] == 2.5  # 2 us before each GEMM, 1 us after the first (the scan ends on a GEMM)
-    assert out["xla_kernel_names"] == ["loop_add_fusion", "loop_dynamic_slice_fusion"]
+    assert out["other_kernel_names"] == ["loop_add_fusion", "loop_dynamic_slice_fusion"]
     with pytest.raises(ValueError, match="records"):
         step_breakdown([], 2)
 

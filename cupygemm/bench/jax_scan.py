@@ -12,9 +12,9 @@ script times, per scan step (``--steps`` GEMMs per scan, median of ``--repeats``
   scale per tensor, cast to BF16 (masked: batched, all rows);
 * XLA's own loop: the same scan with a body of one small fusion (the carry plus the step's scalar) and no GEMM, the
   floor of a step that XLA's while loop puts under any custom call;
-* where CUPTI is available, one warm scan's kernels: our GEMM's time inside the scan, the time of XLA's own kernels
-  per step (the step's slice, the loop counter; with ``WHILE`` the condition too) and the device's idle time per
-  step;
+* where CUPTI is available, one warm scan's kernels per step, for ours and the baselines: the GEMM's time inside the
+  scan, the time of the other kernels (XLA's: the step's slice, the loop counter; with ``WHILE`` the condition too)
+  and the device's idle time;
 
 each in a fresh process with default XLA flags, in one with
 ``XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"``, and in one
@@ -155,8 +155,8 @@ def child(steps: int, repeats: int, with_cupy: bool, unroll: int = 1) -> dict:
                 jax.block_until_ready(run())
                 times.append((time.perf_counter() - t0) / steps * 1e6)
             row[f"{label}_us"] = _median(times)
-            if label == "cupygemm_jax" and kernel_timer is not None:
-                row["timeline"] = _timeline(kernel_timer, run, steps)
+            if kernel_timer is not None:
+                row[f"{label}_timeline"] = _timeline(kernel_timer, run, steps)
 
         # XLA's own loop: the same scan with a one-fusion body (the carry plus the step's scalar), no GEMM.
         floor = scan_of(lambda _a, s_, c: c + s_.astype(jnp.bfloat16), None, jnp.ones(steps, jnp.float32))
@@ -207,17 +207,21 @@ def _timeline(kernel_timer: Any, run: Any, steps: int) -> dict:
 
 
 def step_breakdown(records: list[tuple[int, int, str]], steps: int) -> dict:
-    """Per step of a scan, from its kernel records ((start ns, end ns, name), any order): our GEMM's median time,
-    the time of XLA's own kernels (the step's slice, the loop counter; with ``WHILE`` the condition too), and the
-    device's idle time (the records' span less their busy time)."""
+    """Per step of a scan, from its kernel records ((start ns, end ns, name), any order): the GEMM (the kernel name
+    with the most time: ours, or the baseline's dot) and its median time, the time of the other kernels (XLA's: the
+    step's slice, the loop counter; with ``WHILE`` the condition too), and the device's idle time (the records' span
+    less their busy time)."""
     if not records or steps < 1:
         raise ValueError(f"step_breakdown: expected kernel records and steps >= 1, got {len(records)} and {steps}")
-    ours = [(e - s) / 1e3 for s, e, name in records if name.startswith("cupygemm_")]
+    by_name: dict[str, list[float]] = {}
+    for s, e, name in records:
+        by_name.setdefault(name, []).append((e - s) / 1e3)
+    gemm = max(by_name, key=lambda n: sum(by_name[n]))
     busy = sum(e - s for s, e, _ in records) / 1e3
     span = (max(e for _, e, _ in records) - min(s for s, _, _ in records)) / 1e3
-    return {"kernels_per_step": len(records) / steps, "our_kernel_us": _median(ours) if ours else None,
-            "xla_kernels_us_per_step": (busy - sum(ours)) / steps, "idle_us_per_step": (span - busy) / steps,
-            "xla_kernel_names": sorted({name[:60] for _, _, name in records if not name.startswith("cupygemm_")})}
+    return {"kernels_per_step": len(records) / steps, "gemm_kernel": gemm[:60], "gemm_us": _median(by_name[gemm]),
+            "other_kernels_us_per_step": (busy - sum(by_name[gemm])) / steps, "idle_us_per_step": (span - busy) / steps,
+            "other_kernel_names": sorted(n[:60] for n in by_name if n != gemm)}
 
 
 def _cupy_graph_time(case: dict, a, sfa, b, sfb, masked_m, steps: int, repeats: int) -> float:
@@ -297,20 +301,21 @@ def run(args: argparse.Namespace) -> int:
             continue
         runs[label] = json.loads(res.stdout.strip().splitlines()[-1])
 
-    head = ("| case | XLA flags | cupygemm.jax us/step | our kernel in the scan | XLA's kernels per step | idle per step | "
-            "XLA-only step | kernel us (CuPy graph) | jnp.dot BF16 us | JAX FP8 dot us | handler host us/call |")
+    head = ("| case | XLA flags | cupygemm.jax us/step | our kernel in the scan | other kernels per step | idle per step | "
+            "XLA-only step | kernel us (CuPy graph) | jnp.dot BF16 us/step | its idle per step | JAX FP8 dot us/step | "
+            "handler host us/call |")
     print(head)
-    print("|---" * 11 + "|")
+    print("|---" * 12 + "|")
     kernel = {c["case"]: c.get("kernel_us") for c in runs["default"]["cases"]}
     for label, run in runs.items():
         for c in run["cases"]:
             handler = c["handler_host_us"] if label == "default" else None
-            t = c.get("timeline", {})
-            cells = [c["case"], label, f"{c['cupygemm_jax_us']:.1f}", _cell(t.get("our_kernel_us")),
-                     _cell(t.get("xla_kernels_us_per_step")), _cell(t.get("idle_us_per_step")),
+            t, tb = c.get("cupygemm_jax_timeline", {}), c.get("jnp_dot_bf16_timeline", {})
+            cells = [c["case"], label, f"{c['cupygemm_jax_us']:.1f}", _cell(t.get("gemm_us")),
+                     _cell(t.get("other_kernels_us_per_step")), _cell(t.get("idle_us_per_step")),
                      _cell(c.get("xla_loop_floor_us")),
                      f"{kernel[c['case']]:.1f}" if kernel.get(c["case"]) else "-",
-                     _cell(c.get("jnp_dot_bf16_us")), _cell(c.get("jax_fp8_dot_us")),
+                     _cell(c.get("jnp_dot_bf16_us")), _cell(tb.get("idle_us_per_step")), _cell(c.get("jax_fp8_dot_us")),
                      f"{handler:.1f}" if handler else f"- ({c['handler_calls_per_scan']} calls/scan)"]
             print("| " + " | ".join(cells) + " |")
     if args.json:
