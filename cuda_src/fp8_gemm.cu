@@ -72,7 +72,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     if constexpr (T::kSides) mbarrier_init(smem.page_bar, 1);
     mbarrier_init_fence();
     if constexpr (T::kSides && !T::kPdl) {
-      load_page_bits<T>(sides, num_groups, smem);
+      if constexpr (!T::kSidePageParams) load_page_bits<T>(sides, num_groups, smem);
       take_side_ticket<T>(sides, smem);
     }
   }
@@ -83,7 +83,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
   if constexpr (T::kPdl) grid_dependency_wait();
   if constexpr (T::kSides && T::kPdl) {  // the ticket counters are global memory the previous kernel may reset
     if (threadIdx.x == T::kNumMathThreads) {
-      load_page_bits<T>(sides, num_groups, smem);
+      if constexpr (!T::kSidePageParams) load_page_bits<T>(sides, num_groups, smem);
       take_side_ticket<T>(sides, smem);
     }
     if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
@@ -99,7 +99,9 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     if (threadIdx.x / 32 != T::kNumMathThreads / 32) return;
     const Producer<T> producer{tmap_a, tmap_b, tmap_sfa, smem};
     const PageSides pages{smem.page_bits, sides.base_low, sides.hash};
-    producer.run(shape_m, num_groups, grouped_layout, b_evict_first, side, pages, tile);
+    const typename T::ParamSides param_pages{{sides.page_words[0], sides.page_words[1], sides.page_words[2],
+                                      sides.page_words[3]}, sides.base_low, sides.hash};
+    producer.run(shape_m, num_groups, grouped_layout, b_evict_first, side, pages, param_pages, tile);
     if constexpr (T::kSides) {
       if (threadIdx.x == T::kNumMathThreads && (T::kCluster == 1 || cluster_cta_rank() == 0))
         release_side_ticket(sides, gridDim.x / T::kCluster);
@@ -170,7 +172,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                       uint32_t shape_m, uint32_t num_groups, uint32_t ld_d, uint32_t b_evict_first
 #if CUPYGEMM_SIDES
                       , const __grid_constant__ cupygemm::SideMap sm_sides, const uint8_t* packed_b,
-                      uint32_t* side_tickets, uint32_t side_clusters0, uint32_t side_base_low, uint32_t side_hash
+                      uint32_t* side_tickets, uint32_t side_clusters0, uint32_t side_base_low, uint32_t side_hash,
+                      uint32_t side_page_w0, uint32_t side_page_w1, uint32_t side_page_w2, uint32_t side_page_w3
 #endif
                       ) {
   using Traits = cupygemm::KernelTraits<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N,
@@ -181,7 +184,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                         CUPYGEMM_PDL, CUPYGEMM_SIDES>;
 #if CUPYGEMM_SIDES
   static_assert(Traits::kSideBoxRows == CUPYGEMM_SIDE_BOX_ROWS, "tmap_b's box (contract.py) fits the producer's");
-  const cupygemm::SideArgs sides{&sm_sides, packed_b, side_tickets, side_clusters0, side_base_low, side_hash};
+  const cupygemm::SideArgs sides{&sm_sides,     packed_b,  side_tickets, side_clusters0, side_base_low,
+                                 side_hash,     {side_page_w0, side_page_w1, side_page_w2, side_page_w3}};
 #else
   const cupygemm::SideArgs sides{};
 #endif

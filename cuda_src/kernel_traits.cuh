@@ -127,6 +127,13 @@ struct KernelTraits {
   // whole swizzle rows and never straddle a 32-row chunk (cupygemm/contract.py's side_box_rows).
   static constexpr uint32_t kSideCtaRows = kMulticast == 2 ? BLOCK_N / 2 : BLOCK_N;
   static constexpr uint32_t kSideBoxRows = kSideCtaRows % 32 == 0 ? 32 : kSideCtaRows % 16 == 0 ? 16 : 8;
+  // Side-aware normal GEMMs whose B spans at most kParamPages pages take its page bits as parameters
+  // (ParamPageSides); the others copy them into shared memory.
+  static constexpr bool kSidePageParams =
+      kSides && kKind == kNormal && PackedLayout::kMaxPagesOneGroup <= kParamPages;
+  using ParamSides = ParamPageSides<kSidePageParams ? static_cast<uint32_t>(ceil_div(
+                                                          PackedLayout::kMaxPagesOneGroup, uint64_t(32)))
+                                                    : 1u>;
   // Half 0 of N gets the n units (n blocks, or pairs of them with A multicast) whose middle row lies in it.
   static constexpr uint32_t kUnitRows = BLOCK_N * (kMulticast == 1 ? 2 : 1);
   static constexpr uint32_t kSideUnits0 =

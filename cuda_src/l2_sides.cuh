@@ -33,6 +33,39 @@ struct PageSides {
   }
 };
 
+// The page bits of weights that span at most kParamPages pages (one group of a normal GEMM's B up to 256 MiB),
+// passed as kernel parameters: the side of a chunk then needs no memory load. A shared-memory load per box in the
+// producer's K loop (a load, its move to a uniform register) and the copy of the bits into shared memory before
+// the first load of B made the producer the packed kernels' bottleneck on the H200 (benchmarks/NOTES.md 29).
+constexpr uint32_t kParamPageWords = 4, kParamPages = 32 * kParamPageWords;
+// kWords: the words the weights' pages need (1 to kParamPageWords), so that weights on up to 32 pages (64 MiB)
+// select no word at all.
+template <uint32_t kWords> struct ParamPageSides {
+  static_assert(kWords >= 1 && kWords <= kParamPageWords, "page words in the parameters");
+  uint32_t words[kParamPageWords];  // the buffer's first kParamPages page bits (PageSides::bits)
+  uint32_t base_low;
+  uint32_t hash;
+
+  __device__ __forceinline__ uint32_t side_of(uint64_t offset) const {
+    const uint64_t at = base_low + offset;
+    const uint32_t page = static_cast<uint32_t>(at >> 21);
+    uint32_t word = words[0];
+#pragma unroll
+    for (uint32_t i = 1; i < kWords; ++i) word = page >= 32 * i ? words[i] : word;
+    return ((word >> (page % 32)) ^ __popc(static_cast<uint32_t>(at) & hash)) & 1u;
+  }
+  // The same for the first slot of pair `pair` (offset pair * 8 KiB) in 32-bit arithmetic: fewer steps in the
+  // producer's chain than the 64-bit offset's.
+  __device__ __forceinline__ uint32_t side_of_pair(uint32_t pair) const {
+    uint32_t low = base_low + ((pair & 255u) << 13);  // 256 pairs per 2 MiB page
+    const uint32_t page = (pair >> 8) + (low >> 21);
+    uint32_t word = words[0];
+#pragma unroll
+    for (uint32_t i = 1; i < kWords; ++i) word = page >= 32 * i ? words[i] : word;
+    return ((word >> (page % 32)) ^ __popc(low & hash & ((1u << 21) - 1))) & 1u;
+  }
+};
+
 // Page bits a side-aware kernel holds in shared memory: pages of at most 16 GiB of packed weights.
 constexpr uint32_t kMaxPageWords = 256;
 
@@ -62,10 +95,18 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K> struct PackedB {
     const uint32_t pair = kb * kPairs + (chunk >= kChunks0 ? chunk - kChunks0 : chunk);
     return g * kGroupBytes + uint64_t(pair) * kPairBytes;
   }
-  // The slot of row `row`'s half in its pair.
-  static __device__ __forceinline__ uint32_t slot_of(const PageSides& sides, uint64_t pair_off, uint32_t row) {
+  // The slot of row `row`'s half in its pair (Sides: PageSides or a ParamPageSides).
+  template <class Sides>
+  static __device__ __forceinline__ uint32_t slot_of(const Sides& sides, uint64_t pair_off, uint32_t row) {
     return (row / kChunkRows >= kChunks0 ? 1u : 0u) ^ sides.side_of(pair_off);
   }
+  // The index of that pair (pair_offset / kPairBytes; below 2^21 for 16 GiB of pairs).
+  static __device__ __forceinline__ uint32_t pair_index(uint32_t g, uint32_t kb, uint32_t row) {
+    const uint32_t chunk = row / kChunkRows;
+    return g * (kKBlocks * kPairs) + kb * kPairs + (chunk >= kChunks0 ? chunk - kChunks0 : chunk);
+  }
+  // Pages one group spans at most, whatever its base_low (8 KiB-aligned, below 2 MiB).
+  static constexpr uint64_t kMaxPagesOneGroup = (kGroupBytes + (uint64_t(2) << 21) - kPairBytes - 1) >> 21;
 };
 
 // What a side-aware launch passes besides the usual parameters.
@@ -76,6 +117,7 @@ struct SideArgs {
   uint32_t clusters0;       // clusters that work on half 0 (the rest work on half 1)
   uint32_t base_low;        // PageSides of the packed weights
   uint32_t hash;
+  uint32_t page_words[kParamPageWords];  // their first page bits (ParamPageSides)
 };
 
 // The part of the schedule a cluster runs: the n units of one half, shared with that half's other clusters.

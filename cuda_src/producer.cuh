@@ -33,13 +33,15 @@ template <class T> struct Producer {
   }
 
   // Side-aware kernels: packed B as TMA boxes over the packed buffer (tmap_b maps it as rows of 128 bytes), one box
-  // per piece of a 32-row chunk, each from the slot its pair's side picks. The sides come from the page bits in
-  // shared memory and the hash, so no load waits on global memory (a swap bit loaded per chunk, or the whole warp
-  // issuing, cost the loop 10-25 %: NOTES.md 28). `row0`: this CTA's first row (B multicast: each CTA of the pair
+  // per piece of a 32-row chunk, each from the slot its pair's side picks. The sides come from the hash and the
+  // page bits, as parameters (kSidePageParams) or in shared memory, so no load waits on global memory (a swap bit
+  // loaded per chunk, or the whole warp issuing, cost the loop 10-25 %: NOTES.md 28; the shared-memory load up to
+  // 25 % on the H200: NOTES.md 29). `row0`: this CTA's first row (B multicast: each CTA of the pair
   // loads its half into both).
   __device__ __forceinline__ void load_packed_b(uint32_t stage, uint32_t kb, uint32_t b_group, uint32_t n0,
                                                uint32_t row0, bool b_first, uint64_t b_policy,
-                                               const PageSides& pages) const {
+                                               const PageSides& pages,
+                                               const typename T::ParamSides& param_pages) const {
     using L = typename T::PackedLayout;
     constexpr uint32_t kBox = T::kSideBoxRows;  // rows per TMA box: pieces never straddle a chunk
     static_assert(L::kChunkRows % kBox == 0 && T::kSideCtaRows % kBox == 0, "boxes tile the chunks and the rows");
@@ -48,9 +50,16 @@ template <class T> struct Producer {
     for (uint32_t r = 0; r < T::kSideCtaRows; r += kBox) {
       const uint32_t row = row0 + r;
       if (row >= rows_end) break;
-      const uint64_t pair = L::pair_offset(b_group, kb, row);
-      const int y = static_cast<int>((pair + L::slot_of(pages, pair, row) * L::kSlotBytes) / kBlockK) +
-                    static_cast<int>(row % L::kChunkRows);
+      int y;  // the box's TMA row: rows of 128 bytes from the buffer's start
+      if constexpr (T::kSidePageParams) {
+        const uint32_t pair = L::pair_index(b_group, kb, row);
+        const uint32_t slot = (row / L::kChunkRows >= L::kChunks0 ? 1u : 0u) ^ param_pages.side_of_pair(pair);
+        y = static_cast<int>(pair * (L::kPairBytes / kBlockK) + slot * (L::kSlotBytes / kBlockK) + row % L::kChunkRows);
+      } else {
+        const uint64_t pair = L::pair_offset(b_group, kb, row);
+        y = static_cast<int>((pair + L::slot_of(pages, pair, row) * L::kSlotBytes) / kBlockK) +
+            static_cast<int>(row % L::kChunkRows);
+      }
       uint8_t* dst = smem.b + stage * T::SMEM_B + (row - n0) * kBlockK;
       if constexpr (T::kMulticast == 2) {
         if (!b_first) tma_load_3d_multicast(dst, &tmap_b, &smem.full_bar[stage], 0b11, 0, y, 0);
@@ -65,13 +74,14 @@ template <class T> struct Producer {
   // Called by the producer warpgroup's first warp, which builds the scheduler (scheduler.cuh: a whole warp may
   // share the work of planning); then one thread loads the K blocks [tile.k_begin, tile.k_end) of every tile the
   // scheduler hands this CTA (into `tile`) into the ring of stages, and waits until the consumers released them
-  // all. Side-aware kernels wait for the page bits first and load packed B (load_packed_b).
+  // all. Side-aware kernels wait for the page bits first (unless they came as parameters) and load packed B
+  // (load_packed_b).
   __device__ __forceinline__ void run(uint32_t shape_m, uint32_t num_groups, const int* grouped_layout,
                                       uint32_t b_evict_first, const SideWork& side, const PageSides& pages,
-                                      Tile& tile) const {
+                                      const typename T::ParamSides& param_pages, Tile& tile) const {
     typename T::ProducerScheduler scheduler(shape_m, num_groups, grouped_layout, side);
     if (threadIdx.x != T::kNumMathThreads) return;
-    if constexpr (T::kSides) mbarrier_wait(smem.page_bar, 0);
+    if constexpr (T::kSides && !T::kSidePageParams) mbarrier_wait(smem.page_bar, 0);
     uint32_t stage = 0, phase = 0;
     while (scheduler.next(tile)) {
       const int a_row = static_cast<int>(tile.m_block * T::BLOCK_M);
@@ -102,7 +112,7 @@ template <class T> struct Producer {
         load_a(stage, k, a_row, a_group, a_boxes, scheduler.rank);
         if constexpr (T::kSides) {
           load_packed_b(stage, kb, b_group, b_row, b_row + (T::kMulticast == 2 ? scheduler.rank * T::kSideCtaRows : 0),
-                        b_first, b_policy, pages);
+                        b_first, b_policy, pages, param_pages);
         } else {
           // B multicast: each CTA of the pair loads its half of the tile's rows into both.
           uint8_t* b_dst = smem.b + stage * T::SMEM_B + (T::kMulticast == 2 ? scheduler.rank * (T::SMEM_B / 2) : 0);

@@ -22,7 +22,7 @@ from . import tma
 from .config.constants import (BLOCK_K, KIND_MASKED, MATH_REGS_ONE_WG, MATH_REGS_THREE_WG, MATH_REGS_TWO_WG,
                                PRODUCER_REGS_THREE_WG, PRODUCER_REGS_TWO_WG, THREE_WG_BLOCK_M)
 from .launch import DESC, PTR, SIDE_MAP, U32
-from .packing import MAX_PAGE_WORDS, PackedLayout
+from .packing import MAX_PAGE_WORDS, PARAM_PAGE_WORDS, PackedLayout
 from .util import ceil_div, round_up
 
 if TYPE_CHECKING:
@@ -33,11 +33,13 @@ GEMM_FILE, GEMM_ENTRY = "fp8_gemm.cu", "cupygemm_fp8_gemm"
 GEMM_PARAM_NAMES = ("tmap_a", "tmap_b", "tmap_sfa", "tmap_d", "sfb", "grouped_layout", "d", "partials",
                     "tile_counters", "shape_m", "num_groups", "ld_d", "b_evict_first")
 GEMM_PARAMS = (DESC,) * 4 + (PTR,) * 5 + (U32,) * 4
-#: Side-aware kernels (``GemmConfig.sides``) take six more: the SM side map (by value), B packed (tmap_b maps the
-#: same buffer), the side ticket counters, the clusters that work on half 0 of N, and the packed weights' base_low
-#: and hash bits (cuda_src/l2_sides.cuh, PageSides).
-SIDE_PARAM_NAMES = ("sm_sides", "packed_b", "side_tickets", "side_clusters0", "side_base_low", "side_hash")
-GEMM_PARAMS_SIDES = GEMM_PARAMS + (SIDE_MAP, PTR, PTR, U32, U32, U32)
+#: Side-aware kernels (``GemmConfig.sides``) take ten more: the SM side map (by value), B packed (tmap_b maps the
+#: same buffer), the side ticket counters, the clusters that work on half 0 of N, the packed weights' base_low and
+#: hash bits (cuda_src/l2_sides.cuh, PageSides) and the first four words of their page bits (ParamPageSides: read
+#: by normal GEMMs whose B spans at most 128 pages; the others copy the bits from the buffer).
+SIDE_PARAM_NAMES = ("sm_sides", "packed_b", "side_tickets", "side_clusters0", "side_base_low", "side_hash",
+                    "side_page_w0", "side_page_w1", "side_page_w2", "side_page_w3")
+GEMM_PARAMS_SIDES = GEMM_PARAMS + (SIDE_MAP, PTR, PTR, U32, U32, U32) + (U32,) * PARAM_PAGE_WORDS
 #: Shared memory of a side-aware kernel after the stages: the ticket and the page bits' barrier (16 bytes), then the
 #: page bits (KernelTraits::SMEM_SIDES); and its uint32 counters in the scratch.
 SIDE_SMEM_BYTES = 16 + MAX_PAGE_WORDS * 4

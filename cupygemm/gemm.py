@@ -18,7 +18,7 @@ from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, config_version
 from .env import B_EVICT_FIRST, PDL, setting_key
 from .device import num_sms_override, on_device, single_gpu
 from .packing import PackedWeights
-from .plan import GemmPlan, plan_gemm
+from .plan import NO_PAGE_SIDES, GemmPlan, plan_gemm
 from .streams import cupy_stream, resolve, torch_stream
 from .tensors import _framework_by_type as _frameworks
 from .tensors import BF16, Framework, View, cupy_view, empty, export_like, framework_of, gpu_device_of, \
@@ -160,7 +160,7 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
     if plan.scratch_counters:
         partials, counters, keep2 = scratch(plan.scratch_floats, plan.scratch_counters, problem.device,
                                             launch_stream, framework)
-    page_sides = (0, 0) if packed is None else (packed.base_low, packed.hash_bits)
+    page_sides = NO_PAGE_SIDES if packed is None else packed.launch_sides
     if single_gpu():
         plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], ptrs[3], d_ptr, ptrs[5], partials, counters,
                     page_sides=page_sides)

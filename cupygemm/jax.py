@@ -102,13 +102,12 @@ class _PackedSpec(NamedTuple):
     """What a side-aware launch needs of packed weights besides their bytes: static under ``jit``."""
 
     shape: tuple[int, ...]
-    base_low: int
-    hash_bits: int
     data_offset: int
+    launch_sides: tuple[int, ...]  # PackedWeights.launch_sides
 
 
 def _flatten_packed(p: PackedWeights) -> tuple[tuple[Any, Any], tuple]:
-    return (p.data, p.scales), (p.shape, p.side_aware, p.base_low, p.hash_bits, p.data_offset)
+    return (p.data, p.scales), (p.shape, p.side_aware, p.base_low, p.hash_bits, p.data_offset, p.page_words)
 
 
 def _unflatten_packed(aux: tuple, leaves: tuple[Any, Any]) -> PackedWeights:
@@ -136,7 +135,7 @@ def _unpack(b: Any, sfb: Any, grouped: bool) -> tuple[Any, Any, _PackedSpec | No
     if dtype != jnp.uint8 or len(shape) != 1 or shape[0] < need:
         raise ValueError(f"b.data: packed weights {b.shape} need a uint8 vector of at least {need} bytes, got "
                          f"{dtype} {shape}")
-    return b.data, b.scales, _PackedSpec(tuple(b.shape), b.base_low, b.hash_bits, b.data_offset)
+    return b.data, b.scales, _PackedSpec(tuple(b.shape), b.data_offset, b.launch_sides)
 
 
 # --- backends: the CUDA one, and a test double --------------------------------------------------------------
@@ -255,7 +254,7 @@ def _entry(kind: int, m: int, n: int, k: int, g: int, expected_m: int | None, op
     def make_launch(plan: Any) -> Callable:
         run = plan.launch
         if packed is not None:  # B: the packed bytes at their offset in the operand
-            off, sides = packed.data_offset, (packed.base_low, packed.hash_bits)
+            off, sides = packed.data_offset, packed.launch_sides
 
             def launch(stream: int, a: list[int], r: list[int]) -> None:
                 run(stream, a[0], a[1], a[2] + off, a[3], r[0], layout=a[4] if has_layout else 0,

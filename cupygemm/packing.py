@@ -27,6 +27,7 @@ PAIR_BYTES = 8192  # two 4 KiB slots on opposite L2 sides
 CHUNK_ROWS = 32  # rows of B (of one 128-wide K block) per 4 KiB slot
 PAGE_BYTES = 1 << 21  # the page bits' granularity
 MAX_PAGE_WORDS = 256  # page bits a side-aware kernel holds (cuda_src/l2_sides.cuh, kMaxPageWords): 16 GiB
+PARAM_PAGE_WORDS = 4  # page bits a launch passes as kernel parameters (l2_sides.cuh, kParamPageWords)
 
 
 @dataclass(frozen=True)
@@ -60,14 +61,23 @@ class PackedLayout:
         """The whole buffer: the groups, then the page bits (rounded to the kernel's 16-byte copy)."""
         return groups * self.group_bytes + ceil_div(self.page_words(base_low, groups) * 4, 16) * 16
 
+    @property
+    def page_bits_in_params(self) -> bool:
+        """Whether a side-aware normal GEMM takes these weights' page bits as kernel parameters: one group spans at
+        most PARAM_PAGE_WORDS * 32 pages whatever its base_low (KernelTraits::kSidePageParams); grouped GEMMs and
+        larger weights read them from the buffer."""
+        return (self.group_bytes + 2 * PAGE_BYTES - PAIR_BYTES - 1) // PAGE_BYTES <= 32 * PARAM_PAGE_WORDS
+
 
 @dataclass(frozen=True, eq=False)
 class PackedWeights:
     """Weights for the GEMMs' ``rhs``, in place of ``(B, SFB)``: ``data`` is B packed side-aware (uint8, one
     dimension) when ``side_aware``, else B itself (no side info, or a GPU where packing does not pay:
-    :func:`cupygemm.l2.why_plain` says which); ``scales`` is SFB as given. ``shape`` is B's: [N, K] or [G, N, K]. ``base_low`` and ``hash_bits``
-    fix where each half lies (the module's docstring): the GEMMs pass them to the kernel. ``data_offset``: where
-    the packed bytes start in ``data`` (JAX arrays; 0 otherwise).
+    :func:`cupygemm.l2.why_plain` says which); ``scales`` is SFB as given. ``shape`` is B's: [N, K] or [G, N, K].
+    ``base_low``, ``hash_bits`` and the page bits fix where each half lies (the module's docstring): the GEMMs pass
+    them to the kernel, ``page_words`` being the first :data:`PARAM_PAGE_WORDS` words of the page bits (a host copy
+    of those stored after the last group: kernels whose B spans at most 128 pages take them as parameters).
+    ``data_offset``: where the packed bytes start in ``data`` (JAX arrays; 0 otherwise).
 
     For JAX, :mod:`cupygemm.jax` registers the class as a pytree (``data`` and ``scales`` its leaves), so packed
     weights pass through ``jax.jit``, ``lax.scan`` and friends like the arrays they hold."""
@@ -79,6 +89,20 @@ class PackedWeights:
     base_low: int = 0
     hash_bits: int = 0
     data_offset: int = 0
+    page_words: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.side_aware:
+            want = min(PARAM_PAGE_WORDS, self.layout.page_words(self.base_low, self.num_groups))
+            if len(self.page_words) != want or not all(0 <= w < 1 << 32 for w in self.page_words):
+                raise ValueError(f"page_words: packed weights {self.shape} at base_low {self.base_low} need their "
+                                 f"first {want} page-bit words (uint32, as pack_weights keeps them), got "
+                                 f"{self.page_words!r}")
+
+    @property
+    def launch_sides(self) -> tuple[int, ...]:
+        """What a side-aware launch passes (plan.GemmPlan.launch's ``page_sides``)."""
+        return launch_sides(self.base_low, self.hash_bits, self.page_words)
 
     @property
     def n(self) -> int:
@@ -100,6 +124,11 @@ class PackedWeights:
         """The B the problem is validated and planned on: B's shape over the packed data (never read through)."""
         strides = (self.n * self.k, self.k, 1)[-len(self.shape):]
         return View(data.ptr, self.shape, strides, FP8_E4M3, data.device, data.obj)
+
+
+def launch_sides(base_low: int, hash_bits: int, page_words: tuple[int, ...]) -> tuple[int, ...]:
+    """(base_low, hash_bits, the first PARAM_PAGE_WORDS page-bit words, zero-padded): a side-aware launch's sides."""
+    return (base_low, hash_bits, *page_words, *(0,) * (PARAM_PAGE_WORDS - len(page_words)))
 
 
 def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
@@ -158,7 +187,8 @@ def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
                                        np.uint64(base), np.uint32(base_low), np.uint32(info.hash_bits)))
         if framework is Framework.JAX:  # XLA's streams know nothing of ours
             cupy.cuda.Stream.null.synchronize()
-    return PackedWeights(data, sfb, shape, True, base_low, info.hash_bits, data_offset)
+    return PackedWeights(data, sfb, shape, True, base_low, info.hash_bits, data_offset,
+                         tuple(int(w) for w in words[:PARAM_PAGE_WORDS]))
 
 
 def _check_b(v: View) -> None:

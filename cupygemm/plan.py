@@ -30,6 +30,8 @@ from .launch import Launcher
 # Pointer sets remembered per plan, the oldest forgotten first. A serving loop cycles through a few buffers; a JAX
 # scan whose operand XLA passes as a slice of a stacked array (benchmarks/NOTES.md 26c) through one per step.
 _PACKED_LIMIT = 512
+#: page_sides of a plain launch (no packed weights): base_low, hash bits, four page-bit words.
+NO_PAGE_SIDES = (0,) * 6
 
 
 @dataclass
@@ -59,13 +61,14 @@ class GemmPlan:
     _packed: dict = field(default_factory=dict, repr=False)
 
     def launch(self, stream: int, a: int, sfa: int, b: int, sfb: int, d: int, layout: int = 0, partials: int = 0,
-               counters: int = 0, zero_counters: bool = False, page_sides: tuple[int, int] = (0, 0)) -> None:
+               counters: int = 0, zero_counters: bool = False, page_sides: tuple[int, ...] = NO_PAGE_SIDES) -> None:
         """Launch on ``stream`` over the given device pointers.
 
         ``layout``: m_indices (contiguous) or masked_m (masked). ``partials``/``counters``: scratch of
         :attr:`scratch_floats` floats and :attr:`scratch_counters` uint32, the counters zero unless
         ``zero_counters`` (then they are cleared on ``stream`` first; capturable in a CUDA graph). ``page_sides``
-        (side-aware plans; ``b`` is the packed data): the packed weights' (base_low, hash_bits).
+        (side-aware plans; ``b`` is the packed data): the packed weights' (base_low, hash_bits, four page-bit
+        words), :attr:`cupygemm.packing.PackedWeights.launch_sides`.
         """
         if self.scratch_floats and not (partials and counters):
             raise ValueError(f"this launch needs scratch ({self.scratch_floats} floats, {self.scratch_counters} "
@@ -82,12 +85,12 @@ class GemmPlan:
             self.launcher.launch(params, self.grid, self.threads, self.smem_bytes, stream)
 
     def _pack(self, ptrs: tuple[int, ...]) -> object:
-        a, sfa, b, sfb, d, layout, partials, counters, base_low, hash_bits = ptrs
+        a, sfa, b, sfb, d, layout, partials, counters, *page_sides = ptrs
         tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, b, sfa, d)))
         # In the order of contract.GEMM_PARAM_NAMES (and SIDE_PARAM_NAMES: B is the packed weights).
         sides = () if not self.side_map else (
             self.side_map, b, counters + 4 * (self.scratch_counters - contract.SIDE_TICKET_COUNTERS), self.side_clusters0,
-            base_low, hash_bits)
+            *page_sides)
         params = self.launcher.pack(tmaps + (sfb, layout, d, partials, counters) + self.scalars + sides)
         if len(self._packed) >= _PACKED_LIMIT:  # a cycle longer than the limit would miss on every call if cleared
             del self._packed[next(iter(self._packed))]

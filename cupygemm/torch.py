@@ -22,7 +22,8 @@ Operators (``stream`` is a raw ``cudaStream_t``, -1 for torch's current stream):
 =======================================================================  ==================================
 
 Each GEMM also has a ``..._packed`` operator (and ``..._packed_out``) for :class:`~cupygemm.PackedWeights`: ``b`` is
-the packed bytes and ``b_shape``, ``base_low``, ``hash_bits`` their layout (after the kind's own arguments).
+the packed bytes and ``b_shape``, ``base_low``, ``hash_bits``, ``page_words`` their layout (after the kind's own
+arguments).
 
 The GEMMs take A and B as ``float8_e4m3fn`` (or ``uint8`` bits) and return ``bfloat16``; the casts return
 ``float8_e4m3fn`` and ``float32`` scales. There is no autograd formula: FP8 GEMMs are used for inference and
@@ -96,7 +97,7 @@ def _define_gemm(name: str, extra: str, kind: int) -> None:
     torch.library.register_fake(f"cupygemm::{name}_out", fake_out, lib=_lib)
 
 
-_PACKED_ARGS = ", int[] b_shape, int base_low, int hash_bits"
+_PACKED_ARGS = ", int[] b_shape, int base_low, int hash_bits, int[] page_words"
 
 
 def _define_packed_gemm(name: str, extra: str, kind: int) -> None:
@@ -106,13 +107,15 @@ def _define_packed_gemm(name: str, extra: str, kind: int) -> None:
     _lib.define(f"{name}_packed_out(Tensor a, Tensor sfa, Tensor b, Tensor sfb{extra}{_PACKED_ARGS}, "
                 "Tensor(a!) out, int stream=-1) -> ()")
     n_extra = {KIND_NORMAL: 0, KIND_CONTIGUOUS: 1, KIND_MASKED: 2}[kind]
+    i_out = 4 + n_extra + _PACKED_ARGS.count(",")  # the _out variant's out: after the layout, before stream
 
     def call(args: tuple, out: Any) -> Any:
         a, sfa, b, sfb = args[:4]
         extra_args = args[4:4 + n_extra]
-        b_shape, base_low, hash_bits = args[4 + n_extra:7 + n_extra]
-        stream = args[7 + n_extra] if len(args) > 7 + n_extra else -1
-        packed = PackedWeights(b, sfb, tuple(int(d) for d in b_shape), True, int(base_low), int(hash_bits))
+        b_shape, base_low, hash_bits, page_words = args[4 + n_extra:i_out]
+        stream = args[i_out] if len(args) > i_out else -1
+        packed = PackedWeights(b, sfb, tuple(int(d) for d in b_shape), True, int(base_low), int(hash_bits),
+                               page_words=tuple(int(w) for w in page_words))
         layout = extra_args[0] if n_extra else None
         expected_m = int(extra_args[1]) if n_extra == 2 else None
         return run(kind, a, sfa, b, sfb, out, layout, expected_m, _stream(stream), Framework.TORCH, packed)
@@ -121,9 +124,7 @@ def _define_packed_gemm(name: str, extra: str, kind: int) -> None:
         return call(args, None)
 
     def out_variant(*args):
-        # out comes after the layout ints, before stream
-        i = 7 + n_extra
-        call(args[:i] + args[i + 1:], args[i])
+        call(args[:i_out] + args[i_out + 1:], args[i_out])
 
     def fake(a, sfa, b, sfb, *rest):
         n = rest[n_extra][-2]
@@ -235,7 +236,7 @@ def gemm_packed(kind, a, sfa, rhs: PackedWeights, out, layout, expected_m, strea
         return run(kind, a, sfa, rhs.data, rhs.scales, out, layout, expected_m, stream, Framework.TORCH, rhs)
     _check_torch(a, sfa, rhs.data, rhs.scales, out, layout)
     extra = () if kind == KIND_NORMAL else (layout,) if kind == KIND_CONTIGUOUS else (layout, int(expected_m))
-    tail = (list(rhs.shape), rhs.base_low, rhs.hash_bits)
+    tail = (list(rhs.shape), rhs.base_low, rhs.hash_bits, list(rhs.page_words))
     op = getattr(ops, _PACKED_OPS[kind])
     if out is None:
         return op.default(a, sfa, rhs.data, rhs.scales, *extra, *tail, _handle(stream))

@@ -71,7 +71,7 @@ class _Plan:
     def __init__(self, log):
         self.log = log
 
-    def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, page_sides=(0, 0)):
+    def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, page_sides=(0,) * 6):
         self.log.append(("launch", a, sfa, b, d))
 
 

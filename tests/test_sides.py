@@ -138,6 +138,37 @@ def test_l2_sides_mode_is_checked(monkeypatch):
     assert l2.side_info(0) is None and l2.unavailable_reason(0) == "CUPYGEMM_L2_SIDES=0"
 
 
+def test_packed_weights_need_their_page_words():
+    """Kernels on few pages take the page bits as parameters, so packed weights without them (or with too many, or
+    out of range) are refused: the GEMM would read the wrong slots."""
+    lay = PackedLayout(2112, 7168)
+    assert lay.page_bits_in_params and packing.PackedLayout(7168, 16384).page_bits_in_params
+    assert not packing.PackedLayout(32768, 16384).page_bits_in_params  # 512 MiB: 256+ pages
+    ok = packing.PackedWeights(object(), object(), (2112, 7168), True, 8192, 0xB3000, 0, (5,))
+    assert ok.launch_sides == (8192, 0xB3000, 5, 0, 0, 0)
+    for words in ((), (5, 0), (-1,), (1 << 32,)):
+        with pytest.raises(ValueError, match="page_words"):
+            packing.PackedWeights(object(), object(), (2112, 7168), True, 8192, 0xB3000, 0, words)
+    big = packing.PackedWeights(object(), object(), (4, 7168, 16384), True, 0, 0xB3000, 0, (1, 2, 3, 4))
+    assert big.launch_sides[2:] == (1, 2, 3, 4)
+    assert packing.PackedWeights(object(), object(), (2112, 7168), False).launch_sides == (0,) * 6
+
+
+@pytest.mark.parametrize("kind, n, k, in_params", [
+    (C.KIND_NORMAL, 2112, 7168, True), (C.KIND_NORMAL, 32768, 16384, False), (C.KIND_MASKED, 4096, 7168, False)])
+def test_page_bits_come_from_parameters_or_the_buffer(kind, n, k, in_params):
+    """A side-aware normal kernel whose B spans at most 128 pages has no bulk copy of the page bits (they come as
+    parameters, PackedLayout.page_bits_in_params); grouped kernels and larger B copy them from the buffer."""
+    import sass_helpers as H
+
+    H.require_tool("nvdisasm")
+    cfg = C.side_aware_config(C.make_config(kind, n, k, 64 if kind == C.KIND_NORMAL else 128, 64 if
+                                            kind == C.KIND_NORMAL else 128, 132), 132)
+    ops = [line.mnemonic for lines in H.nvdisasm_cubin(compile_gemm(cfg, pdl=False)).values() for line in lines]
+    assert ("UBLKCP.S.G" in ops) != in_params
+    assert (kind == C.KIND_NORMAL and PackedLayout(n, k).page_bits_in_params) == in_params
+
+
 def test_side_map_bits():
     info = l2.SideInfo(0, (0, 1, -1, 1) + (0,) * 60 + (1,), 0xB3000, 1.0, 2.0)
     words = np.frombuffer(info.side_map(), dtype=np.uint32)

@@ -121,7 +121,7 @@ def test_copied_packed_weights_compute_the_same():
     moved = holder[off:off + p.data.size]
     moved[...] = p.data
     assert moved.data.ptr % (1 << 21) != p.base_low
-    copy = cupygemm.PackedWeights(moved, p.scales, p.shape, True, p.base_low, p.hash_bits)
+    copy = cupygemm.PackedWeights(moved, p.scales, p.shape, True, p.base_low, p.hash_bits, page_words=p.page_words)
     again = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), copy)
     assert cp.array_equal(first.view(cp.uint16), again.view(cp.uint16))
 
@@ -229,7 +229,7 @@ def test_torch_packed_operators_compile_and_opcheck(info):
     assert torch.equal(compiled(ta, tsfa).view(torch.int16), eager.view(torch.int16))
     # uint8 bits: opcheck's schema test compares inputs with ops torch lacks for float8_e4m3fn
     ua = torch.from_dlpack(a)
-    tail = (list(packed.shape), packed.base_low, packed.hash_bits)
+    tail = (list(packed.shape), packed.base_low, packed.hash_bits, list(packed.page_words))
     torch.library.opcheck(torch.ops.cupygemm.gemm_fp8_fp8_bf16_nt_packed.default,
                           (ua, tsfa, packed.data, packed.scales, *tail))
     out = torch.empty(m, n, dtype=torch.bfloat16, device=ta.device)
@@ -246,4 +246,4 @@ def test_torch_packed_operators_compile_and_opcheck(info):
     mm = torch.tensor([64, 17], dtype=torch.int32, device=ta.device)
     torch.library.opcheck(torch.ops.cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked_packed.default,
                           (ua3, tsfa3, gpacked.data, gpacked.scales, mm, 32, list(gpacked.shape), gpacked.base_low,
-                           gpacked.hash_bits))
+                           gpacked.hash_bits, list(gpacked.page_words)))

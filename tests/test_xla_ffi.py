@@ -16,6 +16,8 @@ import pytest
 from cupygemm import reference as ref
 from cupygemm import xla_ffi as ffi
 from cupygemm.config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
+from cupygemm.packing import PackedLayout
+from cupygemm.plan import NO_PAGE_SIDES
 
 
 # --- layouts: the offsets checked with offsetof against jaxlib 0.10.2 (API 0.3) and 0.11.2 (API 0.4) ---------
@@ -336,13 +338,16 @@ def pack_host(b, base_low, hash_bits, page_bits):
     return out
 
 
-def unpack_host(ptr, n, k, g, base_low, hash_bits):
-    """B [G, N, K] uint8 back from packed bytes at ``ptr``, reading the page bits they hold, as the kernel does."""
+def unpack_host(ptr, n, k, g, base_low, hash_bits, param_words=None):
+    """B [G, N, K] uint8 back from packed bytes at ``ptr``, reading the page bits they hold, or ``param_words`` (the
+    launch's page-bit parameters, which a normal GEMM on few pages reads instead), as the kernel does."""
     from cupygemm.packing import PackedLayout
 
     lay = PackedLayout(n, k)
     raw = _host(ptr, np.uint8, (lay.buffer_bytes(base_low, g),))
     words = raw[g * lay.group_bytes:g * lay.group_bytes + 4 * lay.page_words(base_low, g)]
+    if param_words is not None:
+        words = np.asarray(param_words, np.uint32).view(np.uint8)
     page_bits = np.unpackbits(words, bitorder="little").astype(np.int64)
     rows, _ = _packed_rows(n, k, g, base_low, hash_bits, page_bits)
     b = np.zeros((g, lay.k_blocks, n, 8, 16), np.uint8)
@@ -366,7 +371,7 @@ class HostPlan:
         self.calls = 0
 
     def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, zero_counters=False,
-               page_sides=(0, 0)):
+               page_sides=NO_PAGE_SIDES):
         if self.fail is not None:
             raise self.fail
         self.calls += 1
@@ -375,8 +380,11 @@ class HostPlan:
         ga = g if kind == KIND_MASKED else 1
         A = _host(a, np.uint8, (ga, m, k))
         SFA = _host(sfa, np.float32, (ga, kb, self.sfa_m_pad))[:, :, :m].transpose(0, 2, 1)
-        assert self.sides == (page_sides != (0, 0))
-        B = unpack_host(b, n, k, g, *page_sides) if self.sides else _host(b, np.uint8, (g, n, k))
+        base_low, hash_bits, *words = page_sides
+        assert self.sides == (hash_bits != 0) and len(words) == 4
+        in_params = kind == KIND_NORMAL and PackedLayout(n, k).page_bits_in_params
+        B = (unpack_host(b, n, k, g, base_low, hash_bits, words if in_params else None) if self.sides
+             else _host(b, np.uint8, (g, n, k)))
         SFB = _host(sfb, np.float32, (g, nb, kb))
         D = _host(d, ml_dtypes.bfloat16, (ga, m, n))
         assert bool(partials) == bool(self.scratch_floats) and bool(counters) == bool(self.scratch_counters)
@@ -631,7 +639,9 @@ def _packed_weights(b3, sfb, grouped, offset=48, seed=0):
     data = np.zeros(offset + raw.size + 64, np.uint8)
     data[offset:offset + raw.size] = raw
     shape = tuple(b3.shape) if grouped else tuple(b3.shape[1:])
-    return PackedWeights(jnp.asarray(data), jnp.asarray(sfb), shape, True, base_low, hash_bits, offset)
+    words = raw[g * lay.group_bytes:g * lay.group_bytes + 4 * lay.page_words(base_low, g)].view(np.uint32)
+    return PackedWeights(jnp.asarray(data), jnp.asarray(sfb), shape, True, base_low, hash_bits, offset,
+                         tuple(int(w) for w in words[:4]))
 
 
 def test_host_packing_model_round_trips():
