@@ -13,6 +13,7 @@ results are bitwise equal to the unpacked GEMM's with the same config.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,9 +100,9 @@ class PackedWeights:
                                  f"first {want} page-bit words (uint32, as pack_weights keeps them), got "
                                  f"{self.page_words!r}")
 
-    @property
+    @functools.cached_property
     def launch_sides(self) -> tuple[int, ...]:
-        """What a side-aware launch passes (plan.GemmPlan.launch's ``page_sides``)."""
+        """What a side-aware launch passes (plan.GemmPlan.launch's ``page_sides``); built once, read per call."""
         return launch_sides(self.base_low, self.hash_bits, self.page_words)
 
     @property
