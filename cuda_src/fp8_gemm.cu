@@ -99,8 +99,8 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     if (threadIdx.x / 32 != T::kNumMathThreads / 32) return;
     const Producer<T> producer{tmap_a, tmap_b, tmap_sfa, smem};
     const PageSides pages{smem.page_bits, sides.base_low, sides.hash};
-    const typename T::ParamSides param_pages{{sides.page_words[0], sides.page_words[1], sides.page_words[2],
-                                      sides.page_words[3]}, sides.base_low, sides.hash};
+    const uint32_t* w = sides.page_words;
+    const typename T::ParamSides param_pages{{w[0], w[1], w[2], w[3]}, sides.base_low, sides.hash};
     producer.run(shape_m, num_groups, grouped_layout, b_evict_first, side, pages, param_pages, tile);
     if constexpr (T::kSides) {
       if (threadIdx.x == T::kNumMathThreads && (T::kCluster == 1 || cluster_cta_rank() == 0))
@@ -184,8 +184,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                         CUPYGEMM_PDL, CUPYGEMM_SIDES>;
 #if CUPYGEMM_SIDES
   static_assert(Traits::kSideBoxRows == CUPYGEMM_SIDE_BOX_ROWS, "tmap_b's box (contract.py) fits the producer's");
-  const cupygemm::SideArgs sides{&sm_sides,     packed_b,  side_tickets, side_clusters0, side_base_low,
-                                 side_hash,     {side_page_w0, side_page_w1, side_page_w2, side_page_w3}};
+  const cupygemm::SideArgs sides{&sm_sides, packed_b, side_tickets, side_clusters0, side_base_low, side_hash,
+                                 {side_page_w0, side_page_w1, side_page_w2, side_page_w3}};
 #else
   const cupygemm::SideArgs sides{};
 #endif

@@ -46,16 +46,8 @@ template <uint32_t kWords> struct ParamPageSides {
   uint32_t base_low;
   uint32_t hash;
 
-  __device__ __forceinline__ uint32_t side_of(uint64_t offset) const {
-    const uint64_t at = base_low + offset;
-    const uint32_t page = static_cast<uint32_t>(at >> 21);
-    uint32_t word = words[0];
-#pragma unroll
-    for (uint32_t i = 1; i < kWords; ++i) word = page >= 32 * i ? words[i] : word;
-    return ((word >> (page % 32)) ^ __popc(static_cast<uint32_t>(at) & hash)) & 1u;
-  }
-  // The same for the first slot of pair `pair` (offset pair * 8 KiB) in 32-bit arithmetic: fewer steps in the
-  // producer's chain than the 64-bit offset's.
+  // PageSides::side_of for the first slot of pair `pair` (offset pair * 8 KiB), in 32-bit arithmetic: fewer steps
+  // in the producer's chain than the 64-bit offset's.
   __device__ __forceinline__ uint32_t side_of_pair(uint32_t pair) const {
     uint32_t low = base_low + ((pair & 255u) << 13);  // 256 pairs per 2 MiB page
     const uint32_t page = (pair >> 8) + (low >> 21);
@@ -95,12 +87,12 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K> struct PackedB {
     const uint32_t pair = kb * kPairs + (chunk >= kChunks0 ? chunk - kChunks0 : chunk);
     return g * kGroupBytes + uint64_t(pair) * kPairBytes;
   }
-  // The slot of row `row`'s half in its pair (Sides: PageSides or a ParamPageSides).
-  template <class Sides>
-  static __device__ __forceinline__ uint32_t slot_of(const Sides& sides, uint64_t pair_off, uint32_t row) {
+  // The slot of row `row`'s half in its pair.
+  static __device__ __forceinline__ uint32_t slot_of(const PageSides& sides, uint64_t pair_off, uint32_t row) {
     return (row / kChunkRows >= kChunks0 ? 1u : 0u) ^ sides.side_of(pair_off);
   }
-  // The index of that pair (pair_offset / kPairBytes; below 2^21 for 16 GiB of pairs).
+  // The index of the pair holding row `row` of K block kb of group g (pair_offset / kPairBytes; below 2^21 for
+  // 16 GiB of pairs).
   static __device__ __forceinline__ uint32_t pair_index(uint32_t g, uint32_t kb, uint32_t row) {
     const uint32_t chunk = row / kChunkRows;
     return g * (kKBlocks * kPairs) + kb * kPairs + (chunk >= kChunks0 ? chunk - kChunks0 : chunk);
