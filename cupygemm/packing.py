@@ -159,9 +159,9 @@ def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
     view = read(b, "b", launch_stream)
     _check_b(view)
     shape = tuple(int(d) for d in view.shape)
-    info = l2.side_info(device)
-    if info is None or l2.why_plain(device) is not None:
+    if l2.why_plain(device) is not None:  # no side info, or a GPU where packing does not pay
         return PackedWeights(b, sfb, shape, False)
+    info = l2.side_info(device)  # measured (and cached) by why_plain
     layout = PackedLayout(shape[-2], shape[-1])
     groups = shape[0] if len(shape) == 3 else 1
     longest = layout.buffer_bytes(PAGE_BYTES - PAIR_BYTES, groups)  # whatever the address turns out to be
