@@ -22,7 +22,7 @@ from . import tma
 from .config.constants import (BLOCK_K, KIND_MASKED, MATH_REGS_ONE_WG, MATH_REGS_THREE_WG, MATH_REGS_TWO_WG,
                                PRODUCER_REGS_THREE_WG, PRODUCER_REGS_TWO_WG, THREE_WG_BLOCK_M)
 from .launch import DESC, PTR, SIDE_MAP, U32
-from .packing import MAX_PAGE_WORDS, PARAM_PAGE_WORDS, PackedLayout
+from .packing import CHUNK_ROWS, MAX_PAGE_WORDS, PARAM_PAGE_WORDS, PackedLayout
 from .util import ceil_div, round_up
 
 if TYPE_CHECKING:
@@ -242,11 +242,40 @@ def scratch_sizes(cfg: GemmConfig, m: int) -> tuple[int, int]:
     return n_partials, tiles * cfg.num_math_wg + tickets
 
 
-def side_clusters0(cfg: GemmConfig, grid: int, sms_side0: int, num_sms: int) -> int:
-    """Clusters of a side-aware launch that work on half 0 of N: the launch's share of the SMs on side 0, at least
-    one per half (the device's SMs draw tickets for their side, see cuda_src/l2_sides.cuh)."""
+def side_units(cfg: GemmConfig) -> tuple[int, int]:
+    """The n units (n blocks, or pairs of them with A multicast) of half 0 and of half 1 of a side-aware launch:
+    half 0 gets the units whose middle row lies in the packed layout's first half (``KernelTraits::kSideUnits0``)."""
+    n_blocks = ceil_div(cfg.shape_n, cfg.block_n)
+    units = n_blocks // 2 if cfg.multicast == 1 else n_blocks
+    unit_rows = cfg.block_n * (2 if cfg.multicast == 1 else 1)
+    rows0 = PackedLayout(cfg.shape_n, cfg.shape_k).pairs * CHUNK_ROWS
+    units0 = min((rows0 + unit_rows // 2) // unit_rows, units)
+    return units0, units - units0
+
+
+def side_unit_tiles(cfg: GemmConfig, m: int, num_groups: int) -> int:
+    """Tiles per n unit of a side-aware launch on ``m`` rows (masked: max_m per group, so an upper bound): its m
+    units times the split-K factor, over every group of a masked GEMM."""
+    m_units = ceil_div(m, cfg.block_m) // (2 if cfg.multicast == 2 else 1)
+    return max(1, m_units) * cfg.split_k * (num_groups if cfg.kind == KIND_MASKED else 1)
+
+
+def side_clusters0(cfg: GemmConfig, grid: int, sms_side0: int, num_sms: int, unit_tiles: int) -> int:
+    """Clusters of a side-aware launch that work on half 0 of N (the device's SMs draw tickets for their side, see
+    cuda_src/l2_sides.cuh). First the fewest rounds of tiles over both halves: a half given fewer clusters than its
+    tiles runs twice as long (on an H100 with 70 + 62 SMs per side, 62 CTAs for a half of 64 tiles doubled the
+    kernel's time, benchmarks/NOTES.md 30a). Then as close to the launch's share of side-0 SMs as that allows, so
+    that most clusters run on their own side. ``unit_tiles``: :func:`side_unit_tiles`."""
     clusters = grid // (2 if cfg.multicast else 1)
-    return max(1, min(clusters - 1, round(clusters * sms_side0 / num_sms)))
+    if clusters < 2:
+        return 1
+    tiles0, tiles1 = (u * unit_tiles for u in side_units(cfg))
+    share = clusters * sms_side0 / num_sms
+
+    def cost(c0: int) -> tuple[int, float]:
+        return max(ceil_div(tiles0, c0), ceil_div(tiles1, clusters - c0)), abs(c0 - share)
+
+    return min(range(1, clusters), key=cost)
 
 
 def launch_contract(cfg: GemmConfig, m: int, n: int, k: int, num_groups: int, a_strides: tuple[int, ...],

@@ -176,7 +176,8 @@ def _plan(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, ro
     grid = contract.grid(cfg, kernel.max_clusters)
     if sides:
         side_map = side.side_map()
-        clusters0 = contract.side_clusters0(cfg, grid, side.counts[0], sum(side.counts))
+        clusters0 = contract.side_clusters0(cfg, grid, side.counts[0], sum(side.counts),
+                                            contract.side_unit_tiles(cfg, m, num_groups))
     return GemmPlan(kind, m, n, k, num_groups, device_id, cfg, kernel, kernel.launcher, grid, c.threads,
                     c.smem_bytes, c.sfa_m_pad, c.scratch_floats, c.scratch_counters, c.tmaps, c.scalars, pdl,
                     side_map, clusters0)

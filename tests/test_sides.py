@@ -67,8 +67,40 @@ def test_side_contract():
     no_split = C.side_aware_config(C.make_config(C.KIND_NORMAL, 4096, 1536, 64, 64, 132), 132)
     assert contract.scratch_sizes(no_split, 64) == (0, contract.SIDE_TICKET_COUNTERS)
     for grid, sms0 in ((132, 64), (132, 0), (132, 132), (2, 1)):
-        c0 = contract.side_clusters0(no_split, grid, sms0, 132)
+        c0 = contract.side_clusters0(no_split, grid, sms0, 132, 1)
         assert 1 <= c0 <= grid - 1
+
+
+def _side_rounds(cfg, grid, c0, unit_tiles):
+    t0, t1 = (u * unit_tiles for u in contract.side_units(cfg))
+    clusters = grid // (2 if cfg.multicast else 1)
+    return max(-(-t0 // c0), -(-t1 // (clusters - c0)))
+
+
+@pytest.mark.parametrize("sms0", [62, 64, 66, 68, 70])
+def test_side_clusters_cover_both_halves_in_one_round(sms0):
+    # 64x4096x7168 packed: 128 tiles of 64x32, 64 per half, on 132 CTAs. The split follows the work first: with 70 +
+    # 62 SMs per side, splitting by SM count gave half 1 62 CTAs for 64 tiles and doubled the kernel's time.
+    cfg = C.side_aware_config(C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132, sides=True), 132)
+    assert contract.side_units(cfg) == (64, 64)
+    tiles = contract.side_unit_tiles(cfg, 64, 1)
+    c0 = contract.side_clusters0(cfg, 132, sms0, 132, tiles)
+    assert _side_rounds(cfg, 132, c0, tiles) == 1
+    assert c0 == min(max(sms0, 64), 68)  # the side's own SMs, as far as the halves' tiles allow
+
+
+def test_side_clusters_split_by_work_across_rounds():
+    # Split-K and several m blocks: the halves' tiles, not their units, decide; odd unit counts split unevenly.
+    cfg = C.side_aware_config(C.make_config(C.KIND_NORMAL, 2112, 7168, 64, 32, 132, split_k=2), 132)
+    u0, u1 = contract.side_units(cfg)
+    assert u0 + u1 == 66
+    for m in (64, 256, 1024):
+        tiles = contract.side_unit_tiles(cfg, m, 1)
+        assert tiles == -(-m // 64) * 2
+        for sms0 in (60, 66, 72):
+            c0 = contract.side_clusters0(cfg, 132, sms0, 132, tiles)
+            best = min(_side_rounds(cfg, 132, c, tiles) for c in range(1, 132))
+            assert _side_rounds(cfg, 132, c0, tiles) == best
 
 
 def test_two_groups_and_parity():

@@ -147,6 +147,41 @@ def test_dense_packed_matches_plain(info, m, n, k):
         assert cp.array_equal(out.view(cp.uint16), plain.view(cp.uint16))
 
 
+def test_uneven_sides_split_the_halves_by_work(info, monkeypatch):
+    """On a GPU whose sides hold different SM counts (H100s measured 62 + 70), each half of N still gets the clusters
+    its tiles need (contract.side_clusters0), and the result stays the plain kernel's bit for bit."""
+    import dataclasses
+
+    from cupygemm import contract, plan
+
+    m, n, k = 64, 4096, 1024
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, seed=5)
+    sfa_mn = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    packed = cupygemm.pack_weights(b, sfb)
+    with plain_like_packed(C.KIND_NORMAL, m, n, k):
+        plain = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), (b, sfb))
+    dev = cp.cuda.runtime.getDevice()
+    sides = list(info.sm_side)
+    moved = [sm for sm, s in enumerate(sides) if s == 1][:4]
+    for sm in moved:  # four SMs of side 1 counted on side 0
+        sides[sm] = 0
+    uneven = dataclasses.replace(info, sm_side=tuple(sides))
+    monkeypatch.setitem(l2._info, dev, uneven)
+    plan.clear()
+    try:
+        p = plan_gemm(C.KIND_NORMAL, m, n, k, 1, dev, sides=True)
+        units0, units1 = contract.side_units(p.cfg)
+        clusters = p.grid // (2 if p.cfg.multicast else 1)
+        assert -(-units0 // p.side_clusters0) == -(-units1 // (clusters - p.side_clusters0)) == 1
+        for _ in range(2):
+            out = poison_bf16((m, n))
+            cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), packed, out)
+            assert cp.array_equal(out.view(cp.uint16), plain.view(cp.uint16))
+    finally:
+        monkeypatch.undo()
+        plan.clear()
+
+
 def test_packed_in_a_cuda_graph(info):
     m, n, k = 64, 2112, 7168
     a, sfa, b, sfb, _, _ = make_normal(m, n, k, seed=5)
