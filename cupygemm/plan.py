@@ -157,7 +157,7 @@ def _plan(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, ro
 
     with cupy.cuda.Device(device_id):
         info = require_hopper()
-        evict_b = b_evict_first(num_groups, n, k, info.l2_bytes)
+        evict_b = b_evict_first(num_groups, n, k, info.l2_bytes, info.name)
         cfg = choose_config(kind, rows, n, k, num_groups, num_sms, smem_limit=info.max_smem_per_block,
                             max_m=m if kind == KIND_MASKED else None, sides=sides)
         side_map, clusters0 = b"", 0

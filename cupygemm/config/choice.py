@@ -364,17 +364,27 @@ def model_rows(kind: int, rows: int, expected_m: int | None = None) -> int:
 B_EVICT_FIRST_ENV = env.B_EVICT_FIRST
 
 
-def b_evict_first(num_groups: int, n: int, k: int, l2_bytes: int) -> bool:
+# GPUs (a substring of the device name) where B tiles read by one row block go into L2 as first to evict whatever
+# B's size: on the H100 the 64- and 128-row seed shapes took 3-13 % less time after the bench's L2 flush (and none
+# more); on the H200 four of them took 4-6 % more against DeepGEMM in the same run and four 3-5 % less, so there auto
+# keeps the rule for B larger than L2 (benchmarks/NOTES.md 30).
+B_EVICT_FIRST_ON = ("H100",)
+
+
+def b_evict_first(num_groups: int, n: int, k: int, l2_bytes: int, device_name: str) -> bool:
     """Whether the kernel may load B tiles that one CTA (or multicast pair) reads alone (M fits one row block) as
     first to evict from L2.
 
-    Streamed with the normal priority, such tiles push out other data, dirty lines too, whose write-backs then compete
-    with the GEMM's loads (benchmarks/NOTES.md section 21); as first to evict they mostly replace each other, which
-    also means they are gone by the next call. ``CUPYGEMM_B_EVICT_FIRST``: ``auto`` (default) allows it when B (all
-    groups) is larger than L2 and so cannot stay cached between calls anyway; ``1`` always (B read once per step,
-    as weights in inference); ``0`` never.
+    Streamed with the normal priority, such tiles push out other data, dirty lines too: the previous kernels'
+    outputs, written back to memory while this GEMM loads and read from memory again by their next reader
+    (benchmarks/NOTES.md sections 21 and 30). As first to evict they mostly replace each other, so they are gone by
+    the next call. Decode reads each layer's weights once per step, with every other layer's weights streaming through
+    L2 in between, so nothing is lost there; a loop that calls the same small-M GEMM back to back on weights that fit
+    in L2 loses what L2 kept for it (up to 25 % on the H100, 64x32768x512 warm). ``CUPYGEMM_B_EVICT_FIRST``: ``auto``
+    (default) allows it for any B on the GPUs of :data:`B_EVICT_FIRST_ON` and elsewhere when B (all groups) is larger
+    than L2 and so cannot stay cached between calls anyway; ``1`` always; ``0`` never.
     """
     mode = env.b_evict_first_mode()
     if mode == "auto":
-        return num_groups * n * k > l2_bytes
+        return any(s in device_name for s in B_EVICT_FIRST_ON) or num_groups * n * k > l2_bytes
     return mode == "1"
