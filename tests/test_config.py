@@ -119,6 +119,7 @@ def test_small_m_uses_one_math_warpgroup_and_fills_the_gpu():
 
 @pytest.mark.parametrize("m,n,k,want", [(64, 2112, 7168, (64, 48, 3)), (128, 2112, 7168, (128, 48, 3)),
                                         (1, 2112, 7168, (64, 48, 3)), (200, 512, 7168, (128, 48, 4)),
+                                        (64, 576, 7168, (64, 48, 4)), (64, 1536, 7168, (64, 48, 4)),
                                         (64, 4096, 7168, None), (64, 2112, 1024, None), (4096, 2112, 7168, None)])
 def test_split_k_only_where_tiles_cannot_fill_the_gpu(m, n, k, want):
     """Split-K across CTAs when 64x64 tiles would fill at most half the SMs, with splits of 8+ K blocks."""
@@ -129,6 +130,24 @@ def test_split_k_only_where_tiles_cannot_fill_the_gpu(m, n, k, want):
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         assert cfg.num_sms == min(132, tiles * cfg.split_k) and not cfg.multicast
     assert C.split_k_tile(C.KIND_MASKED, m, n, k, 132) is None
+
+
+@pytest.mark.parametrize("m,n,k,sides,want", [
+    (64, 2112, 7168, True, (64, 32, 2, True)),  # units of 28 K blocks: interleaved K on two warpgroups
+    (32, 2112, 7168, True, (64, 32, 2, True)),
+    (64, 2112, 7168, False, (64, 48, 3, False)),  # plain weights: 19 K blocks per unit, one warpgroup
+    (128, 2112, 7168, True, (128, 48, 3, False)), (128, 2112, 7168, False, (128, 48, 3, False)),
+    (64, 576, 7168, True, (64, 32, 4, False))])
+def test_split_k_tiles_for_packed_weights(m, n, k, sides, want):
+    """Packed weights take 64x32 split-K tiles (whole 32-row chunks), whose units of INTERLEAVE_K_MIN_BLOCKS or more
+    run interleaved K; their 128-row split-K tiles are the plain ones (128x48 measured faster than 128x32)."""
+    cfg = C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132, sides=sides)
+    assert (cfg.block_m, cfg.block_n, cfg.split_k, cfg.interleave_k) == want
+    assert cfg.num_math_wg == (2 if cfg.interleave_k or cfg.block_m == 128 else 1)
+    if cfg.interleave_k:
+        assert -(-k // 128) // cfg.split_k >= C.cost.INTERLEAVE_K_MIN_BLOCKS
+    if sides:
+        assert C.side_aware_config(cfg, 132).sides
 
 
 @pytest.mark.parametrize("k", [2048, 16384])

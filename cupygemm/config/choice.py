@@ -33,9 +33,11 @@ MIN_SPLIT_K_BLOCKS = 8
 
 # Side-aware kernels (packed B) load B in 32-row TMA boxes, one per packed 4 KiB chunk. A CTA whose B rows are not
 # whole chunks loads 16- or 8-row boxes, and many small boxes held the loop back: 64x112 tiles on 128x7168x16384 took
-# 110 us packed against 49.8 plain, 64x48 split-K tiles on 64x2112x7168 12.8 against 11.8 (H100; NOTES.md 28). So
-# packed weights get tiles whose B rows per CTA are multiples of 32 (with B multicast each CTA loads half the tile),
-# and 32-column split-K tiles (64x2112x7168: 11.5 us).
+# 110 us packed against 49.8 plain (H100; NOTES.md 28). So packed weights get tiles whose B rows per CTA are
+# multiples of 32 (with B multicast each CTA loads half the tile), and 64x32 split-K tiles, whose units of 28 K
+# blocks on 64x2112x7168 run interleaved K (10.6 us against 11.1 on one warpgroup; plain 64x48 split 3: 11.2). Their
+# 128-row split-K tiles are the plain ones: 128x48 split 3 took 12.1 us on 128x2112x7168 against 12.8 for 128x32
+# split 2 (H100, B first to evict; NOTES.md 30).
 SIDE_CHUNK_ROWS = 32
 SIDE_SPLIT_K_BLOCK_N = 32
 
@@ -167,7 +169,7 @@ def split_k_tile(kind: int, m_rows: int, n: int, k: int, num_sms: int,
     if kind != KIND_NORMAL or ceil_div(m_rows, 64) * ceil_div(n, 64) > num_sms // 2:
         return None
     bm = 64 if m_rows <= 64 else 128
-    bn = SIDE_SPLIT_K_BLOCK_N if sides else SPLIT_K_BLOCK_N
+    bn = SIDE_SPLIT_K_BLOCK_N if sides and bm == 64 else SPLIT_K_BLOCK_N
     tiles = ceil_div(m_rows, bm) * ceil_div(n, bn)
     ks = min(MAX_SPLIT_K, num_sms // tiles, ceil_div(k, BLOCK_K) // MIN_SPLIT_K_BLOCKS)
     return (bm, bn, ks) if ks >= 2 else None

@@ -39,9 +39,10 @@ MASKED_SPREAD = (0.7, 1.3)
 MASKED_DRAWS = 16
 
 # Interleaved K (64-row tiles, two warpgroups on alternate K blocks) measured 0.92-0.96x the time with >= 56 K blocks,
-# 1.0-1.06x with <= 16, on problems of at most two waves (benchmarks/NOTES.md section 7); with many waves (M = 4096)
-# 64-row interleaved tiles lost to 128-row tiles (989 vs 820 us). Used from 32 K blocks on, in at most two waves.
-INTERLEAVE_K_MIN_BLOCKS = 32
+# 1.0-1.06x with <= 16, on problems of at most two waves (benchmarks/NOTES.md section 7), and 0.96x on split-K units
+# of 28 (64x2112x7168, NOTES.md 30); with many waves (M = 4096) 64-row interleaved tiles lost to 128-row tiles (989 vs
+# 820 us). Used from 28 K blocks on (a tile's, or a split-K unit's), in at most two waves.
+INTERLEAVE_K_MIN_BLOCKS = 28
 INTERLEAVE_K_FACTOR = 0.93
 
 # Split-K across CTAs: each unit stores its FP32 partial tile, the tile's last unit reads them all back (about 1.5 us
