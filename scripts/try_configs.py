@@ -4,7 +4,7 @@ For predict-change-measure experiments: each line of the spec file is a bench sh
 override_config variants ({} = the model's pick); rows go to OUT.json. Group sizes follow the bench
 (--match-rows PEERS.json as in ``cupygemm bench``).
 
-Usage (on a Hopper machine): python scripts/try_configs.py SPEC.json OUT.json [--match-rows PEERS.json] [--seed S]
+Usage (on a Hopper machine): python scripts/try_configs.py SPEC.json OUT.json [--match-rows PEERS.json] [--seed S] [--warm]
 SPEC.json: [{"kind": "contiguous", "dims": [4, 8192, 4096, 7168], "variants": [{}, {"block_m": 128, ...}]}, ...]
 An entry may fix its grouped rows with "group_rows": [...] (one per group) instead of the bench's draw, and a
 masked entry its max_m with "max_m". A variant with "packed": true runs on weights packed by cupygemm.pack_weights
@@ -53,6 +53,8 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--match-rows", default=None)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--warm", action="store_true",
+                   help="no L2 flush before each call (a loop on the same weights; the bench flushes 1 GiB)")
     p.add_argument("--seed", type=int, default=0, help="the bench's seed for group sizes (without --match-rows)")
     args = p.parse_args()
     spec = json.load(open(args.spec))
@@ -80,7 +82,7 @@ def main() -> None:
     secs = compile_configs(all_cfgs, 16, progress=False)
     print(f"compiled {len(set(all_cfgs))} kernels in {secs:.0f}s", flush=True)
     kernel_timer, why = timing.open_cupti_timer()
-    timer = timing.Timer(timing.FLUSH_BYTES, kernel_timer)
+    timer = timing.Timer(16 if args.warm else timing.FLUSH_BYTES, kernel_timer)
     print("timing:", "cupti" if kernel_timer else f"events ({why})", flush=True)
     rows = []
     for e, shape, size in zip(spec, shapes, sizes):
@@ -119,7 +121,8 @@ def main() -> None:
         cp.get_default_memory_pool().free_all_blocks()
         with open(args.out, "w") as f:
             json.dump({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "timing":
-                       "cupti" if kernel_timer else "events", "command": " ".join(sys.argv), "spec": spec,
+                       ("cupti" if kernel_timer else "events") + (", L2 warm" if args.warm else ", after a 1 GiB flush"),
+                       "command": " ".join(sys.argv), "spec": spec,
                        "rows": rows}, f, indent=1)
 
 
