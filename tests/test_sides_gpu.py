@@ -55,6 +55,16 @@ def plain_like_packed(kind, m, n, k, groups=1, expected_m=None):
         C.override_config(name, n, k)
 
 
+def packed_case(m, n, k, seed=5):
+    """A normal GEMM's A (its scales M-major), B packed, and the plain kernel's output on the packed plan's tile."""
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, seed=seed)
+    sfa_mn = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    packed = cupygemm.pack_weights(b, sfb)
+    with plain_like_packed(C.KIND_NORMAL, m, n, k):
+        plain = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), (b, sfb))
+    return a, sfa_mn, packed, plain
+
+
 @pytest.fixture(scope="module")
 def info():
     dev = cp.cuda.runtime.getDevice()
@@ -155,11 +165,7 @@ def test_uneven_sides_split_the_halves_by_work(info, monkeypatch):
     from cupygemm import contract, plan
 
     m, n, k = 64, 4096, 1024
-    a, sfa, b, sfb, _, _ = make_normal(m, n, k, seed=5)
-    sfa_mn = cupygemm.get_col_major_tma_aligned_tensor(sfa)
-    packed = cupygemm.pack_weights(b, sfb)
-    with plain_like_packed(C.KIND_NORMAL, m, n, k):
-        plain = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), (b, sfb))
+    a, sfa_mn, packed, plain = packed_case(m, n, k)
     dev = cp.cuda.runtime.getDevice()
     sides = list(info.sm_side)
     moved = [sm for sm, s in enumerate(sides) if s == 1][:4]
@@ -184,11 +190,7 @@ def test_uneven_sides_split_the_halves_by_work(info, monkeypatch):
 
 def test_packed_in_a_cuda_graph(info):
     m, n, k = 64, 2112, 7168
-    a, sfa, b, sfb, _, _ = make_normal(m, n, k, seed=5)
-    sfa_mn = cupygemm.get_col_major_tma_aligned_tensor(sfa)
-    packed = cupygemm.pack_weights(b, sfb)
-    with plain_like_packed(C.KIND_NORMAL, m, n, k):
-        want = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), (b, sfb))
+    a, sfa_mn, packed, want = packed_case(m, n, k)
     out = poison_bf16((m, n))
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
