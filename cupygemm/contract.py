@@ -264,7 +264,7 @@ def side_clusters0(cfg: GemmConfig, grid: int, sms_side0: int, num_sms: int, uni
     """Clusters of a side-aware launch that work on half 0 of N (the device's SMs draw tickets for their side, see
     cuda_src/l2_sides.cuh). First the fewest rounds of tiles over both halves: a half given fewer clusters than its
     tiles runs twice as long (on an H100 with 70 + 62 SMs per side, 62 CTAs for a half of 64 tiles doubled the
-    kernel's time, benchmarks/NOTES.md 30a). Then as close to the launch's share of side-0 SMs as that allows, so
+    kernel's time, benchmarks/NOTES.md 30c). Then as close to the launch's share of side-0 SMs as that allows, so
     that most clusters run on their own side. ``unit_tiles``: :func:`side_unit_tiles`."""
     clusters = grid // (2 if cfg.multicast else 1)
     if clusters < 2:

@@ -383,9 +383,9 @@ def b_evict_first(num_groups: int, n: int, k: int, l2_bytes: int, device_name: s
     the next call. Decode reads each layer's weights once per step, with every other layer's weights streaming through
     L2 in between, so nothing is lost there; a loop that calls the same small-M GEMM back to back on weights that fit
     in L2 loses what L2 kept for it (on the H100 1-3 % on most decode shapes, 23 % on 64x24576x1536 with L2 warm).
-    ``CUPYGEMM_B_EVICT_FIRST``: ``auto``
-    (default) allows it for any B on the GPUs of :data:`B_EVICT_FIRST_ON` and elsewhere when B (all groups) is larger
-    than L2 and so cannot stay cached between calls anyway; ``1`` always; ``0`` never.
+    ``CUPYGEMM_B_EVICT_FIRST``: ``auto`` (default) allows it for any B on the GPUs of :data:`B_EVICT_FIRST_ON` and
+    elsewhere when B (all groups) is larger than L2 and so cannot stay cached between calls anyway; ``1`` always;
+    ``0`` never.
     """
     mode = env.b_evict_first_mode()
     if mode == "auto":
