@@ -98,9 +98,9 @@ template <class T> struct Producer {
           (T::kSides ? T::BLOCK_M * 4 + (cmin(b_row + T::BLOCK_N, T::PackedLayout::kPaddedRows) - b_row) * kBlockK
                      : T::kStageTxBytesNoA);
       // B tiles read by this CTA (or the pair sharing them) alone, when the rows fit one m block (pair), may go into
-      // L2 as first to evict (the host allows it when B cannot stay in L2 between calls anyway). Streamed with the
-      // normal priority, they push out other data, dirty lines too, whose write-backs then compete for memory
-      // bandwidth with this GEMM's loads. Other B tiles take the plain load: the cache-hint form with an
+      // L2 as first to evict (where the host allows it: cupygemm.config.b_evict_first). Streamed with the normal
+      // priority, they push out other data, dirty lines too, whose write-backs then compete for memory bandwidth
+      // with this GEMM's loads. Other B tiles take the plain load: the cache-hint form with an
       // evict_normal policy kept less of B in L2 across calls.
       const bool b_first = b_evict_first != 0 && ceil_div(tile.rows, T::BLOCK_M) <= (T::kMulticast == 2 ? 2u : 1u);
       const uint64_t b_policy = l2_evict_first_policy();
