@@ -61,12 +61,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
                     far = [sm for sm, s in enumerate(side.sm_side) if s == 1]
                     print(f"  side 1 SMs  {_ranges(far)}")
                     print(f"  packing     {l2.why_plain(i) or 'side-aware'} ({env.L2_SIDES}={env.l2_sides_mode()})")
-                from cupygemm.config import b_evict_first
+                from cupygemm.config import b_evict_first_rule
 
-                mode = env.b_evict_first_mode()
-                when = ("never" if mode == "0" else "whatever its size" if b_evict_first(1, 1, 1, d.l2_bytes, d.name)
-                        else "when larger than L2")
-                print(f"  B in L2     read by one row block: first to evict {when} ({env.B_EVICT_FIRST}={mode})")
+                print(f"  B in L2     first to evict when one row block reads it: {b_evict_first_rule(d.name)} "
+                      f"({env.B_EVICT_FIRST}={env.b_evict_first_mode()})")
     else:
         print("GPU           no GPU")
     from cupygemm import env

@@ -272,6 +272,9 @@ def test_b_evict_first_rule(monkeypatch):
     assert not C.b_evict_first(1, 32768, 512, l2, h100)
     monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "")  # empty = the default
     assert C.b_evict_first(1, 32768, 512, l2, h100) and not C.b_evict_first(1, 32768, 512, l2, h200)
+    assert (C.b_evict_first_rule(h100), C.b_evict_first_rule(h200)) == ("any B", "B larger than L2")
+    monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "0")
+    assert C.b_evict_first_rule(h100) == "no B"
     monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "maybe")
     with pytest.raises(ValueError, match="CUPYGEMM_B_EVICT_FIRST: expected one of auto, 1, 0"):
         C.b_evict_first(1, 7168, 16384, l2, h100)

@@ -184,8 +184,7 @@ def test_uneven_sides_split_the_halves_by_work(info, monkeypatch):
             cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), packed, out)
             assert cp.array_equal(out.view(cp.uint16), plain.view(cp.uint16))
     finally:
-        monkeypatch.undo()
-        plan.clear()
+        plan.clear()  # no plan built on the uneven map outlives the test (monkeypatch restores the map after)
 
 
 def test_packed_in_a_cuda_graph(info):

@@ -387,7 +387,16 @@ def b_evict_first(num_groups: int, n: int, k: int, l2_bytes: int, device_name: s
     elsewhere when B (all groups) is larger than L2 and so cannot stay cached between calls anyway; ``1`` always;
     ``0`` never.
     """
+    rule = b_evict_first_rule(device_name)
+    return rule == "any B" or (rule == "B larger than L2" and num_groups * n * k > l2_bytes)
+
+
+def b_evict_first_rule(device_name: str) -> str:
+    """Which B read by one row block may go into L2 first to evict on a GPU named ``device_name`` (the rule
+    :func:`b_evict_first` applies): ``"any B"``, ``"B larger than L2"`` or ``"no B"``."""
     mode = env.b_evict_first_mode()
-    if mode == "auto":
-        return any(s in device_name for s in B_EVICT_FIRST_ON) or num_groups * n * k > l2_bytes
-    return mode == "1"
+    if mode == "0":
+        return "no B"
+    if mode == "1" or any(s in device_name for s in B_EVICT_FIRST_ON):
+        return "any B"
+    return "B larger than L2"
