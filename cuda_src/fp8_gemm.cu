@@ -103,7 +103,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     const typename T::ParamSides param_pages{{w[0], w[1], w[2], w[3]}, sides.base_low, sides.hash};
     producer.run(shape_m, num_groups, grouped_layout, b_evict_first, side, pages, param_pages, tile);
     if constexpr (T::kSides) {
-      if (threadIdx.x == T::kNumMathThreads && (T::kCluster == 1 || cluster_cta_rank() == 0))
+      if (T::kCluster == 1 || cluster_cta_rank() == 0)  // the producer's one thread (Producer::run)
         release_side_ticket(sides, gridDim.x / T::kCluster);
     }
     return;

@@ -47,14 +47,14 @@ template <uint32_t kWords> struct ParamPageSides {
   uint32_t hash;
 
   // PageSides::side_of for the first slot of pair `pair` (offset pair * 8 KiB), in 32-bit arithmetic: fewer steps
-  // in the producer's chain than the 64-bit offset's.
+  // in the producer's chain than the 64-bit offset's, which bound the packed kernels' K loop (benchmarks/NOTES.md 31).
   __device__ __forceinline__ uint32_t side_of_pair(uint32_t pair) const {
-    uint32_t low = base_low + ((pair & 255u) << 13);  // 256 pairs per 2 MiB page
-    const uint32_t page = (pair >> 8) + (low >> 21);
+    const uint32_t at = base_low + (pair << 13);  // below 2 MiB + kParamPages pages: no overflow
+    const uint32_t page = at >> 21;
     uint32_t word = words[0];
 #pragma unroll
     for (uint32_t i = 1; i < kWords; ++i) word = page >= 32 * i ? words[i] : word;
-    return ((word >> (page % 32)) ^ __popc(low & hash & ((1u << 21) - 1))) & 1u;
+    return ((word >> (page % 32)) ^ __popc(at & hash & ((1u << 21) - 1))) & 1u;
   }
 };
 

@@ -75,12 +75,13 @@ template <class T> struct Producer {
   // share the work of planning); then one thread loads the K blocks [tile.k_begin, tile.k_end) of every tile the
   // scheduler hands this CTA (into `tile`) into the ring of stages, and waits until the consumers released them
   // all. Side-aware kernels wait for the page bits first (unless they came as parameters) and load packed B
-  // (load_packed_b).
+  // (load_packed_b). The loop's instructions bound one-row-block GEMMs, and keep_one_lane() takes the loops over
+  // active lanes around each TMA copy out of it (up to 5 % faster there, benchmarks/NOTES.md 31).
   __device__ __forceinline__ void run(uint32_t shape_m, uint32_t num_groups, const int* grouped_layout,
                                       uint32_t b_evict_first, const SideWork& side, const PageSides& pages,
                                       const typename T::ParamSides& param_pages, Tile& tile) const {
     typename T::ProducerScheduler scheduler(shape_m, num_groups, grouped_layout, side);
-    if (threadIdx.x != T::kNumMathThreads) return;
+    keep_one_lane();
     if constexpr (T::kSides && !T::kSidePageParams) mbarrier_wait(smem.page_bar, 0);
     uint32_t stage = 0, phase = 0;
     while (scheduler.next(tile)) {

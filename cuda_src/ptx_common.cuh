@@ -100,6 +100,12 @@ __device__ __forceinline__ void st_cluster_u32(const void* local, uint32_t cta_r
       : "memory");
 }
 
+// Ends every lane of the warp but one: the code after it runs on one thread, which ptxas then knows (a thread-index
+// test does not tell it), so it issues TMA copies without the loop over active lanes it otherwise wraps them in.
+__device__ __forceinline__ void keep_one_lane() {
+  asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\n@!p exit;\n}\n" ::: "memory");
+}
+
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 }
