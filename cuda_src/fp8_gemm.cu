@@ -25,9 +25,10 @@ template <class T> __device__ __forceinline__ void take_side_ticket(const SideAr
   draw_side_ticket(sides, gridDim.x / T::kCluster, half, index);
   smem.ticket[0] = half;
   smem.ticket[1] = index;
-  if constexpr (T::kCluster > 1) {
-    st_cluster_u32(&smem.ticket[0], 1, half);
-    st_cluster_u32(&smem.ticket[1], 1, index);
+#pragma unroll
+  for (uint32_t r = 1; r < T::kCluster; ++r) {
+    st_cluster_u32(&smem.ticket[0], r, half);
+    st_cluster_u32(&smem.ticket[1], r, index);
   }
 }
 
@@ -67,8 +68,9 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     tma_prefetch_descriptor(&tmap_d);
     for (uint32_t s = 0; s < T::kNumStages; ++s) {
       mbarrier_init(&smem.full_bar[s], 1);
-      mbarrier_init(&smem.empty_bar[s], T::kConsumersPerStage * 4 * T::kCluster);  // one arrival per consuming warp
+      mbarrier_init(&smem.empty_bar[s], T::kConsumersPerStage * 4 * T::kStageSharers);  // one per consuming warp
     }
+    if constexpr (T::kSplitCluster) ClusterSplit<T>::init(smem);
     if constexpr (T::kSides) mbarrier_init(smem.page_bar, 1);
     mbarrier_init_fence();
     if constexpr (T::kSides && !T::kPdl) {
@@ -115,6 +117,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
   const MathThread th = MathThread::make<T>(warpgroup, smem);
   const Epilogue<T> epilogue{tmap_d, d_ptr, grouped_layout, shape_m, ld_d, th};
   const CrossCtaReduction<T> cross_cta{partials, tile_counters, th};
+  ClusterSplit<T> cluster_split{smem, th, T::kSplitCluster ? cluster_cta_rank() : 0};
   typename Mainloop<T>::Acc wgmma_acc;  // one wgmma batch's result, promoted into acc (mainloop.cuh: why apart)
   typename T::TileAcc acc;
   Mainloop<T> mainloop(smem, th);
@@ -140,7 +143,9 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     if constexpr (T::kInterleaveK) {
       if (!interleave_handoff<T>(acc, smem.handoff, th)) continue;
     }
-    if (T::kSplitK > 1 || sk_piece) {
+    if constexpr (T::kSplitCluster) {
+      if (!cluster_split.meet(acc)) continue;
+    } else if (T::kSplitK > 1 || sk_piece) {
       uint32_t* counter;  // the tile's arrival counter, which the CTA that reduces resets
       if (!cross_cta.store_and_arrive(acc, tile, scheduler, counter)) continue;
       cross_cta.read_back(acc, tile, scheduler, counter);
@@ -150,6 +155,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
   // After the last tile's math: the next kernel's launch and set-up overlap our last stores (it waits for them).
   if constexpr (T::kPdl) grid_launch_dependents();
   epilogue.finish();
+  if constexpr (T::kSplitCluster) cluster_split.finish();
 }
 
 }  // namespace cupygemm
@@ -160,6 +166,9 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
 #endif
 #ifndef CUPYGEMM_SIDES
 #define CUPYGEMM_SIDES 0
+#endif
+#ifndef CUPYGEMM_SPLIT_CLUSTER
+#define CUPYGEMM_SPLIT_CLUSTER 0
 #endif
 // Entry point with a fixed C name, instantiated from the constants the JIT defines. cupygemm/contract.py states its
 // whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
@@ -181,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                         CUPYGEMM_MATH_REGS, CUPYGEMM_PRODUCER_REGS, CUPYGEMM_SWIZZLE_D,
                                         CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_MULTICAST, CUPYGEMM_INTERLEAVE_K,
                                         CUPYGEMM_SERIAL_M, CUPYGEMM_SPLIT_K, CUPYGEMM_STREAM_K, CUPYGEMM_A_BOX_M,
-                                        CUPYGEMM_PDL, CUPYGEMM_SIDES>;
+                                        CUPYGEMM_PDL, CUPYGEMM_SIDES, CUPYGEMM_SPLIT_CLUSTER>;
 #if CUPYGEMM_SIDES
   static_assert(Traits::kSideBoxRows == CUPYGEMM_SIDE_BOX_ROWS, "tmap_b's box (contract.py) fits the producer's");
   const cupygemm::SideArgs sides{&sm_sides, packed_b, side_tickets, side_clusters0, side_base_low, side_hash,

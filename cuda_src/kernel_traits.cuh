@@ -15,7 +15,8 @@ constexpr uint32_t kBlockK = 128;  // = the scaling granularity along K; one pro
 template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_, uint32_t WGMMA_N_,
           uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
           uint32_t kSwizzleD_, uint32_t kRasterN_, int kKind_, int kMulticast_, bool kInterleaveK_, bool kSerialM_,
-          uint32_t kSplitK_, bool kStreamK_, uint32_t A_BOX_M_, bool kPdl_ = false, bool kSides_ = false>
+          uint32_t kSplitK_, bool kStreamK_, uint32_t A_BOX_M_, bool kPdl_ = false, bool kSides_ = false,
+          bool kSplitCluster_ = false>
 struct KernelTraits {
   static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_, BLOCK_M = BLOCK_M_, BLOCK_N = BLOCK_N_;
   static constexpr uint32_t WGMMA_N = WGMMA_N_, kNumStages = kNumStages_, kNumMathWG = kNumMathWG_;
@@ -71,6 +72,11 @@ struct KernelTraits {
   // the tile's CTAs to arrive adds them and stores the tile. kStreamK: the last round's units are split along K over
   // all clusters (scheduler.cuh); their pieces meet in global memory the same way.
   static_assert(kSplitK >= 1 && kSplitK <= kNumKBlocks, "every K split needs at least one K block");
+  // kSplitCluster: a tile's K splits run as one cluster (CTA rank = split) and meet in the leader's shared memory
+  // instead (reduction.cuh, ClusterSplit), with no round trip through L2.
+  static constexpr bool kSplitCluster = kSplitCluster_;
+  static_assert(!kSplitCluster || (kSplitK == 2 && kKind == kNormal && !kMulticast && !kStreamK && kRowGroups <= 2),
+                "split-K clusters: a normal GEMM's two splits, without multicast or stream-K");
   static_assert(!kStreamK || (!kInterleaveK && kSplitK == 1), "stream-K tail: one accumulator set per row group");
 
   // ---- B scales ----
@@ -93,8 +99,10 @@ struct KernelTraits {
   static constexpr uint32_t kKLoopUnroll = kSplitK == 1 && (kRowWarpgroups || !kRunTimeScaleSelect) ? 4 : 1;
 
   // ---- operand loads ----
-  // Multicast: each CTA of a 2-CTA cluster loads half of the shared tile into both CTAs' shared memory.
-  static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
+  // Multicast: each CTA of a 2-CTA cluster loads half of the shared tile into both CTAs' shared memory. Split-K
+  // clusters hold a tile's splits instead.
+  static constexpr uint32_t kCluster = kMulticast ? 2 : kSplitCluster ? kSplitK : 1;
+  static constexpr uint32_t kStageSharers = kMulticast ? 2 : 1;  // CTAs whose consumers release each stage
   static_assert(kMulticast != 2 || (BLOCK_N % 16 == 0 && kKind == kNormal),
                 "B multicast: halves of whole swizzle atoms");
   // A arrives in boxes of A_BOX_M rows (with A multicast, each CTA of the pair loads half of them into both).
@@ -116,6 +124,8 @@ struct KernelTraits {
   static constexpr uint32_t SMEM_SFA = round_up(BLOCK_M * 4u, 128u);
   static constexpr uint32_t kStageTxBytesNoA = SMEM_B + BLOCK_M * 4;  // plus the A boxes loaded for the tile
   static constexpr uint32_t SMEM_HANDOFF = kInterleaveK ? BLOCK_N * 256 : 0;
+  // Split-K clusters: two barriers per row group, then one partial tile of FP32 sums (ClusterSplit).
+  static constexpr uint32_t SMEM_CLUSTER_SPLIT = kSplitCluster ? 32 + BLOCK_M * BLOCK_N * 4 : 0;
   // Side-aware: the cluster's ticket (half, index), the barrier of the page bits' load, the page bits.
   static constexpr uint32_t SMEM_SIDES = kSides ? 16 + kMaxPageWords * 4 : 0;
 
@@ -143,17 +153,18 @@ struct KernelTraits {
   // The producer runs its scheduler on one thread, the math warpgroups on whole warps.
   using ProducerScheduler =
       TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kSplitK, kStreamK, kNumKBlocks, false,
-                    kSides>;
+                    kSides, kSplitCluster>;
   using MathScheduler =
       TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kSplitK, kStreamK, kNumKBlocks, true,
-                    kSides>;
+                    kSides, kSplitCluster>;
   // One math warpgroup's sums over a tile: [m64 sub-tile][wgmma column block][register].
   using TileAcc = float[kNumMSub][kNumNSub][kAccPerSub];
 };
 
 // Where the parts of dynamic shared memory start: the output staging tile, the pipeline's A, B and A-scale stages,
-// their full/empty barriers, (interleave_k) the buffer through which warpgroup 1 hands its sums to warpgroup 0, and
-// (side-aware) the cluster's side ticket, the barrier of the page bits' load and the page bits of packed B.
+// their full/empty barriers, (interleave_k) the buffer through which warpgroup 1 hands its sums to warpgroup 0,
+// (split-K clusters) the barriers and buffer of a split's partial sums, and (side-aware) the cluster's side ticket,
+// the barrier of the page bits' load and the page bits of packed B.
 template <class T> struct SharedStorage {
   uint8_t* d;
   uint8_t* a;
@@ -162,6 +173,8 @@ template <class T> struct SharedStorage {
   uint64_t* full_bar;
   uint64_t* empty_bar;
   float* handoff;
+  uint64_t* split_bar;  // [2][kRowGroups]: the leader's "partners' sums are in", a partner's "the leader read them"
+  float* split_sums;    // a partner's partial tile, [kRowGroups][WG_M * BLOCK_N]
   uint32_t* ticket;
   uint64_t* page_bar;
   uint32_t* page_bits;
@@ -171,7 +184,9 @@ template <class T> struct SharedStorage {
         sfa(reinterpret_cast<float*>(b + T::kNumStages * T::SMEM_B)),
         full_bar(reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(sfa) + T::kNumStages * T::SMEM_SFA)),
         empty_bar(full_bar + T::kNumStages), handoff(reinterpret_cast<float*>(empty_bar + T::kNumStages)),
-        ticket(reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(handoff) + T::SMEM_HANDOFF)),
+        split_bar(reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(handoff) + T::SMEM_HANDOFF)),
+        split_sums(reinterpret_cast<float*>(split_bar + 4)),
+        ticket(reinterpret_cast<uint32_t*>(reinterpret_cast<uint8_t*>(split_bar) + T::SMEM_CLUSTER_SPLIT)),
         page_bar(reinterpret_cast<uint64_t*>(ticket + 2)), page_bits(ticket + 4) {}
 };
 

@@ -232,8 +232,8 @@ template <class T> struct Mainloop {
 
   // Hands the stage back to the producer(s): with multicast both CTAs' producers wrote into it.
   __device__ void release(uint32_t s) const {
-    if constexpr (T::kCluster > 1) {
-      if (th.lane < T::kCluster) mbarrier_arrive_cluster(&smem.empty_bar[s], th.lane);
+    if constexpr (T::kStageSharers > 1) {
+      if (th.lane < T::kStageSharers) mbarrier_arrive_cluster(&smem.empty_bar[s], th.lane);
     } else {
       if (th.lane == 0) mbarrier_arrive(&smem.empty_bar[s]);
     }

@@ -135,7 +135,7 @@ template <class T> struct Producer {
         if (++stage == T::kNumStages) stage = 0, phase ^= 1;
       }
     }
-    if constexpr (T::kCluster > 1) {
+    if constexpr (T::kStageSharers > 1) {
       // The peer's consumers arrive remotely on this CTA's empty barriers, so the producer stays until both CTAs'
       // consumers have released every stage.
       for (uint32_t i = 0; i < T::kNumStages; ++i) {

@@ -106,6 +106,19 @@ __device__ __forceinline__ void keep_one_lane() {
   asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\n@!p exit;\n}\n" ::: "memory");
 }
 
+// The shared::cluster address of `local`'s offset in CTA `cta_rank` of this cluster.
+__device__ __forceinline__ uint32_t cluster_smem_addr(const void* local, uint32_t cta_rank) {
+  uint32_t remote;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_u32(local)), "r"(cta_rank));
+  return remote;
+}
+// A store into another CTA's shared memory (shared::cluster addresses) whose 4 bytes complete on its barrier `bar`.
+__device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(addr),
+               "r"(__float_as_uint(v)), "r"(bar)
+               : "memory");
+}
+
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 }

@@ -1,10 +1,12 @@
 // Tile sums computed in parts: inside the CTA (interleave_k: two warpgroups summed alternate K blocks of the same
-// rows) and across CTAs (split-K: each CTA summed one split of the tile's K blocks; stream-K: the last round's
-// tiles were split along K over idle clusters). Either way one warpgroup ends up with the whole sum and stores it.
+// rows), across a cluster (split-K clusters: each CTA summed one split) and across CTAs (split-K: each CTA summed one
+// split of the tile's K blocks; stream-K: the last round's tiles were split along K over idle clusters). Either way
+// one warpgroup ends up with the whole sum and stores it.
 #pragma once
 #include "kernel_traits.cuh"
 #include "named_barriers.cuh"
 #include "ptx_global.cuh"
+#include "ptx_mbarrier.cuh"
 
 namespace cupygemm {
 
@@ -28,6 +30,72 @@ __device__ __forceinline__ bool interleave_handoff(typename T::TileAcc& acc, flo
   named_barrier_sync(NamedBarrier::kInterleavePair, 256);  // the buffer is free again before warpgroup 1 reuses it
   return th.warpgroup != 1;
 }
+
+// Split-K clusters of two: the cluster's CTAs computed the two splits of one tile, rank r split r. The partner
+// (rank 1) writes its sums into the leader's shared memory with st.async, which completes their bytes on the
+// leader's barrier (no fence); the leader (rank 0, the first K split) adds them to its own, as the global-memory
+// path adds its pieces (so the result is bit for bit the same), tells the partner its buffer is free again, and
+// stores the tile. Per math warpgroup (its row group), so a warpgroup without valid rows, which skips the tile in
+// both CTAs, takes no part.
+template <class T> struct ClusterSplit {
+  static_assert(!T::kSplitCluster || T::kSplitK == 2, "split-K clusters: two splits (one partner buffer)");
+  static constexpr uint32_t kPartial = T::WG_M * T::BLOCK_N;  // floats per row group
+  const SharedStorage<T>& smem;
+  const MathThread& th;
+  uint32_t rank;
+  uint32_t rounds = 0;  // split tiles this warpgroup met so far: the phase of its barriers
+
+  static __device__ __forceinline__ uint32_t at(uint32_t ms, uint32_t ns, uint32_t j) {
+    return ((ms * T::kNumNSub + ns) * T::kAccPerSub + j) * 128;
+  }
+  __device__ __forceinline__ uint32_t group() const { return T::kInterleaveK ? 0 : th.warpgroup; }
+  __device__ __forceinline__ uint64_t* sums_in() const { return smem.split_bar + group(); }       // on the leader
+  __device__ __forceinline__ uint64_t* sums_read() const { return smem.split_bar + 2 + group(); }  // on the partner
+  __device__ __forceinline__ float* sums() const { return smem.split_sums + group() * kPartial + th.tid; }
+
+  // The barriers, by the thread that initialises the CTA's (before the cluster's first sync).
+  static __device__ __forceinline__ void init(const SharedStorage<T>& smem) {
+#pragma unroll
+    for (uint32_t g = 0; g < T::kRowGroups; ++g) {
+      mbarrier_init(smem.split_bar + g, 1);      // the leader's expect_tx; the partner's bytes complete it
+      mbarrier_init(smem.split_bar + 2 + g, 4);  // each leader warp arrives once
+    }
+  }
+
+  // Meets the tile's other split; returns whether this CTA (the leader) holds the tile's sums in `acc`.
+  __device__ __forceinline__ bool meet(typename T::TileAcc& acc) {
+    const uint32_t parity = rounds & 1;
+    ++rounds;
+    float* mine = sums();
+    if (rank != 0) {
+      if (rounds > 1) mbarrier_wait(sums_read(), parity ^ 1);  // the leader read the previous tile's sums
+      const uint32_t dst = cluster_smem_addr(mine, 0), bar = cluster_smem_addr(sums_in(), 0);
+#pragma unroll
+      for (uint32_t ms = 0; ms < T::kNumMSub; ++ms)
+#pragma unroll
+        for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
+#pragma unroll
+          for (uint32_t j = 0; j < T::kAccPerSub; ++j) st_async_f32(dst + 4 * at(ms, ns, j), acc[ms][ns][j], bar);
+      return false;
+    }
+    if (th.tid == 0) mbarrier_arrive_expect_tx(sums_in(), kPartial * 4);
+    mbarrier_wait(sums_in(), parity);
+#pragma unroll
+    for (uint32_t ms = 0; ms < T::kNumMSub; ++ms)
+#pragma unroll
+      for (uint32_t ns = 0; ns < T::kNumNSub; ++ns)
+#pragma unroll
+        for (uint32_t j = 0; j < T::kAccPerSub; ++j) acc[ms][ns][j] = (0.f + acc[ms][ns][j]) + mine[at(ms, ns, j)];
+    __syncwarp();
+    if (th.lane == 0) mbarrier_arrive_cluster(sums_read(), 1);  // our reads are done (CTA-scope release suffices)
+    return true;
+  }
+
+  // The partner stays until the leader has read its last sums (their barrier is in its shared memory).
+  __device__ __forceinline__ void finish() const {
+    if (rank != 0 && rounds > 0) mbarrier_wait(sums_read(), (rounds - 1) & 1);
+  }
+};
 
 // K splits and stream-K pieces. Each CTA's sums go to global memory register by register, each a coalesced
 // 128-float row over the warpgroup's threads (four-register vector stores would pin the accumulators to aligned

@@ -45,14 +45,18 @@ constexpr uint32_t kWholeUnit = ~0u;
 // kSides (side-aware weights, l2_sides.cuh): the n units are cut into two halves, and this cluster runs the units of
 // its half with the half's other clusters (its SideWork), as if the half were the whole GEMM.
 template <int kKind, uint32_t SHAPE_N, uint32_t BLOCK_M, uint32_t BLOCK_N, uint32_t kRasterN, int kMulticast,
-          uint32_t kSplitK, bool kStreamK, uint32_t kNumKBlocks, bool kWarpWide, bool kSides = false>
+          uint32_t kSplitK, bool kStreamK, uint32_t kNumKBlocks, bool kWarpWide, bool kSides = false,
+          bool kSplitCluster = false>
 struct TileScheduler {
   static_assert(kSplitK == 1 || kKind == kNormal, "split-K across CTAs: normal GEMMs only");
   static_assert(!kSides || !kStreamK, "side-aware: no stream-K tail");
   static_assert(!kStreamK || (kSplitK == 1 && kKind != kGroupedContiguous), "stream-K tail: normal or masked");
   static constexpr uint32_t kMaxSplit = 8;  // pieces per tail unit, at most (the last one reads them all back)
   static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
-  static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
+  static constexpr uint32_t kCluster = kMulticast ? 2 : kSplitCluster ? kSplitK : 1;
+  // Units a cluster takes at once: split-K clusters take a tile's kSplitK units (unit = tile * kSplitK + split),
+  // rank r its split r.
+  static constexpr uint32_t kClusterUnits = kSplitCluster ? kSplitK : 1;
   // Scheduling units along N and (for kMulticast == 2) M: a unit is a pair of blocks when clustered.
   static constexpr uint32_t kNumNUnits = kMulticast == 1 ? kNumNBlocks / 2 : kNumNBlocks;
   static constexpr uint32_t kNotLoaded = ~0u;
@@ -69,7 +73,7 @@ struct TileScheduler {
   bool on_second_half = false;
 
   uint32_t rank;  // this CTA's place in its cluster
-  uint32_t stride;  // clusters in the grid (side-aware: in this cluster's half)
+  uint32_t stride;  // units one round of the grid takes: its clusters (side-aware: its half's) times kClusterUnits
   // Side-aware: this cluster's half of the n units. Read as (kSides ? side_n_units : kNumNUnits) where used: behind
   // a member function the grouped kinds' code changes under NVRTC (cuda_src/README.md, "Changing the kernel").
   uint32_t side_n_unit_begin = 0, side_n_units = 0;
@@ -82,10 +86,12 @@ struct TileScheduler {
   // With kStreamK all 32 lanes of the warp construct it (masked: they sum the groups' units together).
   __device__ __forceinline__ TileScheduler(uint32_t shape_m_, uint32_t num_groups_, const int* layout,
                                            const SideWork& side = SideWork{})
-      : shape_m(shape_m_), num_groups(num_groups_), grouped_layout(layout), next_tile(blockIdx.x / kCluster),
-        rank(kMulticast ? cluster_cta_rank() : 0), stride(gridDim.x / kCluster) {
+      : shape_m(shape_m_), num_groups(num_groups_), grouped_layout(layout),
+        rank(kCluster > 1 ? cluster_cta_rank() : 0) {
+    next_tile = blockIdx.x / kCluster * kClusterUnits + (kSplitCluster ? rank : 0);
+    stride = gridDim.x / kCluster * kClusterUnits;
     if constexpr (kSides) {
-      next_tile = side.index, stride = side.clusters;
+      next_tile = side.index * kClusterUnits + (kSplitCluster ? rank : 0), stride = side.clusters * kClusterUnits;
       side_n_unit_begin = side.n_unit_begin, side_n_units = side.n_units;
     }
     if constexpr (kStreamK) plan_tail(total_units());

@@ -91,12 +91,28 @@ def smem_per_stage(block_m: int, block_n: int) -> int:
     return block_m * BLOCK_K + block_n * BLOCK_K + round_up(block_m * 4, 128)
 
 
-def smem_bytes(block_m: int, block_n: int, stages: int, interleave_k: bool = False) -> int:
+def cluster_size(cfg: GemmConfig) -> int:
+    """CTAs per cluster: a multicast pair, a tile's K splits (split_cluster), else 1 (no cluster)."""
+    if cfg.multicast:
+        return 2
+    return cfg.split_k if cfg.split_cluster else 1
+
+
+def cluster_split_bytes(block_m: int, block_n: int) -> int:
+    """Shared memory of a split-K cluster's CTA besides the stages: two barriers per row group (32 bytes) and one
+    partial tile of FP32 sums (KernelTraits::SMEM_CLUSTER_SPLIT)."""
+    return 32 + block_m * block_n * 4
+
+
+def smem_bytes(block_m: int, block_n: int, stages: int, interleave_k: bool = False,
+               split_cluster: bool = False) -> int:
     """Dynamic shared memory per CTA: the BF16 output tile (1024-byte aligned for its swizzle), the stages, their
-    barriers and, with interleaved K, the hand-off of one warpgroup's accumulators (one float per register)."""
+    barriers, with interleaved K the hand-off of one warpgroup's accumulators (one float per register), and in a
+    split-K cluster its partial tile (:func:`cluster_split_bytes`). Side-aware kernels add SIDE_SMEM_BYTES."""
     d = round_up(block_m * block_n * 2, 1024)
     handoff = block_n * 256 if interleave_k else 0
-    return d + stages * smem_per_stage(block_m, block_n) + stages * _STAGE_BARRIER_BYTES + handoff
+    split = cluster_split_bytes(block_m, block_n) if split_cluster else 0
+    return d + stages * smem_per_stage(block_m, block_n) + stages * _STAGE_BARRIER_BYTES + handoff + split
 
 
 # --- template constants -------------------------------------------------------------------------------------------
@@ -128,8 +144,8 @@ def defines(cfg: GemmConfig, pdl: bool = False) -> dict[str, object]:
         "CUPYGEMM_SPLIT_K": cfg.split_k,
         "CUPYGEMM_STREAM_K": int(cfg.stream_k),
         "CUPYGEMM_A_BOX_M": a_box_rows(cfg.kind, cfg.block_m, cfg.multicast),
-        "CUPYGEMM_CLUSTER_ATTR": "__cluster_dims__(2, 1, 1)" if cfg.multicast else "",
-    }
+        "CUPYGEMM_CLUSTER_ATTR": f"__cluster_dims__({cluster_size(cfg)}, 1, 1)" if cluster_size(cfg) > 1 else "",
+    } | ({"CUPYGEMM_SPLIT_CLUSTER": 1} if cfg.split_cluster else {})
 
 
 # --- per-problem launch values ------------------------------------------------------------------------------------
@@ -212,9 +228,10 @@ def sfa_m_pad(m: int) -> int:
 
 
 def grid(cfg: GemmConfig, max_clusters: int) -> int:
-    """CTAs to launch: the config's persistent grid, with multicast at most the 2-CTA clusters that fit at once
-    (clusters sit within one GPC, so GPCs with an odd number of free SMs leave one idle)."""
-    return cfg.num_sms if not cfg.multicast else min(cfg.num_sms, 2 * max_clusters)
+    """CTAs to launch: the config's persistent grid, with clusters at most those that fit at once (clusters sit
+    within one GPC, so GPCs whose free SMs are not a multiple of the cluster size leave some idle)."""
+    size = cluster_size(cfg)
+    return cfg.num_sms if size == 1 else min(cfg.num_sms, size * max_clusters)
 
 
 #: The kernel indexes the split-K scratch with 32-bit offsets: at most this many floats (4 GiB).
@@ -231,7 +248,7 @@ def scratch_sizes(cfg: GemmConfig, m: int) -> tuple[int, int]:
     tickets = SIDE_TICKET_COUNTERS if cfg.sides else 0
     if cfg.stream_k:
         return cfg.num_sms * cfg.block_m * cfg.block_n, cfg.num_sms * cfg.num_math_wg
-    if cfg.split_k <= 1:
+    if cfg.split_k <= 1 or cfg.split_cluster:  # split-K clusters meet in shared memory
         return 0, tickets
     tiles = ceil_div(m, cfg.block_m) * ceil_div(cfg.shape_n, cfg.block_n)
     n_partials = tiles * cfg.split_k * cfg.block_m * cfg.block_n
@@ -257,7 +274,8 @@ def side_unit_tiles(cfg: GemmConfig, m: int, num_groups: int) -> int:
     """Tiles per n unit of a side-aware launch on ``m`` rows (masked: max_m per group, so an upper bound): its m
     units times the split-K factor, over every group of a masked GEMM."""
     m_units = ceil_div(m, cfg.block_m) // (2 if cfg.multicast == 2 else 1)
-    return max(1, m_units) * cfg.split_k * (num_groups if cfg.kind == KIND_MASKED else 1)
+    splits = 1 if cfg.split_cluster else cfg.split_k  # a split-K cluster takes a tile's splits at once
+    return max(1, m_units) * splits * (num_groups if cfg.kind == KIND_MASKED else 1)
 
 
 def side_clusters0(cfg: GemmConfig, grid: int, sms_side0: int, num_sms: int, unit_tiles: int) -> int:
@@ -266,7 +284,7 @@ def side_clusters0(cfg: GemmConfig, grid: int, sms_side0: int, num_sms: int, uni
     tiles runs twice as long (on an H100 with 70 + 62 SMs per side, 62 CTAs for a half of 64 tiles doubled the
     kernel's time, benchmarks/NOTES.md 30c). Then as close to the launch's share of side-0 SMs as that allows, so
     that most clusters run on their own side. ``unit_tiles``: :func:`side_unit_tiles`."""
-    clusters = grid // (2 if cfg.multicast else 1)
+    clusters = grid // cluster_size(cfg)
     if clusters < 2:
         return 1
     tiles0, tiles1 = (u * unit_tiles for u in side_units(cfg))

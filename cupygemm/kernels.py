@@ -38,7 +38,8 @@ class _LaunchConfig(ctypes.Structure):
 
 
 def max_active_clusters(kernel: LoadedKernel, cfg: GemmConfig) -> int:
-    """How many 2-CTA clusters of this kernel fit on the GPU at once (cuOccupancyMaxActiveClusters).
+    """How many clusters of this kernel (contract.cluster_size CTAs) fit on the GPU at once
+    (cuOccupancyMaxActiveClusters).
 
     Clusters must sit within one GPC; GPCs with an odd number of free SMs leave one idle, so a persistent
     grid of num_sms CTAs may not be co-resident. Returns 0 when the driver cannot tell.
@@ -68,9 +69,9 @@ def get_gemm_kernel(cfg: GemmConfig, device_id: int, pdl: bool = False) -> Loade
         k.ensure_dynamic_smem(cfg.smem_bytes)
         if k.launcher is None:
             k.launcher = make_launcher(k.function, contract.GEMM_PARAMS_SIDES if cfg.sides else contract.GEMM_PARAMS)
-        if cfg.multicast and not k.max_clusters:
+        if contract.cluster_size(cfg) > 1 and not k.max_clusters:
             with relaxed_capture():
-                k.max_clusters = max_active_clusters(k, cfg) or cfg.num_sms // 2
+                k.max_clusters = max_active_clusters(k, cfg) or cfg.num_sms // contract.cluster_size(cfg)
         with _lock:
             _by_config[key] = k
     return k

@@ -28,11 +28,13 @@ def test_seed_configs_are_legal(cfg):
     assert cfg.block_n % cfg.wgmma_n == 0
     assert 1 <= cfg.num_stages <= (12 if cfg.interleave_k else 8)
     assert cfg.smem_bytes + 1024 <= C.SM90_MAX_SMEM_PER_BLOCK
-    assert cfg.smem_bytes == contract.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages, cfg.interleave_k)
+    assert cfg.smem_bytes == contract.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages, cfg.interleave_k,
+                                                 cfg.split_cluster)
     # More stages would not fit (the model fills shared memory), unless already at a cap: 8, 12 for interleaved-K tiles of
     # up to 64 K blocks, one tile's K blocks (3 or more) when CTAs run several tiles.
     step = 2 if cfg.interleave_k else 1  # interleaved-K stage counts are even
-    if contract.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + step, cfg.interleave_k) + 1024 <= 232448:
+    if contract.smem_bytes(cfg.block_m, cfg.block_n, cfg.num_stages + step, cfg.interleave_k,
+                           cfg.split_cluster) + 1024 <= 232448:
         k_blocks = -(-cfg.shape_k // 128) // cfg.split_k
         assert cfg.num_stages in (8, 12 if cfg.interleave_k and k_blocks <= 64 else 8, max(k_blocks, 3))
     assert 1 <= cfg.num_sms <= 132
@@ -285,7 +287,7 @@ def test_split_k_override_grid_and_scratch():
     tile per unit and one counter per tile and row group."""
     from cupygemm.contract import scratch_sizes
 
-    C.override_config("normal", 2112, 7168, block_m=64, block_n=128, split_k=4)
+    C.override_config("normal", 2112, 7168, block_m=64, block_n=128, split_k=4, split_cluster=False)
     try:
         cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
     finally:
@@ -298,6 +300,40 @@ def test_split_k_override_grid_and_scratch():
     assert scratch_sizes(dataclasses.replace(cfg, split_k=1), 64) == (0, 0)
     with pytest.raises(ValueError, match="smaller split_k"):  # 32-bit scratch offsets: refused before any launch
         scratch_sizes(cfg, 1 << 22)
+
+
+def test_split_k_clusters():
+    """Split-K picks of two splits whose units all run in one round meet as 2-CTA clusters: the grid a multiple of
+    two, no global scratch, a partial tile of shared memory more, as many stages; three splits, a forced smaller grid
+    (whole clusters, several tiles each) or forced off as asked; make_config refuses what the kernel cannot run."""
+    from cupygemm.contract import cluster_size, grid, scratch_sizes
+
+    packed = C.side_aware_config(C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132, sides=True), 132)
+    assert packed.split_cluster and packed.split_k == 2 and cluster_size(packed) == 2 and packed.num_sms == 132
+    assert "one cluster per tile" in packed.describe()
+    assert scratch_sizes(packed, 64) == (0, contract.SIDE_TICKET_COUNTERS)
+    assert contract.side_unit_tiles(packed, 64, 1) == 1  # a cluster takes a tile's splits at once
+    assert contract.side_unit_tiles(dataclasses.replace(packed, split_cluster=False), 64, 1) == 2
+    plain = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
+    assert plain.split_k == 3 and not plain.split_cluster and cluster_size(plain) == 1
+    C.override_config("normal", 2112, 7168, block_m=64, block_n=32, split_k=2)
+    try:
+        two = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
+        assert two.split_cluster and two.num_sms == 132 and scratch_sizes(two, 64) == (0, 0)
+        assert two.smem_bytes == contract.smem_bytes(64, 32, two.num_stages, two.interleave_k) + 32 + 64 * 32 * 4
+        assert grid(two, 60) == 120 and grid(two, 66) == 132  # whole clusters that fit at once
+        C.override_config("normal", 2112, 7168, block_m=64, block_n=32, split_k=2, num_sms=67)
+        small = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
+        assert small.split_cluster and small.num_sms == 66
+        C.override_config("normal", 2112, 7168, block_m=64, block_n=32, split_k=2, split_cluster=False)
+        assert not C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132).split_cluster
+    finally:
+        C.override_config("normal", 2112, 7168)
+    for bad in (dict(split_k=1), dict(split_k=3), dict(split_k=2, multicast=1), dict(split_k=2, stream_k=True)):
+        with pytest.raises(ValueError, match="split_cluster"):
+            C.make_config("normal", 2112, 7168, 64, 48, 132, split_cluster=True, **bad)
+    with pytest.raises(ValueError, match="multiple"):
+        C.make_config("normal", 2112, 7168, 64, 48, 131, split_k=2, split_cluster=True)
 
 
 def test_split_k_extent_is_the_largest_split():

@@ -1,6 +1,7 @@
 """The GEMM kernel's host contract (cupygemm/contract.py) against the kernel source and the configs."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -46,6 +47,12 @@ def test_defines_are_the_kernel_contract_keys():
         "CUPYGEMM_SWIZZLE_D", "CUPYGEMM_RASTER_N", "CUPYGEMM_KIND", "CUPYGEMM_MULTICAST", "CUPYGEMM_INTERLEAVE_K",
         "CUPYGEMM_SERIAL_M", "CUPYGEMM_SPLIT_K", "CUPYGEMM_STREAM_K", "CUPYGEMM_A_BOX_M", "CUPYGEMM_CLUSTER_ATTR"]
     assert cfg.split_k > 1 and d["CUPYGEMM_SPLIT_K"] == cfg.split_k and d["CUPYGEMM_INTERLEAVE_K"] == 0
+    # Split-K clusters add their flag (last, so other kernels keep their sources) and launch 2-CTA clusters.
+    two = C.make_config("normal", 2112, 7168, 64, 32, 132, split_k=2, split_cluster=True)
+    dt = contract.defines(two)
+    assert list(dt)[-1] == "CUPYGEMM_SPLIT_CLUSTER" and dt["CUPYGEMM_SPLIT_CLUSTER"] == 1
+    assert dt["CUPYGEMM_CLUSTER_ATTR"] == "__cluster_dims__(2, 1, 1)"
+    assert "CUPYGEMM_SPLIT_CLUSTER" not in contract.defines(dataclasses.replace(two, split_cluster=False))
     inter = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
     assert inter.interleave_k and contract.defines(inter)["CUPYGEMM_INTERLEAVE_K"] == 1
     assert contract.defines(inter)["CUPYGEMM_SPLIT_K"] == 1

@@ -157,6 +157,23 @@ def test_dense_packed_matches_plain(info, m, n, k):
         assert cp.array_equal(out.view(cp.uint16), plain.view(cp.uint16))
 
 
+def test_packed_split_k_clusters_match(info):
+    """Packed weights on split-K tiles (64x2112x7168: 64x32 split 2 on interleaved K) met as clusters and met in
+    global memory: bit for bit the plain kernel's output, launch after launch."""
+    m, n, k = 64, 2112, 7168
+    a, sfa_mn, packed, plain = packed_case(m, n, k)
+    assert plan_gemm(C.KIND_NORMAL, m, n, k, 1, cp.cuda.runtime.getDevice(), sides=True).cfg.split_cluster
+    for split_cluster in (True, False):
+        C.override_config("normal", n, k, split_cluster=split_cluster)
+        try:
+            for _ in range(2):
+                out = poison_bf16((m, n))
+                cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), packed, out)
+                assert cp.array_equal(out.view(cp.uint16), plain.view(cp.uint16)), split_cluster
+        finally:
+            C.override_config("normal", n, k)
+
+
 def test_uneven_sides_split_the_halves_by_work(info, monkeypatch):
     """On a GPU whose sides hold different SM counts (H100s measured 62 + 70), each half of N still gets the clusters
     its tiles need (contract.side_clusters0), and the result stays the plain kernel's bit for bit."""

@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Iterable, Iterator, NamedTuple
 
-from .. import env
+from .. import contract, env
 from ..util import ceil_div
 from .constants import (BLOCK_K, KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, SM90_MAX_SMEM_PER_BLOCK,
                         STREAM_K_KINDS, THREE_WG_BLOCK_M, kind_id)
@@ -40,6 +40,10 @@ MIN_SPLIT_K_BLOCKS = 8
 # split 2 (H100, B first to evict; NOTES.md 30).
 SIDE_CHUNK_ROWS = 32
 SIDE_SPLIT_K_BLOCK_N = 32
+# Split-K tiles that all run in one round (the rule's always do) meet as clusters: a tile's splits are one cluster,
+# whose partners hand their sums to the leader through distributed shared memory rather than global memory
+# (cuda_src/reduction.cuh, ClusterSplit; benchmarks/NOTES.md 31).
+SPLIT_CLUSTER_DEFAULT = True
 
 #: Rows per memo class: see m_class.
 M_CLASS_ROWS = 64
@@ -206,6 +210,14 @@ def _interleave_k(p: Problem, c: Candidate, est: Estimate, fields: dict) -> bool
             and interleave_k_pays(c.block_m, c.block_n, split_k_extent(p.k, c.split_k), est.waves))
 
 
+def _split_cluster(c: Candidate, est: Estimate, grid: int) -> bool:
+    """Whether a split-K pick runs as clusters (SPLIT_CLUSTER_DEFAULT): two splits, every unit in one round, no
+    multicast. (Clusters of three or four splits did not all fit at once on an H100: 42 of 44 clusters of three,
+    so the kernel took two rounds, 64x2112x7168 18 us against 11.1; benchmarks/NOTES.md 31.)"""
+    return (SPLIT_CLUSTER_DEFAULT and c.split_k == 2 and not c.multicast and not c.stream_k and grid == est.tiles
+            and grid % 2 == 0)
+
+
 def fewest_ctas_for_rounds(tiles: int, grid: int, cluster: int) -> int:
     """The smallest grid (whole clusters) that runs ``tiles`` in as many rounds as ``grid`` CTAs do. Normal GEMMs
     launch that many: where the last round is partly filled, fewer CTAs with full rounds measured 0.5-1.8 % faster
@@ -263,12 +275,28 @@ def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int
     # 6. Interleaved K where the tile is in its measured regime.
     interleave = _interleave_k(p, pick, est, fields)
     # 7. Build it on the grid, with as many stages as fit (capped by the rounds each CTA runs).
-    cfg = make_config(kind, n, k, pick.block_m, pick.block_n, num_sms=_grid(p, pick, est), smem_limit=smem_limit,
-                      wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
-                      raster_n=fields.get("raster_n"), multicast=pick.multicast, interleave_k=interleave,
-                      serial_m=pick.serial_m, split_k=pick.split_k, stream_k=pick.stream_k, tile_rounds=est.waves)
+    grid = _grid(p, pick, est)
+
+    def build(split_cluster: bool) -> GemmConfig:
+        return make_config(kind, n, k, pick.block_m, pick.block_n, num_sms=grid, smem_limit=smem_limit,
+                           wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
+                           raster_n=fields.get("raster_n"), multicast=pick.multicast, interleave_k=interleave,
+                           serial_m=pick.serial_m, split_k=pick.split_k, stream_k=pick.stream_k,
+                           tile_rounds=est.waves, split_cluster=split_cluster)
+
+    if "split_cluster" in fields:
+        cfg = build(fields["split_cluster"])
+    else:
+        cfg = build(False)
+        if _split_cluster(pick, est, grid):  # unless its partial tile would cost pipeline stages
+            try:
+                clustered = build(True)
+            except ValueError:
+                clustered = None
+            if clustered is not None and clustered.num_stages == cfg.num_stages:
+                cfg = clustered
     if "num_sms" in fields:
-        cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - (fields["num_sms"] % 2 if pick.multicast else 0))
+        cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - fields["num_sms"] % contract.cluster_size(cfg))
     return cfg, est
 
 

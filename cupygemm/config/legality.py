@@ -38,6 +38,7 @@ class GemmConfig:
     split_k: int = 1  # normal GEMMs: each tile's K blocks split over this many CTAs (FP32 partials, last one reduces)
     stream_k: bool = False  # the last round's tiles split along K over the idle CTAs (normal, masked)
     sides: bool = False  # L2-side-aware: B packed (cupygemm.packing), each half of N on the SMs of its L2 side
+    split_cluster: bool = False  # split-K: a tile's splits run as one cluster and meet in shared memory
 
     @property
     def threads(self) -> int:
@@ -63,6 +64,7 @@ class GemmConfig:
                 f"{'K interleaved over 2 WG, ' if self.interleave_k else ''}"
                 f"{'serial m64 sub-tiles, ' if self.serial_m else ''}"
                 f"{f'split-K over {self.split_k} CTAs, ' if self.split_k > 1 else ''}"
+                f"{'one cluster per tile, ' if self.split_cluster else ''}"
                 f"{'stream-K tail, ' if self.stream_k else ''}"
                 f"{'L2-side-aware B, ' if self.sides else ''}"
                 f"grid {self.num_sms}, "
@@ -151,7 +153,7 @@ def default_raster_n(multicast: int) -> int:
 
 
 def stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, interleave_k: bool = False,
-               tile_rounds: int = 1) -> int:
+               tile_rounds: int = 1, split_cluster: bool = False) -> int:
     """The most pipeline stages that fit in shared memory, within the caps of :mod:`.constants`; ``num_k_blocks``: the
     K blocks one tile (or split-K unit) sums, ``tile_rounds``: the tiles each CTA runs."""
     budget = smem_limit - STATIC_SMEM
@@ -161,7 +163,7 @@ def stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, i
         cap = min(cap, max(num_k_blocks, MIN_STAGES_MULTI_TILE))
     step = 2 if interleave_k else 1  # an even count: see make_config
     for s in range(cap - cap % step, 0, -step):
-        if contract.smem_bytes(block_m, block_n, s, interleave_k) <= budget:
+        if contract.smem_bytes(block_m, block_n, s, interleave_k, split_cluster) <= budget:
             return s
     return 0
 
@@ -170,7 +172,7 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
                 num_stages: int | None = None, raster_n: int | None = None, multicast: int = 0,
                 interleave_k: bool = False, serial_m: bool = False, split_k: int = 1, stream_k: bool = False,
-                tile_rounds: int = 1, sides: bool = False) -> GemmConfig:
+                tile_rounds: int = 1, sides: bool = False, split_cluster: bool = False) -> GemmConfig:
     """Build (and check) a config for explicit block sizes; ValueError names the rule a combination breaks.
 
     ``tile_rounds``: the tiles each CTA runs (the model's waves), which caps the default stage count (see
@@ -200,18 +202,25 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
                          f"wgmma; got block {block_m}x{block_n}, wgmma_n={wn}")
     if sides and stream_k:
         raise ValueError("sides (L2-side-aware B) has no stream-K tail: pass stream_k=False")
-    # Side-aware kernels keep their side ticket and page bits after the stages.
+    # Side-aware kernels keep their side ticket and page bits after the stages, split-K clusters a partial tile.
+    split_cluster = bool(split_cluster)
+    if split_cluster and not (split_k == 2 and kind == KIND_NORMAL and not multicast and not stream_k):
+        raise ValueError(f"split_cluster needs a normal GEMM with split_k=2, no multicast and no stream_k; got "
+                         f"split_k={split_k}, multicast={multicast}, stream_k={stream_k}")
+    if split_cluster and num_sms % split_k:
+        raise ValueError(f"split_cluster launches whole clusters of split_k={split_k} CTAs: the grid ({num_sms}) must "
+                         f"be a multiple of it")
     ticket = contract.SIDE_SMEM_BYTES if sides else 0
     stages = (num_stages if num_stages is not None else
               stages_for(block_m, block_n, ceil_div(num_k_blocks, split_k), smem_limit - ticket, interleave,
-                         tile_rounds))
+                         tile_rounds, split_cluster))
     if interleave and stages % 2:
         # The warpgroups take alternate K blocks, so with an odd count each stage alternates between them, and a
         # warpgroup's parity wait two phases on passes while the other's phase in between is still loading: the
         # kernel reads a stage being written and crashes (masked 8x16x4096x7168 on 64x128 tiles with 7 stages,
         # benchmarks/NOTES.md section 23e). With an even count every stage belongs to one warpgroup.
         raise ValueError(f"interleave_k needs an even num_stages, got {stages}")
-    smem = contract.smem_bytes(block_m, block_n, stages, interleave) + ticket
+    smem = contract.smem_bytes(block_m, block_n, stages, interleave, split_cluster) + ticket
     if stages < 1 or smem + STATIC_SMEM > smem_limit:
         raise ValueError(f"block {block_m}x{block_n} with {stages} stages does not fit in {smem_limit} B of shared memory")
     if multicast not in (0, 1, 2):
@@ -235,6 +244,7 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
         num_math_wg=contract.math_warpgroups(block_m, interleave), swizzle_d=output_swizzle(block_n),
         raster_n=raster_n, num_sms=num_sms, smem_bytes=smem, multicast=multicast, interleave_k=interleave,
         serial_m=bool(serial_m), split_k=split_k, stream_k=bool(stream_k), sides=bool(sides),
+        split_cluster=split_cluster,
     )
 
 
@@ -243,7 +253,8 @@ def side_aware_config(cfg: GemmConfig, num_sms: int, smem_limit: int = SM90_MAX_
     SM (each cluster takes a ticket for its SMs' side, so all of them must be launched), without a stream-K tail;
     the same stages unless the side ticket and page bits (1 KiB) no longer fit beside them."""
     kw = dict(wgmma_n=cfg.wgmma_n, raster_n=cfg.raster_n, multicast=cfg.multicast, interleave_k=cfg.interleave_k,
-              serial_m=cfg.serial_m, split_k=cfg.split_k, sides=True)
+              serial_m=cfg.serial_m, split_k=cfg.split_k, sides=True, split_cluster=cfg.split_cluster)
+    num_sms -= num_sms % contract.cluster_size(cfg)  # whole clusters
     try:
         return make_config(cfg.kind, cfg.shape_n, cfg.shape_k, cfg.block_m, cfg.block_n, num_sms, smem_limit,
                            num_stages=cfg.num_stages, **kw)
