@@ -180,8 +180,8 @@ def test_stream_k_tail_variants(bm, bn, extra, m, n, k):
     (64, 2112, 7168, dict(block_m=64, block_n=32, split_k=2, interleave_k=True)),
     (128, 2112, 7168, dict(block_m=128, block_n=32, split_k=2)),
     (100, 1280, 4096, dict(block_m=64, block_n=32, split_k=2, interleave_k=True)),
-    (64, 1280, 1408, dict(block_m=64, block_n=128, split_k=2)),
-    (300, 1280, 1408, dict(block_m=128, block_n=128, split_k=2, num_sms=12)),
+    (64, 1280, 1408, dict(block_m=64, block_n=64, split_k=2)),
+    (300, 1280, 1408, dict(block_m=128, block_n=64, split_k=2, num_sms=12)),
 ])
 def test_split_k_clusters_match_global_memory(m, n, k, fields):
     """Split-K clusters (a tile's two splits as one cluster, met in the leader's shared memory) give bit-identical
