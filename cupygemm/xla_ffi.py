@@ -308,7 +308,7 @@ class FfiHandler:
         self._apis: dict[int, _BoundApi] = {}
         self._tls = threading.local()  # per-thread argument structs: XLA may call from several threads
         self.handshakes = 0
-        self._executes: list[list[int]] = []  # per calling thread, its execute calls that reached a launch
+        self.executes = 0  # execute calls that reached a launch (approximate under threads): shows graph replay
         self.profile: list[int] | None = None  # set to [] to collect each call's host time in ns (benchmarks)
         self.trace: list[tuple[int, tuple[int, ...]]] | None = None  # set to [] to collect (entry id, pointers)
         # set to [] to collect, per call, the ns from entry to: frame read, stream known, launch queued
@@ -316,13 +316,6 @@ class FfiHandler:
         self._t0 = 0
         self._cfunc = HANDLER_FN(self._call)  # the ctypes callback object must outlive every XLA call
         self.address: int = ctypes.cast(self._cfunc, ctypes.c_void_p).value
-
-    @property
-    def executes(self) -> int:
-        """Execute calls that reached a launch, over every thread XLA called from: shows graph replay (a replayed
-        CUDA graph launches without calling the handler)."""
-        with self._lock:
-            return sum(c[0] for c in self._executes)
 
     def add(self, entry: FfiEntry) -> int:
         """Register an entry; returns its id (the ``entry_id`` attribute of the FFI call). Ids are never reused,
@@ -418,12 +411,7 @@ class FfiHandler:
             if launch is None:
                 raise ValueError(f"{entry.name}: no kernel was planned for XLA device "
                                  f"{self._device_ordinal(bound, ctx)} (planned: {sorted(entry.launches)})")
-        count = getattr(self._tls, "executes", None)
-        if count is None:  # a thread's first call: one lock, then its own counter (no lost updates, no lock per call)
-            count = self._tls.executes = [0]
-            with self._lock:
-                self._executes.append(count)
-        count[0] += 1
+        self.executes += 1
         if self.trace is not None:
             self.trace.append((entry_id, tuple(ptrs)))
         if parts is None:
