@@ -124,7 +124,7 @@ struct KernelTraits {
   static constexpr uint32_t SMEM_SFA = round_up(BLOCK_M * 4u, 128u);
   static constexpr uint32_t kStageTxBytesNoA = SMEM_B + BLOCK_M * 4;  // plus the A boxes loaded for the tile
   static constexpr uint32_t SMEM_HANDOFF = kInterleaveK ? BLOCK_N * 256 : 0;
-  // Split-K clusters: two barriers per row group, then one partial tile of FP32 sums (ClusterSplit).
+  // Split-K clusters: four barriers (two per row group), then one partial tile of FP32 sums (ClusterSplit).
   static constexpr uint32_t SMEM_CLUSTER_SPLIT = kSplitCluster ? 32 + BLOCK_M * BLOCK_N * 4 : 0;
   // Side-aware: the cluster's ticket (half, index), the barrier of the page bits' load, the page bits.
   static constexpr uint32_t SMEM_SIDES = kSides ? 16 + kMaxPageWords * 4 : 0;
@@ -173,8 +173,8 @@ template <class T> struct SharedStorage {
   uint64_t* full_bar;
   uint64_t* empty_bar;
   float* handoff;
-  uint64_t* split_bar;  // [2][kRowGroups]: the leader's "partners' sums are in", a partner's "the leader read them"
-  float* split_sums;    // a partner's partial tile, [kRowGroups][WG_M * BLOCK_N]
+  uint64_t* split_bar;  // [2][2 row groups]: the leader's "the partner's sums are in", the partner's "read them"
+  float* split_sums;    // on the leader, the partner's partial tile: [kRowGroups][WG_M * BLOCK_N]
   uint32_t* ticket;
   uint64_t* page_bar;
   uint32_t* page_bits;

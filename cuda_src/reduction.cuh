@@ -91,7 +91,7 @@ template <class T> struct ClusterSplit {
     return true;
   }
 
-  // The partner stays until the leader has read its last sums (their barrier is in its shared memory).
+  // The partner stays until the leader has read its last sums: the leader's arrive lands in its shared memory.
   __device__ __forceinline__ void finish() const {
     if (rank != 0 && rounds > 0) mbarrier_wait(sums_read(), (rounds - 1) & 1);
   }

@@ -40,9 +40,9 @@ MIN_SPLIT_K_BLOCKS = 8
 # split 2 (H100, B first to evict; NOTES.md 30).
 SIDE_CHUNK_ROWS = 32
 SIDE_SPLIT_K_BLOCK_N = 32
-# Split-K tiles that all run in one round (the rule's always do) meet as clusters: a tile's splits are one cluster,
-# whose partners hand their sums to the leader through distributed shared memory rather than global memory
-# (cuda_src/reduction.cuh, ClusterSplit; benchmarks/NOTES.md 31).
+# Split-K tiles of two splits that all run in one round meet as 2-CTA clusters: the partner writes its sums into the
+# leader's shared memory rather than global memory (cuda_src/reduction.cuh, ClusterSplit). Packed 64x2112x7168 on
+# an H100: 10.6 -> 10.2-10.3 us; 32x2112x7168 11.5 -> 10.9 (benchmarks/NOTES.md 31e).
 SPLIT_CLUSTER_DEFAULT = True
 
 #: Rows per memo class: see m_class.
@@ -214,8 +214,7 @@ def _split_cluster(c: Candidate, est: Estimate, grid: int) -> bool:
     """Whether a split-K pick runs as clusters (SPLIT_CLUSTER_DEFAULT): two splits, every unit in one round, no
     multicast. (Clusters of three or four splits did not all fit at once on an H100: 42 of 44 clusters of three,
     so the kernel took two rounds, 64x2112x7168 18 us against 11.1; benchmarks/NOTES.md 31.)"""
-    return (SPLIT_CLUSTER_DEFAULT and c.split_k == 2 and not c.multicast and not c.stream_k and grid == est.tiles
-            and grid % 2 == 0)
+    return SPLIT_CLUSTER_DEFAULT and c.split_k == 2 and not c.multicast and not c.stream_k and grid == est.tiles
 
 
 def fewest_ctas_for_rounds(tiles: int, grid: int, cluster: int) -> int:
