@@ -50,7 +50,8 @@ template <class T> __device__ __forceinline__ SideWork side_work(const uint32_t*
 }
 
 template <class T>
-__device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_b,
+__device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_a_tail,
+                                         const TmaDescriptor& tmap_b,
                                          const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
                                          const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
                                          uint16_t* __restrict__ d_ptr, float* __restrict__ partials,
@@ -63,6 +64,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
   const uint32_t warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   if (threadIdx.x == T::kNumMathThreads) {
     tma_prefetch_descriptor(&tmap_a);
+    tma_prefetch_descriptor(&tmap_a_tail);
     tma_prefetch_descriptor(&tmap_b);
     tma_prefetch_descriptor(&tmap_sfa);
     tma_prefetch_descriptor(&tmap_d);
@@ -99,7 +101,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     // ---------------- producer warpgroup: one thread issues every TMA load ----------------
     if (T::kNumMathWG > 1) regs_dealloc<T::kProducerRegs>();
     if (threadIdx.x / 32 != T::kNumMathThreads / 32) return;
-    const Producer<T> producer{tmap_a, tmap_b, tmap_sfa, smem};
+    const Producer<T> producer{tmap_a, tmap_a_tail, tmap_b, tmap_sfa, smem};
     const PageSides pages{smem.page_bits, sides.base_low, sides.hash};
     const uint32_t* w = sides.page_words;
     const typename T::ParamSides param_pages{{w[0], w[1], w[2], w[3]}, sides.base_low, sides.hash};
@@ -174,6 +176,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
 // whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
 extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1) CUPYGEMM_CLUSTER_ATTR
     cupygemm_fp8_gemm(const __grid_constant__ cupygemm::TmaDescriptor tmap_a,
+                      const __grid_constant__ cupygemm::TmaDescriptor tmap_a_tail,
                       const __grid_constant__ cupygemm::TmaDescriptor tmap_b,
                       const __grid_constant__ cupygemm::TmaDescriptor tmap_sfa,
                       const __grid_constant__ cupygemm::TmaDescriptor tmap_d, const float* sfb,
@@ -198,7 +201,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
 #else
   const cupygemm::SideArgs sides{};
 #endif
-  cupygemm::fp8_gemm<Traits>(tmap_a, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials, tile_counters,
+  cupygemm::fp8_gemm<Traits>(tmap_a, tmap_a_tail, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials, tile_counters,
                              shape_m, num_groups, ld_d, b_evict_first, sides);
 }
 #endif

@@ -11,24 +11,26 @@ namespace cupygemm {
 
 template <class T> struct Producer {
   const TmaDescriptor& tmap_a;
+  const TmaDescriptor& tmap_a_tail;  // A's box ending at A's last row (contract.py, tma_specs)
   const TmaDescriptor& tmap_b;
   const TmaDescriptor& tmap_sfa;
   const SharedStorage<T>& smem;
 
   // A's boxes of K offset k for a tile starting at row a_row into `stage` (A multicast: this CTA's half of the
-  // boxes, into both CTAs of the pair).
+  // boxes, into both CTAs of the pair). `a_tail`: the last box reaches past A's rows and loads tmap_a_tail's.
   __device__ __forceinline__ void load_a(uint32_t stage, int k, int a_row, int a_group, uint32_t a_boxes,
-                                         uint32_t rank) const {
+                                         bool a_tail, uint32_t rank) const {
 #pragma unroll
     for (uint32_t i = 0; i < T::kABoxesPerCta; ++i) {
       const uint32_t box = (T::kMulticast == 1 ? rank * T::kABoxesPerCta : 0) + i;
       if (box >= a_boxes) break;
       uint8_t* dst = smem.a + stage * T::SMEM_A + box * T::A_BOX_M * kBlockK;
       const int row = a_row + static_cast<int>(box * T::A_BOX_M);
+      const TmaDescriptor* map = a_tail && box == a_boxes - 1 ? &tmap_a_tail : &tmap_a;
       if constexpr (T::kMulticast == 1)
-        tma_load_3d_multicast(dst, &tmap_a, &smem.full_bar[stage], 0b11, k, row, a_group);
+        tma_load_3d_multicast(dst, map, &smem.full_bar[stage], 0b11, k, row, a_group);
       else
-        tma_load_3d(dst, &tmap_a, &smem.full_bar[stage], k, row, a_group);
+        tma_load_3d(dst, map, &smem.full_bar[stage], k, row, a_group);
     }
   }
 
@@ -94,8 +96,14 @@ template <class T> struct Producer {
       // shared memory only feed output rows that are never stored.) Packed B rows past the packed rows are not
       // loaded either: they only feed output columns past N, which are never stored.
       const uint32_t a_boxes = cmin(T::kABoxes, ceil_div(tile.rows - tile.m_block * T::BLOCK_M, T::A_BOX_M));
+      // A box reaching past A's last row (shape_m; per group when masked) would be zero-filled by TMA, and such
+      // boxes ran up to 40 % slower than whole ones (80x2112x7168 on 128-row tiles, 16x4096x7168 on 64-row tiles:
+      // benchmarks/NOTES.md 32). That box loads tmap_a_tail's, which ends at the last row; the rows after it keep
+      // stale data that only feeds output rows past shape_m, which are never stored.
+      const bool a_tail = tile.m_block * T::BLOCK_M + a_boxes * T::A_BOX_M > shape_m;
+      const uint32_t a_rows = a_boxes * T::A_BOX_M - (a_tail ? T::A_BOX_M - shape_m % T::A_BOX_M : 0u);
       const uint32_t tx_bytes =
-          a_boxes * T::A_BOX_M * kBlockK +
+          a_rows * kBlockK +
           (T::kSides ? T::BLOCK_M * 4 + (cmin(b_row + T::BLOCK_N, T::PackedLayout::kPaddedRows) - b_row) * kBlockK
                      : T::kStageTxBytesNoA);
       // B tiles read by this CTA (or the pair sharing them) alone, when the rows fit one m block (pair), may go into
@@ -110,7 +118,7 @@ template <class T> struct Producer {
         mbarrier_wait(&smem.empty_bar[stage], phase ^ 1);
         mbarrier_arrive_expect_tx(&smem.full_bar[stage], tx_bytes);
         const int k = static_cast<int>(kb * kBlockK);
-        load_a(stage, k, a_row, a_group, a_boxes, scheduler.rank);
+        load_a(stage, k, a_row, a_group, a_boxes, a_tail, scheduler.rank);
         if constexpr (T::kSides) {
           load_packed_b(stage, kb, b_group, b_row, b_row + (T::kMulticast == 2 ? scheduler.rank * T::kSideCtaRows : 0),
                         b_first, b_policy, pages, param_pages);

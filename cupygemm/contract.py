@@ -7,7 +7,8 @@ module states
 * the entry point and its runtime parameters: :data:`GEMM_ENTRY`, :data:`GEMM_PARAM_NAMES`, :data:`GEMM_PARAMS`;
 * the CTA shape and resources: :func:`math_warpgroups`, :func:`threads`, the setmaxnreg split (:func:`math_regs`,
   :func:`producer_regs`) and the dynamic shared memory (:func:`smem_bytes`, the kernel's smem layout);
-* the TMA maps laid over A, B, SFA and D (:func:`tma_specs`), the scalar arguments and the grid;
+* the TMA maps laid over A (two: whole boxes and A's last box), B, SFA and D (:func:`tma_specs`), the scalar
+  arguments and the grid;
 * the scratch split-K and the stream-K tail need (:func:`scratch_sizes`).
 
 :func:`launch_contract` gathers the per-problem part in one :class:`LaunchContract`; :mod:`cupygemm.plan` adds the
@@ -30,9 +31,9 @@ if TYPE_CHECKING:
 
 GEMM_FILE, GEMM_ENTRY = "fp8_gemm.cu", "cupygemm_fp8_gemm"
 #: cupygemm_fp8_gemm's parameters in order, and their kinds (by-value TMA map, device pointer, 32-bit unsigned).
-GEMM_PARAM_NAMES = ("tmap_a", "tmap_b", "tmap_sfa", "tmap_d", "sfb", "grouped_layout", "d", "partials",
-                    "tile_counters", "shape_m", "num_groups", "ld_d", "b_evict_first")
-GEMM_PARAMS = (DESC,) * 4 + (PTR,) * 5 + (U32,) * 4
+GEMM_PARAM_NAMES = ("tmap_a", "tmap_a_tail", "tmap_b", "tmap_sfa", "tmap_d", "sfb", "grouped_layout", "d",
+                    "partials", "tile_counters", "shape_m", "num_groups", "ld_d", "b_evict_first")
+GEMM_PARAMS = (DESC,) * 5 + (PTR,) * 5 + (U32,) * 4
 #: Side-aware kernels (``GemmConfig.sides``) take ten more: the SM side map (by value), B packed (tmap_b maps the
 #: same buffer), the side ticket counters, the clusters that work on half 0 of N, the packed weights' base_low and
 #: hash bits (cuda_src/l2_sides.cuh, PageSides) and the first four words of their page bits (ParamPageSides: read
@@ -171,18 +172,21 @@ class LaunchContract:
     threads: int
     smem_bytes: int
     sfa_m_pad: int  # SFA is read M-major: [G][ceil(K/128)][sfa_m_pad] float32
-    tmaps: tuple[TmaSpec, TmaSpec, TmaSpec, TmaSpec]  # A, B, SFA, D
+    tmaps: tuple[TmaSpec, TmaSpec, TmaSpec, TmaSpec, TmaSpec]  # A, A's tail, B, SFA, D
     scalars: tuple[int, int, int, int]  # shape_m, num_groups, ld_d (elements), b_evict_first
     scratch_floats: int  # FP32 partial tiles (0: none)
     scratch_counters: int  # uint32 tile counters, zero at launch (0: none)
 
 
 def tma_specs(cfg: GemmConfig, m: int, n: int, k: int, num_groups: int, a_strides: tuple[int, ...],
-              b_strides: tuple[int, ...], d_strides: tuple[int, ...]) -> tuple[TmaSpec, TmaSpec, TmaSpec, TmaSpec]:
-    """The maps over A [G][M][K] (G only when masked), B [G][N][K], SFA (M-major, padded to 16 bytes) and D
+              b_strides: tuple[int, ...], d_strides: tuple[int, ...]
+              ) -> tuple[TmaSpec, TmaSpec, TmaSpec, TmaSpec, TmaSpec]:
+    """The maps over A [G][M][K] (G only when masked) twice, B [G][N][K], SFA (M-major, padded to 16 bytes) and D
     [G][M][N]; strides in bytes, outermost first. Boxes: a K block of the CTA's A rows and B columns (half the tile
     of the operand a multicast pair shares), one scale per row of the tile, and D in slabs of the swizzle's width
-    over one math warpgroup's rows."""
+    over one math warpgroup's rows. The second A map's box has the M % box rows of A's last box (a whole box when
+    none), so that no A box reaches past M: TMA's zero fill of rows past the tensor was slow (benchmarks/NOTES.md
+    32)."""
     g_a = num_groups if cfg.kind == KIND_MASKED else 1
     kb = ceil_div(k, BLOCK_K)
     lda, ldb, ldd = a_strides[-2], b_strides[-2], d_strides[-2]
@@ -196,9 +200,10 @@ def tma_specs(cfg: GemmConfig, m: int, n: int, k: int, num_groups: int, a_stride
     box_n = cfg.block_n // 2 if cfg.multicast == 2 else cfg.block_n
     b_spec = (packed_b_spec(cfg, num_groups, side_box_rows(cfg)) if cfg.sides
               else TmaSpec(tma.UINT8, (k, n, num_groups), (ldb, b_group), (BLOCK_K, box_n, 1), 128))
+    a_box = a_box_rows(cfg.kind, cfg.block_m, cfg.multicast)
     return (
-        TmaSpec(tma.UINT8, (k, m, g_a), (lda, a_group), (BLOCK_K, a_box_rows(cfg.kind, cfg.block_m, cfg.multicast), 1),
-                128),
+        TmaSpec(tma.UINT8, (k, m, g_a), (lda, a_group), (BLOCK_K, a_box, 1), 128),
+        TmaSpec(tma.UINT8, (k, m, g_a), (lda, a_group), (BLOCK_K, m % a_box or a_box, 1), 128),
         b_spec,
         TmaSpec(tma.FLOAT32, (m, kb, g_a), (4 * m_pad, 4 * m_pad * kb), (cfg.block_m, 1, 1), 0),
         TmaSpec(tma.BFLOAT16, (n, m, g_a), (ldd, d_group), (slab, wg_m, 1), cfg.swizzle_d),

@@ -53,7 +53,7 @@ class GemmPlan:
     sfa_m_pad: int  # SFA is read M-major: [G][ceil(K/128)][sfa_m_pad] float32
     scratch_floats: int  # FP32 partial tiles the launch needs (0: none)
     scratch_counters: int  # uint32 tile counters, zero at launch (0: none)
-    tmaps: tuple[TmaSpec, TmaSpec, TmaSpec, TmaSpec]  # A, B, SFA, D
+    tmaps: tuple[TmaSpec, TmaSpec, TmaSpec, TmaSpec, TmaSpec]  # A, A's tail, B, SFA, D
     scalars: tuple[int, int, int, int]  # shape_m, num_groups, ld_d (elements), b_evict_first
     pdl: bool = False  # launched with programmatic dependent launch (the kernel is the PDL variant)
     side_map: bytes = b""  # side-aware (cfg.sides): the SM side map, and the clusters that work on half 0 of N
@@ -86,7 +86,7 @@ class GemmPlan:
 
     def _pack(self, ptrs: tuple[int, ...]) -> object:
         a, sfa, b, sfb, d, layout, partials, counters, *page_sides = ptrs
-        tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, b, sfa, d)))
+        tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, a, b, sfa, d)))
         # In the order of contract.GEMM_PARAM_NAMES (and SIDE_PARAM_NAMES: B is the packed weights).
         sides = () if not self.side_map else (
             self.side_map, b, counters + 4 * (self.scratch_counters - contract.SIDE_TICKET_COUNTERS), self.side_clusters0,

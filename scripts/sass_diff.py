@@ -5,6 +5,7 @@
     python scripts/sass_diff.py --base REV --jobs 2
     python scripts/sass_diff.py --hashes             # print the new tree's stream hashes of the chosen configs
     python scripts/sass_diff.py --pin                # print tests/test_sass_pinned.py's PINNED_HASHES entry
+    python scripts/sass_diff.py --pin --nvrtc LIBPATH  # ... for another NVRTC (repeatable)
     python scripts/sass_diff.py --extras --nvrtc /path/to/nvidia/cu13/lib/libnvrtc.so.13   # another NVRTC
 
 NVRTC builds sm_90a cubins on the CPU; no GPU is needed. The instruction stream is the kernel's .text section
@@ -209,6 +210,31 @@ def stream_hash(cubin: bytes) -> str:
     return hashlib.sha256(instruction_stream(cubin)[0]).hexdigest()[:16]
 
 
+def print_pins(libs: list[str], jobs: int) -> int:
+    """Print tests/test_sass_pinned.py's PINNED_HASHES entries for this tree: CuPy's NVRTC (the test's own hash), or
+    each libnvrtc in ``libs`` (the same .text hash of the same rendered source)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import test_sass_pinned as pinned
+
+    names = list(pinned.PINNED_CONFIGS)
+    if not libs:
+        print(f"    {nvrtc_version()}: {{")
+        for name in names:
+            print(f"        {name!r}: {pinned.instruction_hash(name)!r},")
+        print("    },")
+        return 0
+    tree = ROOT / "cuda_src"
+    for lib in libs:
+        cubins = build_with(lib, [(render_from(tree, pinned.pinned_defines(n)), tree) for n in names], jobs)
+        from sass_tools.nvrtc import _version_from_builtins
+
+        print(f"    {_version_from_builtins(lib)}: {{  # {lib}")
+        for name, cubin in zip(names, cubins):
+            print(f"        {name!r}: {stream_hash(cubin)!r},")
+        print("    },")
+    return 0
+
+
 def _nvdisasm() -> str | None:
     path = shutil.which("nvdisasm")
     if path is None:
@@ -286,23 +312,16 @@ def main() -> int:
                     help="also check kernel features the chooser does not propose for these shapes (extra_configs)")
     ap.add_argument("--hashes", action="store_true", help="print the new tree's instruction-stream hashes only")
     ap.add_argument("--pin", action="store_true",
-                    help="print the PINNED_HASHES entry of tests/test_sass_pinned.py for this tree and NVRTC")
+                    help="print the PINNED_HASHES entry of tests/test_sass_pinned.py for this tree and CuPy's NVRTC "
+                         "(or each --nvrtc library)")
     ap.add_argument("--show-diff", action="store_true", help="print the opcode diff of differing configs")
     ap.add_argument("--nvrtc", action="append", default=[], metavar="LIBPATH",
                     help="compile with this libnvrtc.so (ctypes, child processes) instead of CuPy's NVRTC; "
                          "repeat to check several versions in turn")
     args = ap.parse_args()
 
-    if args.pin and args.nvrtc:
-        ap.error("--pin prints the entry for CuPy's NVRTC (the one the tests use); drop --nvrtc")
     if args.pin:
-        import test_sass_pinned as pinned
-
-        print(f"    {nvrtc_version()}: {{")
-        for name in pinned.PINNED_CONFIGS:
-            print(f"        {name!r}: {pinned.instruction_hash(name)!r},")
-        print("    },")
-        return 0
+        return print_pins(args.nvrtc, args.jobs)
     configs = chosen_configs() + (extra_configs() if args.extras else [])
     configs = [(n, c) for n, c in configs if re.search(args.only, short(c))]
     new_tree = Path(args.new).resolve()

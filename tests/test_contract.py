@@ -78,8 +78,9 @@ def test_tma_maps_of_a_masked_multicast_problem():
     cfg = C.make_config(C.KIND_MASKED, n, k, 256, 128, 132, multicast=1, serial_m=True)
     a_str, b_str, d_str = (m * k, k, 1), (n * k, k, 1), (m * n * 2, n * 2, 2)
     c = contract.launch_contract(cfg, m, n, k, g, a_str, b_str, d_str, b_evict_first=True)
-    a, b, sfa, d = c.tmaps
+    a, a_tail, b, sfa, d = c.tmaps
     assert (a.dtype, a.dims, a.strides, a.box, a.swizzle) == (tma.UINT8, (k, m, g), (k, m * k), (128, 64, 1), 128)
+    assert a_tail == a  # 256 rows per group: no box reaches past them
     assert (b.dims, b.box) == ((k, n, g), (128, 128, 1))
     assert (sfa.dtype, sfa.dims, sfa.box) == (tma.FLOAT32, (m, 56, g), (256, 1, 1))
     assert sfa.strides == (4 * c.sfa_m_pad, 4 * c.sfa_m_pad * 56) and c.sfa_m_pad == 256
@@ -94,11 +95,34 @@ def test_tma_maps_share_the_multicast_operand():
     strides = ((k, 1), (k, 1), (2 * n, 2))
     a_half = contract.tma_specs(C.make_config(C.KIND_NORMAL, n, k, 128, 128, 132, multicast=1), m, n, k, 1, *strides)
     b_half = contract.tma_specs(C.make_config(C.KIND_NORMAL, n, k, 128, 128, 132, multicast=2), m, n, k, 1, *strides)
-    assert a_half[0].box[1] == 64 and a_half[1].box[1] == 128
-    assert b_half[0].box[1] == 128 and b_half[1].box[1] == 64
+    assert a_half[0].box[1] == 64 and a_half[2].box[1] == 128
+    assert b_half[0].box[1] == 128 and b_half[2].box[1] == 64
     inter = contract.tma_specs(C.make_config(C.KIND_NORMAL, n, k, 64, 128, 132, interleave_k=True), m, n, k, 1,
                                *strides)
-    assert inter[3].box[1] == 64  # both warpgroups hold all 64 rows; one stores them
+    assert inter[4].box[1] == 64  # both warpgroups hold all 64 rows; one stores them
+
+
+@pytest.mark.parametrize("kind, block_m, multicast, m, tail_rows", [
+    (C.KIND_NORMAL, 128, 0, 80, 80),      # one row block, shorter than the box
+    (C.KIND_NORMAL, 64, 0, 16, 16),
+    (C.KIND_NORMAL, 128, 0, 200, 72),     # the second row block's box
+    (C.KIND_NORMAL, 128, 1, 4160, 64),    # A multicast: 64-row boxes, 4160 = 65 of them
+    (C.KIND_NORMAL, 128, 1, 4100, 4),
+    (C.KIND_NORMAL, 128, 0, 4096, 128),   # whole boxes: the tail map is the first one
+    (C.KIND_MASKED, 128, 0, 100, 36),     # masked: 64-row boxes over each group's max_m rows
+])
+def test_a_tail_map_ends_at_the_last_row(kind, block_m, multicast, m, tail_rows):
+    """The second A map's box covers exactly the rows of A's last box, so no A load reaches past M (the kernel's
+    producer takes it for the box that would; cuda_src/producer.cuh)."""
+    n, k, g = 4096, 7168, 2 if kind == C.KIND_MASKED else 1
+    cfg = C.make_config(kind, n, k, block_m, 128, 132, multicast=multicast)
+    a_str = (m * k, k, 1) if kind == C.KIND_MASKED else (k, 1)
+    d_str = (m * n * 2, n * 2, 2) if kind == C.KIND_MASKED else (n * 2, 2)
+    a, a_tail, *_ = contract.tma_specs(cfg, m, n, k, g, a_str, a_str, d_str)
+    assert a_tail.box[1] == tail_rows and (a_tail.dims, a_tail.strides, a_tail.swizzle) == (a.dims, a.strides, 128)
+    box = contract.a_box_rows(kind, block_m, multicast)
+    assert a.box[1] == box and (m - tail_rows) % box == 0 and 0 < tail_rows <= box
+    assert (a_tail == a) == (m % box == 0)
 
 
 def test_grid_is_whole_co_resident_clusters():

@@ -52,44 +52,44 @@ PINNED_CONFIGS = {
 
 # sha256 (first 16 hex digits) of each config's kernel .text, per NVRTC (major, minor): 13.5 (CI's), 13.0 (the GPU
 # image's, where the kernels are measured), 12.9 and 12.8 (cupy-cuda12x installs). The code whose kernels were last
-# benchmarked on the GPU (the producer on one lane, benchmarks/NOTES.md 31); scripts/sass_diff.py --nvrtc checks the
-# others.
+# benchmarked on the GPU (A's tail box, benchmarks/NOTES.md 32); `scripts/sass_diff.py --pin [--nvrtc LIB]` prints
+# them.
 PINNED_HASHES = {
     (13, 5): {
-        'normal-128x128': 'c76cab0285b83720',
-        'normal-64x48-split3': '5e0884225800e4aa',
-        'normal-64x64-interleave-mcB': 'b5ab6725b99bf281',
-        'normal-192x128-3wg-mcA': 'cc965f4cadba0c7d',
-        'contiguous-256x128-serial': '6723603c45c01a5a',
-        'masked-256x128-streamk': '742af0392eac8662',
-        'masked-128x144-boundary': 'da50aa75899743a9',
+        'normal-128x128': 'd51836da3731ba83',
+        'normal-64x48-split3': 'ad205e9952b1f237',
+        'normal-64x64-interleave-mcB': 'f46e74bb33a75165',
+        'normal-192x128-3wg-mcA': 'f7737f6e1b400b88',
+        'contiguous-256x128-serial': '0c395a5b074a20fe',
+        'masked-256x128-streamk': '6239646ef14507a0',
+        'masked-128x144-boundary': '1dd3d92f1d7b7334',
     },
     (13, 0): {
-        'normal-128x128': '8cc9960f1b79039d',
-        'normal-64x48-split3': '07bdd8c854d0cd77',
-        'normal-64x64-interleave-mcB': 'fe2037279f54d3d3',
-        'normal-192x128-3wg-mcA': 'b84553d46696f6f7',
-        'contiguous-256x128-serial': '24b06182f4cc899d',
-        'masked-256x128-streamk': 'ec70359c17583b4d',
-        'masked-128x144-boundary': '705fc790afb0a511',
+        'normal-128x128': '912f5cd27f4947fd',
+        'normal-64x48-split3': '335a6b5e78e01c71',
+        'normal-64x64-interleave-mcB': '04d1c52f722463f7',
+        'normal-192x128-3wg-mcA': '738e8568a78e2180',
+        'contiguous-256x128-serial': '875b71d26ec2f128',
+        'masked-256x128-streamk': '3354ad8681146cb8',
+        'masked-128x144-boundary': 'c4a189cd38bfb19f',
     },
     (12, 9): {
-        'normal-128x128': '00e6575a6a091b5d',
-        'normal-64x48-split3': 'aabe52323ef064c3',
-        'normal-64x64-interleave-mcB': '47a531bc866c026b',
-        'normal-192x128-3wg-mcA': '70d877ad820fb31c',
-        'contiguous-256x128-serial': '5a94894348dc437f',
-        'masked-256x128-streamk': 'ab6af999ced5b34c',
-        'masked-128x144-boundary': 'dff37f631e9d0296',
+        'normal-128x128': 'e4c716c38e4f4b1d',
+        'normal-64x48-split3': '07e1fea5f443bd35',
+        'normal-64x64-interleave-mcB': '4f5424affaa883d5',
+        'normal-192x128-3wg-mcA': '6a42da6acbab42c6',
+        'contiguous-256x128-serial': 'acb00fd3bc2b1347',
+        'masked-256x128-streamk': '9d23039f787bae10',
+        'masked-128x144-boundary': 'a367f100a8700180',
     },
     (12, 8): {
-        'normal-128x128': 'cf1fad20c34165db',
-        'normal-64x48-split3': 'aabe52323ef064c3',
-        'normal-64x64-interleave-mcB': 'ddc2566817808655',
-        'normal-192x128-3wg-mcA': 'd26646516f5d1198',
-        'contiguous-256x128-serial': '76ad668ee64b8b88',
-        'masked-256x128-streamk': 'eb6cf4037aa6e972',
-        'masked-128x144-boundary': 'f200c1dbb698ea5e',
+        'normal-128x128': '436524724a9e77ab',
+        'normal-64x48-split3': '07e1fea5f443bd35',
+        'normal-64x64-interleave-mcB': 'ed61b7ebdfc1ee41',
+        'normal-192x128-3wg-mcA': '06a4430dc445bbc6',
+        'contiguous-256x128-serial': '3307f708a91091a9',
+        'masked-256x128-streamk': '2a4f68d70041c3c5',
+        'masked-128x144-boundary': '8444301554b3cb8b',
     },
 }
 

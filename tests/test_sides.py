@@ -53,7 +53,7 @@ def test_packed_b_map_covers_the_groups_in_rows():
     specs = contract.tma_specs(cfg, 256, 4096, 7168, 4, (256 * 7168 * 4, 7168, 1), (4096 * 7168, 7168, 1),
                                (256 * 4096 * 2, 8192, 2))
     rows = 4 * PackedLayout(4096, 7168).group_bytes // 128
-    assert specs[1].dims == (128, rows, 1) and specs[1].box == (128, 32, 1) and specs[1].swizzle == 0
+    assert specs[2].dims == (128, rows, 1) and specs[2].box == (128, 32, 1) and specs[2].swizzle == 0
     assert contract.defines(cfg)["CUPYGEMM_SIDE_BOX_ROWS"] == 32
 
 
