@@ -172,6 +172,9 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
 #ifndef CUPYGEMM_SPLIT_CLUSTER
 #define CUPYGEMM_SPLIT_CLUSTER 0
 #endif
+#ifndef CUPYGEMM_TWO_ACC_SETS
+#define CUPYGEMM_TWO_ACC_SETS 0
+#endif
 // Entry point with a fixed C name, instantiated from the constants the JIT defines. cupygemm/contract.py states its
 // whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
 extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1) CUPYGEMM_CLUSTER_ATTR
@@ -193,7 +196,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                         CUPYGEMM_MATH_REGS, CUPYGEMM_PRODUCER_REGS, CUPYGEMM_SWIZZLE_D,
                                         CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_MULTICAST, CUPYGEMM_INTERLEAVE_K,
                                         CUPYGEMM_SERIAL_M, CUPYGEMM_SPLIT_K, CUPYGEMM_STREAM_K, CUPYGEMM_A_BOX_M,
-                                        CUPYGEMM_PDL, CUPYGEMM_SIDES, CUPYGEMM_SPLIT_CLUSTER>;
+                                        CUPYGEMM_PDL, CUPYGEMM_SIDES, CUPYGEMM_SPLIT_CLUSTER,
+                                        CUPYGEMM_TWO_ACC_SETS>;
 #if CUPYGEMM_SIDES
   static_assert(Traits::kSideBoxRows == CUPYGEMM_SIDE_BOX_ROWS, "tmap_b's box (contract.py) fits the producer's");
   const cupygemm::SideArgs sides{&sm_sides, packed_b, side_tickets, side_clusters0, side_base_low, side_hash,

@@ -16,7 +16,7 @@ template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOC
           uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
           uint32_t kSwizzleD_, uint32_t kRasterN_, int kKind_, int kMulticast_, bool kInterleaveK_, bool kSerialM_,
           uint32_t kSplitK_, bool kStreamK_, uint32_t A_BOX_M_, bool kPdl_ = false, bool kSides_ = false,
-          bool kSplitCluster_ = false>
+          bool kSplitCluster_ = false, bool kTwoAccSets_ = false>
 struct KernelTraits {
   static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_, BLOCK_M = BLOCK_M_, BLOCK_N = BLOCK_N_;
   static constexpr uint32_t WGMMA_N = WGMMA_N_, kNumStages = kNumStages_, kNumMathWG = kNumMathWG_;
@@ -66,6 +66,13 @@ struct KernelTraits {
   static constexpr bool kSplitHalves = kKind == kGroupedContiguous && BLOCK_M == 256;
   static_assert(kKind != kGroupedContiguous || BLOCK_M != 256 || (kRowGroups == 2 && WG_M == 128),
                 "contiguous 256-row tiles: one 128-row half per warpgroup");
+
+  // Two wgmma accumulator sets in the whole-tile K loop (mainloop.cuh, k_loop_two_sets): one batch of wgmmas, all
+  // sub-tiles, one column block, no interleaved K or stream-K pieces.
+  static constexpr bool kTwoAccSets = kTwoAccSets_;
+  static_assert(!kTwoAccSets || (!kInterleaveK && !kStreamK && kNumNSub == 1 && kAccSubTiles == kNumMSub &&
+                                 WGMMA_N <= 96),
+                "two accumulator sets: one unsplit wgmma batch of at most 96 columns per K block");
 
   // ---- K splits across CTAs ----
   // kSplitK > 1: each CTA sums one split of a tile's K blocks into FP32 partial sums in global memory; the last of

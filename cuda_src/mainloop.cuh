@@ -110,6 +110,10 @@ template <class T> struct Mainloop {
     constexpr uint32_t kStep = T::kInterleaveK ? 2 : 1;
     const uint32_t boundary = T::kSpecializeBoundary ? kBlockK - kOffset * T::kOffsetStep : tile_boundary;
     const uint32_t lo = T::kSplitK == 1 ? 0u : tile.k_begin, hi = T::kSplitK == 1 ? T::kNumKBlocks : tile.k_end;
+    if constexpr (T::kTwoAccSets) {
+      k_loop_two_sets(out, acc, lo, hi, sfb, boundary, next);
+      return;
+    }
     if (T::kInterleaveK && th.warpgroup == 1) advance();
 #pragma unroll T::kKLoopUnroll
     for (uint32_t kb = lo + (T::kInterleaveK ? th.warpgroup : 0); kb < hi; kb += kStep) {
@@ -128,6 +132,56 @@ template <class T> struct Mainloop {
         }
       advance();
       if (T::kInterleaveK && kb + 1 < hi) advance();
+    }
+  }
+
+  // k_loop on two accumulator sets (kTwoAccSets): K block j + 1's wgmmas run while block j is promoted (one batch
+  // stays in flight: wgmma_wait<1>), in chunks of kTwoSetsChunk blocks whose last one drains. The blocks are promoted
+  // in the same order as k_loop's, so the sums are the same bit for bit. Where a warpgroup's chain of issue, wait and
+  // promotion per K block bounds the tile (128-row split-K clusters: benchmarks/NOTES.md 31).
+  static constexpr uint32_t kTwoSetsChunk = 4;
+  template <uint32_t J> static __device__ __forceinline__ Acc& set_of(Acc& a0, Acc& a1) {
+    if constexpr (J % 2 == 0) return a0; else return a1;
+  }
+  __device__ void k_loop_two_sets(typename T::TileAcc& out, Acc& acc0, uint32_t lo, uint32_t hi,
+                                  const BScaleRows<T>& sfb, uint32_t boundary, Scales<T>& next) {
+    Acc acc1;
+    uint32_t kb = lo;
+#pragma unroll 1
+    for (; kb + kTwoSetsChunk <= hi; kb += kTwoSetsChunk) {
+      Scales<T> sc[kTwoSetsChunk];
+      uint32_t st[kTwoSetsChunk];
+      static_for<0, kTwoSetsChunk>([&](auto J) {
+        constexpr uint32_t j = decltype(J)::value;
+        sc[j] = next;
+        if (kb + j + 1 < hi) sfb.load(next, kb + j + 1);
+        wait_stage(sc[j], pipe.stage, pipe.phase, th.wg_row0, T::kNumMSub);
+        st[j] = pipe.stage;
+        issue(set_of<j>(acc0, acc1), pipe.stage, 0, 0, T::kAccSubTiles);
+        advance();
+        if constexpr (j > 0) {
+          wgmma_wait<1>();
+          settle(set_of<j - 1>(acc0, acc1));
+          release(st[j - 1]);
+          promote(out, set_of<j - 1>(acc0, acc1), sc[j - 1], 0, 0, T::kAccSubTiles, boundary);
+        }
+      });
+      wgmma_wait<0>();
+      settle(set_of<kTwoSetsChunk - 1>(acc0, acc1));
+      release(st[kTwoSetsChunk - 1]);
+      promote(out, set_of<kTwoSetsChunk - 1>(acc0, acc1), sc[kTwoSetsChunk - 1], 0, 0, T::kAccSubTiles, boundary);
+    }
+#pragma unroll 1
+    for (; kb < hi; ++kb) {
+      Scales<T> c = next;
+      if (kb + 1 < hi) sfb.load(next, kb + 1);
+      wait_stage(c, pipe.stage, pipe.phase, th.wg_row0, T::kNumMSub);
+      issue(acc0, pipe.stage, 0, 0, T::kAccSubTiles);
+      wgmma_wait<0>();
+      settle(acc0);
+      release(pipe.stage);
+      promote(out, acc0, c, 0, 0, T::kAccSubTiles, boundary);
+      advance();
     }
   }
 

@@ -146,7 +146,8 @@ def defines(cfg: GemmConfig, pdl: bool = False) -> dict[str, object]:
         "CUPYGEMM_STREAM_K": int(cfg.stream_k),
         "CUPYGEMM_A_BOX_M": a_box_rows(cfg.kind, cfg.block_m, cfg.multicast),
         "CUPYGEMM_CLUSTER_ATTR": f"__cluster_dims__({cluster_size(cfg)}, 1, 1)" if cluster_size(cfg) > 1 else "",
-    } | ({"CUPYGEMM_SPLIT_CLUSTER": 1} if cfg.split_cluster else {})
+    } | ({"CUPYGEMM_SPLIT_CLUSTER": 1} if cfg.split_cluster else {}) | (
+        {"CUPYGEMM_TWO_ACC_SETS": 1} if cfg.two_acc_sets else {})
 
 
 # --- per-problem launch values ------------------------------------------------------------------------------------

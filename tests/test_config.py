@@ -119,12 +119,13 @@ def test_small_m_uses_one_math_warpgroup_and_fills_the_gpu():
     assert units >= 100, "a 64-row GEMM must spread N (and K) over most SMs"
 
 
-@pytest.mark.parametrize("m,n,k,want", [(64, 2112, 7168, (64, 48, 3)), (128, 2112, 7168, (128, 48, 3)),
+@pytest.mark.parametrize("m,n,k,want", [(64, 2112, 7168, (64, 48, 3)), (128, 2112, 7168, (128, 32, 2)),
                                         (1, 2112, 7168, (64, 48, 3)), (200, 512, 7168, (128, 48, 4)),
                                         (64, 576, 7168, (64, 48, 4)), (64, 1536, 7168, (64, 48, 4)),
                                         (64, 4096, 7168, None), (64, 2112, 1024, None), (4096, 2112, 7168, None)])
 def test_split_k_only_where_tiles_cannot_fill_the_gpu(m, n, k, want):
-    """Split-K across CTAs when 64x64 tiles would fill at most half the SMs, with splits of 8+ K blocks."""
+    """Split-K across CTAs when 64x64 tiles would fill at most half the SMs, with splits of 8+ K blocks (128-row
+    blocks on 32-column tiles split two ways where that keeps as many SMs busy)."""
     assert C.split_k_tile(C.KIND_NORMAL, m, n, k, 132) == want
     cfg = C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
     assert (cfg.block_m, cfg.block_n, cfg.split_k) == want if want else cfg.split_k == 1
@@ -138,11 +139,12 @@ def test_split_k_only_where_tiles_cannot_fill_the_gpu(m, n, k, want):
     (64, 2112, 7168, True, (64, 32, 2, True)),  # units of 28 K blocks: interleaved K on two warpgroups
     (32, 2112, 7168, True, (64, 32, 2, True)),
     (64, 2112, 7168, False, (64, 48, 3, False)),  # plain weights: 19 K blocks per unit, one warpgroup
-    (128, 2112, 7168, True, (128, 48, 3, False)), (128, 2112, 7168, False, (128, 48, 3, False)),
+    (128, 2112, 7168, True, (128, 32, 2, False)), (128, 2112, 7168, False, (128, 32, 2, False)),
     (64, 576, 7168, True, (64, 32, 4, False))])
 def test_split_k_tiles_for_packed_weights(m, n, k, sides, want):
     """Packed weights take 64x32 split-K tiles (whole 32-row chunks), whose units of INTERLEAVE_K_MIN_BLOCKS or more
-    run interleaved K; their 128-row split-K tiles are the plain ones (128x48 measured faster than 128x32)."""
+    run interleaved K; their 128-row split-K tiles are the plain ones (128x32 split 2 as clusters with two
+    accumulator sets on N = 2112)."""
     cfg = C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132, sides=sides)
     assert (cfg.block_m, cfg.block_n, cfg.split_k, cfg.interleave_k) == want
     assert cfg.num_math_wg == (2 if cfg.interleave_k or cfg.block_m == 128 else 1)
@@ -334,6 +336,24 @@ def test_split_k_clusters():
             C.make_config("normal", 2112, 7168, 64, 48, 132, split_cluster=True, **bad)
     with pytest.raises(ValueError, match="multiple"):
         C.make_config("normal", 2112, 7168, 64, 48, 131, split_k=2, split_cluster=True)
+
+
+def test_128_row_split_k_clusters_take_two_accumulator_sets():
+    """One 128-row block of N = 2112, K = 7168 on 132 SMs: 128x32 tiles split two ways (132 units, as many as the
+    48-column rule's 44 x 3) as clusters with two accumulator sets, plain and packed; where the 32-column tiles
+    would keep fewer SMs busy (N = 2048: 128 < 129; 114 SMs: 132 units) the 48-column rule stands."""
+    for sides in (False, True):
+        cfg = C.choose_config(C.KIND_NORMAL, 128, 2112, 7168, 1, 132, sides=sides)
+        assert (cfg.block_m, cfg.block_n, cfg.split_k, cfg.split_cluster, cfg.two_acc_sets) == (128, 32, 2, True, True)
+        assert "two accumulator sets" in cfg.describe()
+        assert contract.defines(cfg)["CUPYGEMM_TWO_ACC_SETS"] == 1
+    for m, n, sms in ((128, 2048, 132), (128, 2112, 114)):
+        cfg = C.choose_config(C.KIND_NORMAL, m, n, 7168, 1, sms)
+        assert not cfg.two_acc_sets and "CUPYGEMM_TWO_ACC_SETS" not in contract.defines(cfg)
+    for bad in (dict(block_n=128), dict(block_n=64, interleave_k=True), dict(block_n=32, stream_k=True)):
+        with pytest.raises(ValueError, match="two_acc_sets"):
+            C.make_config("normal", 2112, 7168, 64 if bad.get("interleave_k") else 128, bad.pop("block_n"), 132,
+                          two_acc_sets=True, **bad)
 
 
 def test_split_k_extent_is_the_largest_split():

@@ -184,22 +184,24 @@ def test_stream_k_tail_variants(bm, bn, extra, m, n, k):
     (300, 1280, 1408, dict(block_m=128, block_n=64, split_k=2, num_sms=12)),
 ])
 def test_split_k_clusters_match_global_memory(m, n, k, fields):
-    """Split-K clusters (a tile's two splits as one cluster, met in the leader's shared memory) give bit-identical
-    output to the same splits met in global memory, and pass the check: interleaved K (also over ragged rows), two
-    row groups, one warpgroup, and a grid of 6 clusters running 5 tiles each."""
+    """Split-K clusters (a tile's two splits as one cluster, met in the leader's shared memory) and two accumulator
+    sets (where the tile has no interleaved K) give bit-identical output to the same splits met in global memory on
+    one set, and pass the check: interleaved K (also over ragged rows), two row groups, one warpgroup, and a grid of
+    6 clusters running 5 tiles each."""
     a, sfa, b, sfb, _, _ = make_normal(m, n, k, 5)
-    outs = {}
+    outs = []
     for split_cluster in (True, False):
-        C.override_config("normal", n, k, split_cluster=split_cluster, **fields)
-        try:
-            assert C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132).split_cluster == split_cluster
-            outs[split_cluster] = [cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb)) for _ in range(2)]
-        finally:
-            C.override_config("normal", n, k)
-    first = outs[True][0].view(cp.uint16)
-    assert all((o.view(cp.uint16) == first).all() for o in outs[True] + outs[False])
+        for two in (False, True) if not fields.get("interleave_k") else (False,):
+            C.override_config("normal", n, k, split_cluster=split_cluster, two_acc_sets=two, **fields)
+            try:
+                cfg = C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
+                assert (cfg.split_cluster, cfg.two_acc_sets) == (split_cluster, two)
+                outs += [cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb)) for _ in range(2)]
+            finally:
+                C.override_config("normal", n, k)
+    assert all((o.view(cp.uint16) == outs[0].view(cp.uint16)).all() for o in outs)
     want, mag = ref_normal(a, sfa, b, sfb)
-    stats = check_against_reference(outs[True][0], want, mag)
+    stats = check_against_reference(outs[0], want, mag)
     assert stats["finite"] and stats["beyond_one_ulp"] == 0, stats
 
 

@@ -44,6 +44,9 @@ PINNED_CONFIGS = {
     # masked 1x1024x4096x7168: stream-K tail, 64-row A boxes
     "masked-256x128-streamk": dict(BLOCK_M=256, NUM_STAGES=3, RASTER_N=8, KIND=2, MULTICAST=1, SERIAL_M=1,
                                    STREAM_K=1, A_BOX_M=64, CLUSTER_ATTR=_CLUSTER),
+    # normal 128x2112x7168: split-K clusters of two, two accumulator sets
+    "normal-128x32-cluster-2acc": dict(SHAPE_N=2112, BLOCK_N=32, WGMMA_N=32, NUM_STAGES=8, SWIZZLE_D=64, SPLIT_K=2,
+                                       CLUSTER_ATTR=_CLUSTER, SPLIT_CLUSTER=1, TWO_ACC_SETS=1),
     # masked 4x256x7168x2048: K loop compiled per scale-block boundary offset
     "masked-128x144-boundary": dict(SHAPE_N=7168, SHAPE_K=2048, BLOCK_N=144, WGMMA_N=144, NUM_STAGES=5,
                                     SWIZZLE_D=32, RASTER_N=8, KIND=2, MULTICAST=1, A_BOX_M=64,
@@ -62,6 +65,7 @@ PINNED_HASHES = {
         'normal-192x128-3wg-mcA': 'f7737f6e1b400b88',
         'contiguous-256x128-serial': '0c395a5b074a20fe',
         'masked-256x128-streamk': '6239646ef14507a0',
+        'normal-128x32-cluster-2acc': 'ec76c48ece1b0d9b',
         'masked-128x144-boundary': '1dd3d92f1d7b7334',
     },
     (13, 0): {
@@ -71,6 +75,7 @@ PINNED_HASHES = {
         'normal-192x128-3wg-mcA': '738e8568a78e2180',
         'contiguous-256x128-serial': '875b71d26ec2f128',
         'masked-256x128-streamk': '3354ad8681146cb8',
+        'normal-128x32-cluster-2acc': 'a7d7d4902ed5957f',
         'masked-128x144-boundary': 'c4a189cd38bfb19f',
     },
     (12, 9): {
@@ -80,6 +85,7 @@ PINNED_HASHES = {
         'normal-192x128-3wg-mcA': '6a42da6acbab42c6',
         'contiguous-256x128-serial': 'acb00fd3bc2b1347',
         'masked-256x128-streamk': '9d23039f787bae10',
+        'normal-128x32-cluster-2acc': 'caee48aa469c6901',
         'masked-128x144-boundary': 'a367f100a8700180',
     },
     (12, 8): {
@@ -89,6 +95,7 @@ PINNED_HASHES = {
         'normal-192x128-3wg-mcA': '06a4430dc445bbc6',
         'contiguous-256x128-serial': '3307f708a91091a9',
         'masked-256x128-streamk': '2a4f68d70041c3c5',
+        'normal-128x32-cluster-2acc': '89dd4bbe65514e5c',
         'masked-128x144-boundary': '8444301554b3cb8b',
     },
 }

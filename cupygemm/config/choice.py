@@ -36,14 +36,20 @@ MIN_SPLIT_K_BLOCKS = 8
 # 110 us packed against 49.8 plain (H100; NOTES.md 28). So packed weights get tiles whose B rows per CTA are
 # multiples of 32 (with B multicast each CTA loads half the tile), and 64x32 split-K tiles, whose units of 28 K
 # blocks on 64x2112x7168 run interleaved K (10.6 us against 11.1 on one warpgroup; plain 64x48 split 3: 11.2). Their
-# 128-row split-K tiles are the plain ones: 128x48 split 3 took 12.1 us on 128x2112x7168 against 12.8 for 128x32
-# split 2 (H100, B first to evict; NOTES.md 30).
+# 128-row split-K tiles are the plain ones (through global memory 128x48 split 3 took 12.1 us on 128x2112x7168
+# against 12.8 for 128x32 split 2, NOTES.md 30; as clusters with two accumulator sets, below, 128x32 split 2 wins).
 SIDE_CHUNK_ROWS = 32
 SIDE_SPLIT_K_BLOCK_N = 32
 # Split-K tiles of two splits that all run in one round meet as 2-CTA clusters: the partner writes its sums into the
 # leader's shared memory rather than global memory (cuda_src/reduction.cuh, ClusterSplit). Packed 64x2112x7168 on
 # an H100: 10.6 -> 10.2-10.3 us; 32x2112x7168 11.5 -> 10.9 (benchmarks/NOTES.md 31e).
 SPLIT_CLUSTER_DEFAULT = True
+# 128-row split-K tiles are 32 columns wide and split two ways, as clusters with two accumulator sets, where that
+# keeps as many SMs busy as the 48-column rule. On an H100 (benchmarks/NOTES.md 32b, against 128x48 split 3 or 2):
+# 65-128 x 2112 x 7168 7-9 % faster plain (12.5 -> 11.4 us at 128 rows), 2-5 % packed (11.9 -> 11.35); 257-384 x 576 x
+# 7168 6 %; 960-1024 x 256 x 7168 4-5 %. With one accumulator set these tiles were slower than the 48-column ones
+# (12.1-12.5 us as clusters): the two-warpgroup K loop's chain of issue, wait and promotion bounds them (NOTES.md 31f).
+CLUSTER_SPLIT_K_BLOCK_N_128 = 32
 
 #: Rows per memo class: see m_class.
 M_CLASS_ROWS = 64
@@ -176,7 +182,13 @@ def split_k_tile(kind: int, m_rows: int, n: int, k: int, num_sms: int,
     bn = SIDE_SPLIT_K_BLOCK_N if sides and bm == 64 else SPLIT_K_BLOCK_N
     tiles = ceil_div(m_rows, bm) * ceil_div(n, bn)
     ks = min(MAX_SPLIT_K, num_sms // tiles, ceil_div(k, BLOCK_K) // MIN_SPLIT_K_BLOCKS)
-    return (bm, bn, ks) if ks >= 2 else None
+    if ks < 2:
+        return None
+    if bm == 128 and SPLIT_CLUSTER_DEFAULT and ceil_div(k, BLOCK_K) // 2 >= MIN_SPLIT_K_BLOCKS:
+        units = ceil_div(m_rows, bm) * ceil_div(n, CLUSTER_SPLIT_K_BLOCK_N_128) * 2
+        if tiles * ks <= units <= num_sms:
+            return bm, CLUSTER_SPLIT_K_BLOCK_N_128, 2
+    return bm, bn, ks
 
 
 def _apply_overrides(p: Problem, c: Candidate, est: Estimate, fields: dict) -> tuple[Candidate, Estimate]:
@@ -276,12 +288,12 @@ def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int
     # 7. Build it on the grid, with as many stages as fit (capped by the rounds each CTA runs).
     grid = _grid(p, pick, est)
 
-    def build(split_cluster: bool) -> GemmConfig:
+    def build(split_cluster: bool, two_acc_sets: bool = False) -> GemmConfig:
         return make_config(kind, n, k, pick.block_m, pick.block_n, num_sms=grid, smem_limit=smem_limit,
                            wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
                            raster_n=fields.get("raster_n"), multicast=pick.multicast, interleave_k=interleave,
                            serial_m=pick.serial_m, split_k=pick.split_k, stream_k=pick.stream_k,
-                           tile_rounds=est.waves, split_cluster=split_cluster)
+                           tile_rounds=est.waves, split_cluster=split_cluster, two_acc_sets=two_acc_sets)
 
     if "split_cluster" in fields:
         cfg = build(fields["split_cluster"])
@@ -294,6 +306,11 @@ def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int
                 clustered = None
             if clustered is not None and clustered.num_stages == cfg.num_stages:
                 cfg = clustered
+    # 8. Two accumulator sets where the rule's 128-row clusters bound their K loop (CLUSTER_SPLIT_K_BLOCK_N_128).
+    two_acc = fields.get("two_acc_sets", cfg.split_cluster and cfg.block_m == 128
+                         and cfg.block_n == CLUSTER_SPLIT_K_BLOCK_N_128)
+    if two_acc:
+        cfg = build(cfg.split_cluster, True)
     if "num_sms" in fields:
         cfg = dataclasses.replace(cfg, num_sms=fields["num_sms"] - fields["num_sms"] % contract.cluster_size(cfg))
     return cfg, est

@@ -39,6 +39,7 @@ class GemmConfig:
     stream_k: bool = False  # the last round's tiles split along K over the idle CTAs (normal, masked)
     sides: bool = False  # L2-side-aware: B packed (cupygemm.packing), each half of N on the SMs of its L2 side
     split_cluster: bool = False  # split-K: a tile's splits run as one cluster and meet in shared memory
+    two_acc_sets: bool = False  # two wgmma accumulator sets: a K block's wgmmas overlap the last one's promotion
 
     @property
     def threads(self) -> int:
@@ -65,6 +66,7 @@ class GemmConfig:
                 f"{'serial m64 sub-tiles, ' if self.serial_m else ''}"
                 f"{f'split-K over {self.split_k} CTAs, ' if self.split_k > 1 else ''}"
                 f"{'one cluster per tile, ' if self.split_cluster else ''}"
+                f"{'two accumulator sets, ' if self.two_acc_sets else ''}"
                 f"{'stream-K tail, ' if self.stream_k else ''}"
                 f"{'L2-side-aware B, ' if self.sides else ''}"
                 f"grid {self.num_sms}, "
@@ -172,7 +174,8 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
                 num_stages: int | None = None, raster_n: int | None = None, multicast: int = 0,
                 interleave_k: bool = False, serial_m: bool = False, split_k: int = 1, stream_k: bool = False,
-                tile_rounds: int = 1, sides: bool = False, split_cluster: bool = False) -> GemmConfig:
+                tile_rounds: int = 1, sides: bool = False, split_cluster: bool = False,
+                two_acc_sets: bool = False) -> GemmConfig:
     """Build (and check) a config for explicit block sizes; ValueError names the rule a combination breaks.
 
     ``tile_rounds``: the tiles each CTA runs (the model's waves), which caps the default stage count (see
@@ -207,6 +210,11 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
     if split_cluster and not (split_k == 2 and kind == KIND_NORMAL and not multicast and not stream_k):
         raise ValueError(f"split_cluster needs a normal GEMM with split_k=2, no multicast and no stream_k; got "
                          f"split_k={split_k}, multicast={multicast}, stream_k={stream_k}")
+    two_acc_sets = bool(two_acc_sets)
+    if two_acc_sets and (interleave or stream_k or serial_m or wn != block_n or block_n > 96):
+        raise ValueError(f"two_acc_sets needs one unsplit wgmma of at most 96 columns (wgmma_n == block_n <= 96) and "
+                         f"no interleave_k, serial_m or stream_k; got block_n={block_n}, wgmma_n={wn}, "
+                         f"interleave_k={interleave}, serial_m={serial_m}, stream_k={stream_k}")
     if split_cluster and num_sms % split_k:
         raise ValueError(f"split_cluster launches whole clusters of split_k={split_k} CTAs: the grid ({num_sms}) must "
                          f"be a multiple of it")
@@ -244,7 +252,7 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
         num_math_wg=contract.math_warpgroups(block_m, interleave), swizzle_d=output_swizzle(block_n),
         raster_n=raster_n, num_sms=num_sms, smem_bytes=smem, multicast=multicast, interleave_k=interleave,
         serial_m=bool(serial_m), split_k=split_k, stream_k=bool(stream_k), sides=bool(sides),
-        split_cluster=split_cluster,
+        split_cluster=split_cluster, two_acc_sets=two_acc_sets,
     )
 
 
@@ -253,7 +261,8 @@ def side_aware_config(cfg: GemmConfig, num_sms: int, smem_limit: int = SM90_MAX_
     SM (each cluster takes a ticket for its SMs' side, so all of them must be launched), without a stream-K tail;
     the same stages unless the side ticket and page bits (1 KiB) no longer fit beside them."""
     kw = dict(wgmma_n=cfg.wgmma_n, raster_n=cfg.raster_n, multicast=cfg.multicast, interleave_k=cfg.interleave_k,
-              serial_m=cfg.serial_m, split_k=cfg.split_k, sides=True, split_cluster=cfg.split_cluster)
+              serial_m=cfg.serial_m, split_k=cfg.split_k, sides=True, split_cluster=cfg.split_cluster,
+              two_acc_sets=cfg.two_acc_sets)
     num_sms -= num_sms % contract.cluster_size(cfg)  # whole clusters
     try:
         return make_config(cfg.kind, cfg.shape_n, cfg.shape_k, cfg.block_m, cfg.block_n, num_sms, smem_limit,

@@ -8,7 +8,7 @@ from ..util import ceil_div
 from .constants import BLOCK_K, KIND_NAMES, KIND_NORMAL, MAX_STAGES_INTERLEAVE_K, STREAM_K_KINDS, kind_id
 from .legality import make_config
 
-BOOL_FIELDS = ("interleave_k", "serial_m", "stream_k", "split_cluster")
+BOOL_FIELDS = ("interleave_k", "serial_m", "stream_k", "split_cluster", "two_acc_sets")
 OVERRIDE_FIELDS = ("block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "multicast", "split_k",
                    *BOOL_FIELDS)
 #: The most split-K units an override may ask for.
@@ -84,7 +84,7 @@ def _check_fields(kind: int, n: int, k: int, fields: dict) -> dict:
         # The whole tile is forced: make_config's combination rules apply now. (With only one of the two, the other
         # comes from the model for each M, so those rules run at the GEMM.)
         trial = {f: out[f] for f in ("wgmma_n", "num_stages", "raster_n", "multicast", "interleave_k", "serial_m",
-                                       "split_k", "stream_k", "split_cluster") if f in out}
+                                       "split_k", "stream_k", "split_cluster", "two_acc_sets") if f in out}
         sms = out.get("num_sms", 132)
         if out.get("multicast"):
             sms -= sms % 2
@@ -99,7 +99,7 @@ def _check_fields(kind: int, n: int, k: int, fields: dict) -> dict:
 
 def override_config(kind: int | str, n: int, k: int, **fields: int | bool) -> None:
     """Force config fields (block_m, block_n, wgmma_n, num_stages, num_sms, raster_n, multicast, split_k,
-    interleave_k, serial_m, stream_k, split_cluster) for a (kind, N, K).
+    interleave_k, serial_m, stream_k, split_cluster, two_acc_sets) for a (kind, N, K).
 
     For tuning; ``fields`` empty removes the override. Every field is checked here (unknown names, types, ranges,
     and with block_m and block_n both given the combination), raising ValueError or TypeError that names it.
