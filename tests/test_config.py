@@ -356,6 +356,23 @@ def test_128_row_split_k_clusters_take_two_accumulator_sets():
                           two_acc_sets=True, **bad)
 
 
+def test_two_accumulator_sets_where_one_warpgroup_bounds_the_loop():
+    """One-warpgroup tiles take two accumulator sets (where they fit); two-warpgroup tiles only as the 128-row
+    split-K clusters; interleaved K and tiles wider than 96 never; an override turns them off."""
+    one_wg = C.choose_config(C.KIND_NORMAL, 64, 7168, 2048, 1, 132)
+    assert (one_wg.num_math_wg, one_wg.block_n, one_wg.two_acc_sets) == (1, 64, True)
+    assert C.choose_config(C.KIND_NORMAL, 64, 24576, 1536, 1, 132).two_acc_sets
+    assert not C.choose_config(C.KIND_NORMAL, 128, 24576, 1536, 1, 132).two_acc_sets  # 128x96, two warpgroups
+    ilv = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
+    assert ilv.interleave_k and not ilv.two_acc_sets
+    assert not C.choose_config(C.KIND_NORMAL, 4096, 7168, 2048, 1, 132).two_acc_sets
+    C.override_config("normal", 7168, 2048, two_acc_sets=False)
+    try:
+        assert not C.choose_config(C.KIND_NORMAL, 64, 7168, 2048, 1, 132).two_acc_sets
+    finally:
+        C.override_config("normal", 7168, 2048)
+
+
 def test_split_k_extent_is_the_largest_split():
     assert C.split_k_extent(7168, 1) == 7168
     assert C.split_k_extent(7168, 8) == 7 * 128

@@ -45,7 +45,8 @@ def test_defines_are_the_kernel_contract_keys():
         "CUPYGEMM_SHAPE_N", "CUPYGEMM_SHAPE_K", "CUPYGEMM_BLOCK_M", "CUPYGEMM_BLOCK_N", "CUPYGEMM_WGMMA_N",
         "CUPYGEMM_NUM_STAGES", "CUPYGEMM_NUM_MATH_WG", "CUPYGEMM_MATH_REGS", "CUPYGEMM_PRODUCER_REGS",
         "CUPYGEMM_SWIZZLE_D", "CUPYGEMM_RASTER_N", "CUPYGEMM_KIND", "CUPYGEMM_MULTICAST", "CUPYGEMM_INTERLEAVE_K",
-        "CUPYGEMM_SERIAL_M", "CUPYGEMM_SPLIT_K", "CUPYGEMM_STREAM_K", "CUPYGEMM_A_BOX_M", "CUPYGEMM_CLUSTER_ATTR"]
+        "CUPYGEMM_SERIAL_M", "CUPYGEMM_SPLIT_K", "CUPYGEMM_STREAM_K", "CUPYGEMM_A_BOX_M", "CUPYGEMM_CLUSTER_ATTR",
+        "CUPYGEMM_TWO_ACC_SETS"]  # (one math warpgroup: two accumulator sets, a flag added last where on)
     assert cfg.split_k > 1 and d["CUPYGEMM_SPLIT_K"] == cfg.split_k and d["CUPYGEMM_INTERLEAVE_K"] == 0
     # Split-K clusters add their flag (last, so other kernels keep their sources) and launch 2-CTA clusters.
     two = C.make_config("normal", 2112, 7168, 64, 32, 132, split_k=2, split_cluster=True)

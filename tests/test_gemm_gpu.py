@@ -205,6 +205,30 @@ def test_split_k_clusters_match_global_memory(m, n, k, fields):
     assert stats["finite"] and stats["beyond_one_ulp"] == 0, stats
 
 
+@pytest.mark.parametrize("m,n,k,fields", [
+    (100, 1160, 1408, dict(block_m=64, block_n=48)),  # straddling B scale blocks, 11 K blocks (a chunk of 4 and 3)
+    (1, 2304, 1536, dict(block_m=64, block_n=96)),
+    (200, 1280, 7168, dict(block_m=64, block_n=64, split_k=3)),
+    (130, 1280, 1408, dict(block_m=128, block_n=32)),
+])
+def test_two_accumulator_sets_match_one(m, n, k, fields):
+    """The K loop on two accumulator sets (the model's pick for one-warpgroup tiles) gives the one-set loop's output
+    bit for bit, on ragged rows, split-K and two warpgroups too, and passes the check."""
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, 7)
+    outs = []
+    for two in (True, False):
+        C.override_config("normal", n, k, two_acc_sets=two, **fields)
+        try:
+            assert C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132).two_acc_sets == two
+            outs.append(cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb)))
+        finally:
+            C.override_config("normal", n, k)
+    assert (outs[0].view(cp.uint16) == outs[1].view(cp.uint16)).all()
+    want, mag = ref_normal(a, sfa, b, sfb)
+    stats = check_against_reference(outs[0], want, mag)
+    assert stats["finite"] and stats["beyond_one_ulp"] == 0, stats
+
+
 def test_split_k_streams_and_graph():
     """Split-K scratch is per stream: GEMMs on two streams at once, and one replayed from a CUDA graph."""
     m, n, k = 128, 2048, 4096

@@ -16,7 +16,8 @@ from ..util import ceil_div
 from .constants import (BLOCK_K, KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, SM90_MAX_SMEM_PER_BLOCK,
                         STREAM_K_KINDS, THREE_WG_BLOCK_M, kind_id)
 from .cost import Estimate, estimate, interleave_k_pays, interleave_k_regime, largest_masked_draw
-from .legality import GemmConfig, make_config, multicast_options, serial_m_possible, split_k_extent, wgmma_n_for
+from .legality import (GemmConfig, make_config, multicast_options, serial_m_possible, split_k_extent,
+                       two_acc_sets_fit, wgmma_n_for)
 from .overrides import config_version, forced
 
 # 192-row tiles are weighed for normal GEMMs up to this K, against 256-row picks (see cost.THREE_WG_OVERHEAD_FACTOR).
@@ -50,6 +51,13 @@ SPLIT_CLUSTER_DEFAULT = True
 # 7168 6 %; 960-1024 x 256 x 7168 4-5 %. With one accumulator set these tiles were slower than the 48-column ones
 # (12.1-12.5 us as clusters): the two-warpgroup K loop's chain of issue, wait and promotion bounds them (NOTES.md 31f).
 CLUSTER_SPLIT_K_BLOCK_N_128 = 32
+# Tiles of one math warpgroup (64 rows, no interleaved K) take two accumulator sets too. On an H100: 64x2112x7168
+# (64x48 split 3) 11.2-11.3 -> 11.0-11.1 us, 64x24576x1536 (64x96) 18.6-18.7 -> 18.4-18.5, 64x7168x2048 (64x64)
+# 8.9 -> 8.6-8.75 plain and 8.9-9.1 -> 8.9-9.0 packed; 1-4.5 % on eight other problems (64x576x7168 7.9 -> 7.6,
+# masked 2x64x3072x1536 11.3-11.55 -> 10.9-11.05), none slower. Unsplit 128-row tiles gained nothing
+# (128x24576x1536, 128x7168x2048) or lost (128x32 on 128x4096x7168 packed: 15.3-15.4 against 15.1-15.2), so they
+# keep one set (benchmarks/NOTES.md 32c).
+TWO_ACC_SETS_ONE_WG = True
 
 #: Rows per memo class: see m_class.
 M_CLASS_ROWS = 64
@@ -306,9 +314,11 @@ def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int
                 clustered = None
             if clustered is not None and clustered.num_stages == cfg.num_stages:
                 cfg = clustered
-    # 8. Two accumulator sets where the rule's 128-row clusters bound their K loop (CLUSTER_SPLIT_K_BLOCK_N_128).
-    two_acc = fields.get("two_acc_sets", cfg.split_cluster and cfg.block_m == 128
-                         and cfg.block_n == CLUSTER_SPLIT_K_BLOCK_N_128)
+    # 8. Two accumulator sets where one warpgroup's chain of issue, wait and promotion bounds the K loop: the rule's
+    #    128-row clusters (CLUSTER_SPLIT_K_BLOCK_N_128) and tiles of one math warpgroup (TWO_ACC_SETS_ONE_WG).
+    two_acc = fields.get("two_acc_sets", two_acc_sets_fit(cfg) and (
+        (cfg.split_cluster and cfg.block_m == 128 and cfg.block_n == CLUSTER_SPLIT_K_BLOCK_N_128)
+        or (TWO_ACC_SETS_ONE_WG and cfg.num_math_wg == 1)))
     if two_acc:
         cfg = build(cfg.split_cluster, True)
     if "num_sms" in fields:

@@ -170,6 +170,17 @@ def stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, i
     return 0
 
 
+def _two_acc_sets_fit(block_n: int, wgmma_n: int, interleave_k: bool, serial_m: bool, stream_k: bool) -> bool:
+    """Whether the K loop on two accumulator sets (KernelTraits::kTwoAccSets) compiles for these fields: one unsplit
+    wgmma of at most 96 columns per K block, whole tiles only (the registers of a second set fit up to there)."""
+    return wgmma_n == block_n <= 96 and not (interleave_k or serial_m or stream_k)
+
+
+def two_acc_sets_fit(cfg: GemmConfig) -> bool:
+    """Whether ``cfg`` could run its K loop on two accumulator sets (``two_acc_sets``)."""
+    return _two_acc_sets_fit(cfg.block_n, cfg.wgmma_n, cfg.interleave_k, cfg.serial_m, cfg.stream_k)
+
+
 def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num_sms: int,
                 smem_limit: int = SM90_MAX_SMEM_PER_BLOCK, wgmma_n: int | None = None,
                 num_stages: int | None = None, raster_n: int | None = None, multicast: int = 0,
@@ -211,7 +222,7 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
         raise ValueError(f"split_cluster needs a normal GEMM with split_k=2, no multicast and no stream_k; got "
                          f"split_k={split_k}, multicast={multicast}, stream_k={stream_k}")
     two_acc_sets = bool(two_acc_sets)
-    if two_acc_sets and (interleave or stream_k or serial_m or wn != block_n or block_n > 96):
+    if two_acc_sets and not _two_acc_sets_fit(block_n, wn, interleave, bool(serial_m), bool(stream_k)):
         raise ValueError(f"two_acc_sets needs one unsplit wgmma of at most 96 columns (wgmma_n == block_n <= 96) and "
                          f"no interleave_k, serial_m or stream_k; got block_n={block_n}, wgmma_n={wn}, "
                          f"interleave_k={interleave}, serial_m={serial_m}, stream_k={stream_k}")
