@@ -1,7 +1,7 @@
 """Check that a CUDA source change is SASS-neutral: compile every config the chooser proposes for the seed shapes
 (and a few serving decode M values) from two trees of cuda_src/, and compare the kernels' instruction streams.
 
-    python scripts/sass_diff.py                      # base = main at 24dd7b6, new = this checkout's cuda_src/
+    python scripts/sass_diff.py                      # base = main at 1b28717, new = this checkout's cuda_src/
     python scripts/sass_diff.py --base REV --jobs 2
     python scripts/sass_diff.py --hashes             # print the new tree's stream hashes of the chosen configs
     python scripts/sass_diff.py --pin                # print tests/test_sass_pinned.py's PINNED_HASHES entry
@@ -49,7 +49,7 @@ from sass_tools.elf import Cubin  # noqa: E402
 from sass_tools.nvrtc import compile_ctypes  # noqa: E402
 
 ENTRY = "cupygemm_fp8_gemm"
-DEFAULT_BASE = "24dd7b6"
+DEFAULT_BASE = "1b28717"
 NUM_SMS = 132
 # Serving decode batches besides the seed shapes' M (64, 128, 4096): they reach split-K across CTAs, interleave_k
 # and the one-wave tiles.
