@@ -51,8 +51,8 @@ template <class T> __device__ __forceinline__ SideWork side_work(const uint32_t*
 
 template <class T>
 __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaDescriptor& tmap_a_tail,
-                                         const TmaDescriptor& tmap_b,
-                                         const TmaDescriptor& tmap_sfa, const TmaDescriptor& tmap_d,
+                                         const TmaDescriptor& tmap_b, const TmaDescriptor& tmap_sfa,
+                                         const TmaDescriptor& tmap_d,
                                          const float* __restrict__ sfb, const int* __restrict__ grouped_layout,
                                          uint16_t* __restrict__ d_ptr, float* __restrict__ partials,
                                          uint32_t* __restrict__ tile_counters, uint32_t shape_m, uint32_t num_groups,
@@ -205,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
 #else
   const cupygemm::SideArgs sides{};
 #endif
-  cupygemm::fp8_gemm<Traits>(tmap_a, tmap_a_tail, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials, tile_counters,
-                             shape_m, num_groups, ld_d, b_evict_first, sides);
+  cupygemm::fp8_gemm<Traits>(tmap_a, tmap_a_tail, tmap_b, tmap_sfa, tmap_d, sfb, grouped_layout, d_ptr, partials,
+                             tile_counters, shape_m, num_groups, ld_d, b_evict_first, sides);
 }
 #endif
