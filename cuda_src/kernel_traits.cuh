@@ -68,10 +68,11 @@ struct KernelTraits {
                 "contiguous 256-row tiles: one 128-row half per warpgroup");
 
   // Two wgmma accumulator sets in the whole-tile K loop (mainloop.cuh, k_loop_two_sets): one batch of wgmmas, all
-  // sub-tiles, one column block, no interleaved K or stream-K pieces.
+  // sub-tiles, one column block, no interleaved K or stream-K pieces; the second set fits the registers up to 128
+  // columns with one math warpgroup (255 registers) and 96 with two (232; contract.py, TWO_ACC_SETS_MAX_N).
   static constexpr bool kTwoAccSets = kTwoAccSets_;
   static_assert(!kTwoAccSets || (!kInterleaveK && !kStreamK && kNumNSub == 1 && kAccSubTiles == kNumMSub &&
-                                 WGMMA_N <= 96),
+                                 WGMMA_N <= (kNumMathWG == 1 ? 128 : 96)),
                 "two accumulator sets: one unsplit wgmma batch of at most 96 columns per K block");
 
   // ---- K splits across CTAs ----

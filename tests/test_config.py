@@ -363,6 +363,10 @@ def test_two_accumulator_sets_where_one_warpgroup_bounds_the_loop():
     assert (one_wg.num_math_wg, one_wg.block_n, one_wg.two_acc_sets) == (1, 64, True)
     assert C.choose_config(C.KIND_NORMAL, 64, 24576, 1536, 1, 132).two_acc_sets
     assert not C.choose_config(C.KIND_NORMAL, 128, 24576, 1536, 1, 132).two_acc_sets  # 128x96, two warpgroups
+    wide = C.choose_config(C.KIND_NORMAL, 64, 32768, 512, 1, 132)  # one warpgroup: up to 128 columns
+    assert (wide.block_n, wide.num_math_wg, wide.two_acc_sets) == (128, 1, True)
+    with pytest.raises(ValueError, match="two_acc_sets"):
+        C.make_config("normal", 4096, 7168, 128, 128, 132, two_acc_sets=True)  # 128 wide on two warpgroups
     ilv = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
     assert ilv.interleave_k and not ilv.two_acc_sets
     assert not C.choose_config(C.KIND_NORMAL, 4096, 7168, 2048, 1, 132).two_acc_sets

@@ -210,6 +210,8 @@ def test_split_k_clusters_match_global_memory(m, n, k, fields):
     (1, 2304, 1536, dict(block_m=64, block_n=96)),
     (200, 1280, 7168, dict(block_m=64, block_n=64, split_k=3)),
     (130, 1280, 1408, dict(block_m=128, block_n=32)),
+    (70, 1344, 1408, dict(block_m=64, block_n=112, multicast=2)),  # one warpgroup, up to 128 wide, B multicast
+    (33, 1280, 640, dict(block_m=64, block_n=128)),
 ])
 def test_two_accumulator_sets_match_one(m, n, k, fields):
     """The K loop on two accumulator sets (the model's pick for one-warpgroup tiles) gives the one-set loop's output

@@ -54,7 +54,9 @@ CLUSTER_SPLIT_K_BLOCK_N_128 = 32
 # Tiles of one math warpgroup (64 rows, no interleaved K) take two accumulator sets too. On an H100: 64x2112x7168
 # (64x48 split 3) 11.2-11.3 -> 11.0-11.1 us, 64x24576x1536 (64x96) 18.6-18.7 -> 18.4-18.5, 64x7168x2048 (64x64)
 # 8.9 -> 8.6-8.75 plain and 8.9-9.1 -> 8.9-9.0 packed; 1-4.5 % on eight other problems (64x576x7168 7.9 -> 7.6,
-# masked 2x64x3072x1536 11.3-11.55 -> 10.9-11.05), none slower. Unsplit 128-row tiles gained nothing
+# masked 2x64x3072x1536 11.3-11.55 -> 10.9-11.05), none slower; one-warpgroup tiles 112 and 128 wide 0-3 %
+# (128x7168x2048 on 64x112 with B multicast 10.1-10.2 -> 9.8-9.9, masked 16x32x3072x1536 35.4 -> 34.4, the N = 32768
+# shapes on 64x128 within 0.5 %). Unsplit 128-row tiles gained nothing
 # (128x24576x1536, 128x7168x2048) or lost (128x32 on 128x4096x7168 packed: 15.3-15.4 against 15.1-15.2), so they
 # keep one set (benchmarks/NOTES.md 32c).
 TWO_ACC_SETS_ONE_WG = True

@@ -170,15 +170,22 @@ def stages_for(block_m: int, block_n: int, num_k_blocks: int, smem_limit: int, i
     return 0
 
 
-def _two_acc_sets_fit(block_n: int, wgmma_n: int, interleave_k: bool, serial_m: bool, stream_k: bool) -> bool:
-    """Whether the K loop on two accumulator sets (KernelTraits::kTwoAccSets) compiles for these fields: one unsplit
-    wgmma of at most 96 columns per K block, whole tiles only (the registers of a second set fit up to there)."""
-    return wgmma_n == block_n <= 96 and not (interleave_k or serial_m or stream_k)
+#: Widest tile whose K loop runs on two accumulator sets: a second set fits the registers up to 96 columns with two
+#: math warpgroups (232 registers each) and up to 128 with one (255; KernelTraits::kTwoAccSets).
+TWO_ACC_SETS_MAX_N = {1: 128, 2: 96}
+
+
+def _two_acc_sets_fit(block_m: int, block_n: int, wgmma_n: int, interleave_k: bool, serial_m: bool,
+                      stream_k: bool) -> bool:
+    """Whether the K loop on two accumulator sets compiles for these fields: one unsplit wgmma per K block, whole
+    tiles only, and at most TWO_ACC_SETS_MAX_N columns."""
+    wgs = contract.math_warpgroups(block_m, interleave_k)
+    return (wgmma_n == block_n <= TWO_ACC_SETS_MAX_N.get(wgs, 0)) and not (interleave_k or serial_m or stream_k)
 
 
 def two_acc_sets_fit(cfg: GemmConfig) -> bool:
     """Whether ``cfg`` could run its K loop on two accumulator sets (``two_acc_sets``)."""
-    return _two_acc_sets_fit(cfg.block_n, cfg.wgmma_n, cfg.interleave_k, cfg.serial_m, cfg.stream_k)
+    return _two_acc_sets_fit(cfg.block_m, cfg.block_n, cfg.wgmma_n, cfg.interleave_k, cfg.serial_m, cfg.stream_k)
 
 
 def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num_sms: int,
@@ -222,10 +229,11 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
         raise ValueError(f"split_cluster needs a normal GEMM with split_k=2, no multicast and no stream_k; got "
                          f"split_k={split_k}, multicast={multicast}, stream_k={stream_k}")
     two_acc_sets = bool(two_acc_sets)
-    if two_acc_sets and not _two_acc_sets_fit(block_n, wn, interleave, bool(serial_m), bool(stream_k)):
-        raise ValueError(f"two_acc_sets needs one unsplit wgmma of at most 96 columns (wgmma_n == block_n <= 96) and "
-                         f"no interleave_k, serial_m or stream_k; got block_n={block_n}, wgmma_n={wn}, "
-                         f"interleave_k={interleave}, serial_m={serial_m}, stream_k={stream_k}")
+    if two_acc_sets and not _two_acc_sets_fit(block_m, block_n, wn, interleave, bool(serial_m), bool(stream_k)):
+        raise ValueError(f"two_acc_sets needs one unsplit wgmma (wgmma_n == block_n) of at most 128 columns with one "
+                         f"math warpgroup or 96 with two, and no interleave_k, serial_m or stream_k; got block "
+                         f"{block_m}x{block_n}, wgmma_n={wn}, interleave_k={interleave}, serial_m={serial_m}, "
+                         f"stream_k={stream_k}")
     if split_cluster and num_sms % split_k:
         raise ValueError(f"split_cluster launches whole clusters of split_k={split_k} CTAs: the grid ({num_sms}) must "
                          f"be a multiple of it")
