@@ -44,6 +44,9 @@ PINNED_CONFIGS = {
     # masked 1x1024x4096x7168: stream-K tail, 64-row A boxes
     "masked-256x128-streamk": dict(BLOCK_M=256, NUM_STAGES=3, RASTER_N=8, KIND=2, MULTICAST=1, SERIAL_M=1,
                                    STREAM_K=1, A_BOX_M=64, CLUSTER_ATTR=_CLUSTER),
+    # normal 64x32768x512: one warpgroup, 128 wide, two accumulator sets
+    "normal-64x128-1wg-2acc": dict(SHAPE_N=32768, SHAPE_K=512, BLOCK_M=64, NUM_MATH_WG=1, MATH_REGS=255, A_BOX_M=64,
+                                   TWO_ACC_SETS=1),
     # normal 128x2112x7168: split-K clusters of two, two accumulator sets
     "normal-128x32-cluster-2acc": dict(SHAPE_N=2112, BLOCK_N=32, WGMMA_N=32, NUM_STAGES=8, SWIZZLE_D=64, SPLIT_K=2,
                                        CLUSTER_ATTR=_CLUSTER, SPLIT_CLUSTER=1, TWO_ACC_SETS=1),
@@ -65,6 +68,7 @@ PINNED_HASHES = {
         'normal-192x128-3wg-mcA': 'f7737f6e1b400b88',
         'contiguous-256x128-serial': '0c395a5b074a20fe',
         'masked-256x128-streamk': '6239646ef14507a0',
+        'normal-64x128-1wg-2acc': 'a39cc6bd17a6dd21',
         'normal-128x32-cluster-2acc': 'ec76c48ece1b0d9b',
         'masked-128x144-boundary': '1dd3d92f1d7b7334',
     },
@@ -75,6 +79,7 @@ PINNED_HASHES = {
         'normal-192x128-3wg-mcA': '738e8568a78e2180',
         'contiguous-256x128-serial': '875b71d26ec2f128',
         'masked-256x128-streamk': '3354ad8681146cb8',
+        'normal-64x128-1wg-2acc': '191da68730cdb4a9',
         'normal-128x32-cluster-2acc': 'a7d7d4902ed5957f',
         'masked-128x144-boundary': 'c4a189cd38bfb19f',
     },
@@ -85,6 +90,7 @@ PINNED_HASHES = {
         'normal-192x128-3wg-mcA': '6a42da6acbab42c6',
         'contiguous-256x128-serial': 'acb00fd3bc2b1347',
         'masked-256x128-streamk': '9d23039f787bae10',
+        'normal-64x128-1wg-2acc': '3e3678d3cac05c5a',
         'normal-128x32-cluster-2acc': 'caee48aa469c6901',
         'masked-128x144-boundary': 'a367f100a8700180',
     },
@@ -95,6 +101,7 @@ PINNED_HASHES = {
         'normal-192x128-3wg-mcA': '06a4430dc445bbc6',
         'contiguous-256x128-serial': '3307f708a91091a9',
         'masked-256x128-streamk': '2a4f68d70041c3c5',
+        'normal-64x128-1wg-2acc': '3e3678d3cac05c5a',
         'normal-128x32-cluster-2acc': '89dd4bbe65514e5c',
         'masked-128x144-boundary': '8444301554b3cb8b',
     },
