@@ -73,7 +73,8 @@ struct KernelTraits {
   static constexpr bool kTwoAccSets = kTwoAccSets_;
   static_assert(!kTwoAccSets || (!kInterleaveK && !kStreamK && kNumNSub == 1 && kAccSubTiles == kNumMSub &&
                                  WGMMA_N <= (kNumMathWG == 1 ? 128 : 96)),
-                "two accumulator sets: one unsplit wgmma batch of at most 96 columns per K block");
+                "two accumulator sets: one unsplit wgmma batch per K block, at most 128 columns on one math "
+                "warpgroup and 96 on two");
 
   // ---- K splits across CTAs ----
   // kSplitK > 1: each CTA sums one split of a tile's K blocks into FP32 partial sums in global memory; the last of

@@ -27,7 +27,6 @@ __all__ = [
     "THREE_WG_BLOCK_M", "b_evict_first", "b_evict_first_rule", "candidate_block_ms", "candidate_tiles", "choose",
     "choose_config", "clear_memo", "config_version", "default_raster_n", "estimate", "fewest_ctas_for_rounds",
     "interleave_k_fits", "interleave_k_pays", "interleave_k_regime", "kind_id", "m_class", "make_config", "memo_info",
-    "model_rows",
-    "multicast_options", "output_swizzle", "override_config", "serial_m_possible", "side_aware_config", "split_k_extent", "split_k_tile",
-    "stream_k_tail", "wgmma_n_for",
+    "model_rows", "multicast_options", "output_swizzle", "override_config", "serial_m_possible", "side_aware_config",
+    "split_k_extent", "split_k_tile", "stream_k_tail", "wgmma_n_for",
 ]
