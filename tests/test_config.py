@@ -257,26 +257,27 @@ def test_make_config_rejects_bad_split_k(kind, k, ks, msg):
 
 
 def test_b_evict_first_rule(monkeypatch):
-    """B tiles may be first to evict from L2 on an H100 whatever B's size, elsewhere when B (all groups) is larger
-    than L2 (auto), always (1) or never (0); other values are refused with the variable's name."""
+    """B tiles may be first to evict from L2 on an H100 or H200 whatever B's size, elsewhere when B (all groups) is
+    larger than L2 (auto), always (1) or never (0); other values are refused with the variable's name."""
     l2 = 50 << 20
-    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    h100, h200, other = "NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H800"
     monkeypatch.delenv(C.B_EVICT_FIRST_ENV, raising=False)
-    assert C.b_evict_first(1, 32768, 512, l2, h100) and C.b_evict_first(1, 7168, 16384, l2, h100)
-    assert C.b_evict_first(1, 7168, 16384, l2, h200)  # 112 MiB of weights
-    assert not C.b_evict_first(1, 32768, 512, l2, h200)  # 16 MiB: may stay in L2 for the next call
-    assert C.b_evict_first(8, 4096, 7168, l2, h200) and not C.b_evict_first(1, 4096, 7168, l2, h200)
+    for name in (h100, h200):
+        assert C.b_evict_first(1, 32768, 512, l2, name) and C.b_evict_first(1, 7168, 16384, l2, name)
+    assert C.b_evict_first(1, 7168, 16384, l2, other)  # 112 MiB of weights
+    assert not C.b_evict_first(1, 32768, 512, l2, other)  # 16 MiB: may stay in L2 for the next call
+    assert C.b_evict_first(8, 4096, 7168, l2, other) and not C.b_evict_first(1, 4096, 7168, l2, other)
     monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "1")
-    assert C.b_evict_first(1, 32768, 512, l2, h200)
+    assert C.b_evict_first(1, 32768, 512, l2, other)
     monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "0")
-    assert not C.b_evict_first(1, 7168, 16384, l2, h100)
+    assert not C.b_evict_first(1, 7168, 16384, l2, h100) and not C.b_evict_first(1, 7168, 16384, l2, h200)
     monkeypatch.setenv(C.B_EVICT_FIRST_ENV, " Yes ")  # the boolean spellings of 1/0 (cupygemm.env)
-    assert C.b_evict_first(1, 32768, 512, l2, h200)
+    assert C.b_evict_first(1, 32768, 512, l2, other)
     monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "off")
     assert not C.b_evict_first(1, 32768, 512, l2, h100)
     monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "")  # empty = the default
-    assert C.b_evict_first(1, 32768, 512, l2, h100) and not C.b_evict_first(1, 32768, 512, l2, h200)
-    assert (C.b_evict_first_rule(h100), C.b_evict_first_rule(h200)) == ("any B", "B larger than L2")
+    assert C.b_evict_first(1, 32768, 512, l2, h200) and not C.b_evict_first(1, 32768, 512, l2, other)
+    assert [C.b_evict_first_rule(d) for d in (h100, h200, other)] == ["any B", "any B", "B larger than L2"]
     monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "0")
     assert C.b_evict_first_rule(h100) == "no B"
     monkeypatch.setenv(C.B_EVICT_FIRST_ENV, "maybe")
