@@ -119,13 +119,13 @@ def test_small_m_uses_one_math_warpgroup_and_fills_the_gpu():
     assert units >= 100, "a 64-row GEMM must spread N (and K) over most SMs"
 
 
-@pytest.mark.parametrize("m,n,k,want", [(64, 2112, 7168, (64, 48, 3)), (128, 2112, 7168, (128, 32, 2)),
-                                        (1, 2112, 7168, (64, 48, 3)), (200, 512, 7168, (128, 48, 4)),
+@pytest.mark.parametrize("m,n,k,want", [(64, 2112, 7168, (64, 32, 2)), (128, 2112, 7168, (128, 32, 2)),
+                                        (1, 2112, 7168, (64, 32, 2)), (200, 512, 7168, (128, 48, 4)),
                                         (64, 576, 7168, (64, 48, 4)), (64, 1536, 7168, (64, 48, 4)),
                                         (64, 4096, 7168, None), (64, 2112, 1024, None), (4096, 2112, 7168, None)])
 def test_split_k_only_where_tiles_cannot_fill_the_gpu(m, n, k, want):
-    """Split-K across CTAs when 64x64 tiles would fill at most half the SMs, with splits of 8+ K blocks (128-row
-    blocks on 32-column tiles split two ways where that keeps as many SMs busy)."""
+    """Split-K across CTAs when 64x64 tiles would fill at most half the SMs, with splits of 8+ K blocks (on
+    32-column tiles split two ways where that keeps as many SMs busy)."""
     assert C.split_k_tile(C.KIND_NORMAL, m, n, k, 132) == want
     cfg = C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
     assert (cfg.block_m, cfg.block_n, cfg.split_k) == want if want else cfg.split_k == 1
@@ -138,7 +138,8 @@ def test_split_k_only_where_tiles_cannot_fill_the_gpu(m, n, k, want):
 @pytest.mark.parametrize("m,n,k,sides,want", [
     (64, 2112, 7168, True, (64, 32, 2, True)),  # units of 28 K blocks: interleaved K on two warpgroups
     (32, 2112, 7168, True, (64, 32, 2, True)),
-    (64, 2112, 7168, False, (64, 48, 3, False)),  # plain weights: 19 K blocks per unit, one warpgroup
+    (64, 2112, 7168, False, (64, 32, 2, True)),  # plain weights: the same tile
+    (64, 1536, 7168, False, (64, 48, 4, False)),  # plain weights: 14 K blocks per unit, one warpgroup
     (128, 2112, 7168, True, (128, 32, 2, False)), (128, 2112, 7168, False, (128, 32, 2, False)),
     (64, 576, 7168, True, (64, 32, 4, False))])
 def test_split_k_tiles_for_packed_weights(m, n, k, sides, want):
@@ -317,8 +318,8 @@ def test_split_k_clusters():
     assert scratch_sizes(packed, 64) == (0, contract.SIDE_TICKET_COUNTERS)
     assert contract.side_unit_tiles(packed, 64, 1) == 1  # a cluster takes a tile's splits at once
     assert contract.side_unit_tiles(dataclasses.replace(packed, split_cluster=False), 64, 1) == 2
-    plain = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
-    assert plain.split_k == 3 and not plain.split_cluster and cluster_size(plain) == 1
+    three = C.choose_config(C.KIND_NORMAL, 64, 200, 3000, 1, 132)
+    assert three.split_k == 3 and not three.split_cluster and cluster_size(three) == 1
     C.override_config("normal", 2112, 7168, block_m=64, block_n=32, split_k=2)
     try:
         two = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
@@ -355,6 +356,22 @@ def test_128_row_split_k_clusters_take_two_accumulator_sets():
         with pytest.raises(ValueError, match="two_acc_sets"):
             C.make_config("normal", 2112, 7168, 64 if bad.get("interleave_k") else 128, bad.pop("block_n"), 132,
                           two_acc_sets=True, **bad)
+
+
+def test_64_row_split_k_clusters_of_32_columns():
+    """One 64-row block of N = 2112, K = 7168 on 132 SMs, any M in its memo class: 64x32 tiles split two ways as
+    clusters on two interleaved warpgroups (132 units, as many as the 48-column rule's 44 x 3), the tile packed B
+    takes too; N = 1536 takes them on 114 SMs (48 x 2 = 96 units against 32 x 3) and not on 132 (128 units on 64x48
+    split 4), nor does N = 2112 on 114 SMs (132 units would not fit: 64x48 split 2, as clusters)."""
+    for m in (1, 16, 48, 64):
+        for sides in (False, True):
+            cfg = C.choose_config(C.KIND_NORMAL, m, 2112, 7168, 1, 132, sides=sides)
+            assert (cfg.block_m, cfg.block_n, cfg.split_k, cfg.split_cluster, cfg.interleave_k, cfg.num_sms) == (
+                64, 32, 2, True, True, 132), (m, sides)
+    assert C.choose_config(C.KIND_NORMAL, 64, 1536, 7168, 1, 114).block_n == 32
+    for n, sms, want in ((1536, 132, (48, 4, False)), (2112, 114, (48, 2, True))):
+        cfg = C.choose_config(C.KIND_NORMAL, 64, n, 7168, 1, sms)
+        assert (cfg.block_n, cfg.split_k, cfg.split_cluster) == want, (n, sms)
 
 
 def test_two_accumulator_sets_where_one_warpgroup_bounds_the_loop():

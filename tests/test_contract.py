@@ -39,7 +39,7 @@ def test_runtime_parameters_match_the_entry_point():
 
 def test_defines_are_the_kernel_contract_keys():
     """The template constants, in the split-K vocabulary; the grid size is not one of them."""
-    cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
+    cfg = C.choose_config(C.KIND_NORMAL, 64, 200, 3000, 1, 132)  # 64x48 split 3 on one warpgroup
     d = contract.defines(cfg)
     assert list(d) == [
         "CUPYGEMM_SHAPE_N", "CUPYGEMM_SHAPE_K", "CUPYGEMM_BLOCK_M", "CUPYGEMM_BLOCK_N", "CUPYGEMM_WGMMA_N",

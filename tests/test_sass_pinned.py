@@ -29,7 +29,7 @@ _CLUSTER = "__cluster_dims__(2, 1, 1)"
 PINNED_CONFIGS = {
     # normal 128x32768x512: the plain two-warpgroup kernel
     "normal-128x128": dict(SHAPE_N=32768, SHAPE_K=512),
-    # normal 64x2112x7168: split-K over 3 CTAs, one warpgroup, tiles straddling B scale blocks
+    # split-K over 3 CTAs, one warpgroup, tiles straddling B scale blocks (64x200x3000 runs these)
     "normal-64x48-split3": dict(SHAPE_N=2112, BLOCK_M=64, BLOCK_N=48, WGMMA_N=48, NUM_STAGES=8, NUM_MATH_WG=1,
                                 MATH_REGS=255, SWIZZLE_D=32, A_BOX_M=64, SPLIT_K=3),
     # normal 128x4096x7168: interleave_k, B multicast

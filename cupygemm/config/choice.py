@@ -45,12 +45,15 @@ SIDE_SPLIT_K_BLOCK_N = 32
 # leader's shared memory rather than global memory (cuda_src/reduction.cuh, ClusterSplit). Packed 64x2112x7168 on
 # an H100: 10.6 -> 10.2-10.3 us; 32x2112x7168 11.5 -> 10.9 (benchmarks/NOTES.md 31e).
 SPLIT_CLUSTER_DEFAULT = True
-# 128-row split-K tiles are 32 columns wide and split two ways, as clusters with two accumulator sets, where that
-# keeps as many SMs busy as the 48-column rule. On an H100 (benchmarks/NOTES.md 32b, against 128x48 split 3 or 2):
-# 65-128 x 2112 x 7168 7-9 % faster plain (12.5 -> 11.4 us at 128 rows), 2-5 % packed (11.9 -> 11.35); 257-384 x 576 x
-# 7168 6 %; 960-1024 x 256 x 7168 4-5 %. With one accumulator set these tiles were slower than the 48-column ones
-# (12.1-12.5 us as clusters): the two-warpgroup K loop's chain of issue, wait and promotion bounds them (NOTES.md 31f).
-CLUSTER_SPLIT_K_BLOCK_N_128 = 32
+# Split-K tiles are 32 columns wide and split two ways, as clusters, where that keeps as many SMs busy as the
+# 48-column rule. 128-row ones (with two accumulator sets) on an H100 (benchmarks/NOTES.md 32b, against 128x48 split 3
+# or 2): 65-128 x 2112 x 7168 7-9 % faster plain (12.5 -> 11.4 us at 128 rows), 2-5 % packed (11.9 -> 11.35); 257-384
+# x 576 x 7168 6 %; 960-1024 x 256 x 7168 4-5 %. With one accumulator set these tiles were slower than the 48-column
+# ones (12.1-12.5 us as clusters): the two-warpgroup K loop's chain of issue, wait and promotion bounds them (NOTES.md
+# 31f). 64-row ones (two interleaved warpgroups, as packed B has had since NOTES.md 31e) against 64x48 split 3, three
+# passes (NOTES.md 33f): 1-64 x 2112 x 7168 5 % faster on an H100 (64 rows 11.0 -> 10.5 us, 1 row 10.9 -> 10.2-10.4)
+# and 8-10 % on an H200 (64 rows 9.5 -> 8.6); N = 1536 on 96 CTAs (an H100 PCIe's 114 SMs) 5-10 %.
+CLUSTER_SPLIT_K_BLOCK_N = 32
 # Tiles of one math warpgroup (64 rows, no interleaved K) take two accumulator sets too. On an H100: 64x2112x7168
 # (64x48 split 3) 11.2-11.3 -> 11.0-11.1 us, 64x24576x1536 (64x96) 18.6-18.7 -> 18.4-18.5, 64x7168x2048 (64x64)
 # 8.9 -> 8.6-8.75 plain and 8.9-9.1 -> 8.9-9.0 packed; 1-4.5 % on eight other problems (64x576x7168 7.9 -> 7.6,
@@ -185,7 +188,8 @@ def split_k_tile(kind: int, m_rows: int, n: int, k: int, num_sms: int,
                  sides: bool = False) -> tuple[int, int, int] | None:
     """(block_m, block_n, split_k) of split-K across CTAs where the measured rule asks for it (see SPLIT_K_BLOCK_N;
     SIDE_SPLIT_K_BLOCK_N for packed B), else None: a normal GEMM whose 64x64 tiles would fill at most half the SMs,
-    with at least two splits of 8+ K blocks in one wave."""
+    with at least two splits of 8+ K blocks in one wave; 32-column tiles in two splits (CLUSTER_SPLIT_K_BLOCK_N) where
+    they keep as many SMs busy."""
     if kind != KIND_NORMAL or ceil_div(m_rows, 64) * ceil_div(n, 64) > num_sms // 2:
         return None
     bm = 64 if m_rows <= 64 else 128
@@ -194,10 +198,10 @@ def split_k_tile(kind: int, m_rows: int, n: int, k: int, num_sms: int,
     ks = min(MAX_SPLIT_K, num_sms // tiles, ceil_div(k, BLOCK_K) // MIN_SPLIT_K_BLOCKS)
     if ks < 2:
         return None
-    if bm == 128 and SPLIT_CLUSTER_DEFAULT and ceil_div(k, BLOCK_K) // 2 >= MIN_SPLIT_K_BLOCKS:
-        units = ceil_div(m_rows, bm) * ceil_div(n, CLUSTER_SPLIT_K_BLOCK_N_128) * 2
+    if SPLIT_CLUSTER_DEFAULT and ceil_div(k, BLOCK_K) // 2 >= MIN_SPLIT_K_BLOCKS:
+        units = ceil_div(m_rows, bm) * ceil_div(n, CLUSTER_SPLIT_K_BLOCK_N) * 2
         if tiles * ks <= units <= num_sms:
-            return bm, CLUSTER_SPLIT_K_BLOCK_N_128, 2
+            return bm, CLUSTER_SPLIT_K_BLOCK_N, 2
     return bm, bn, ks
 
 
@@ -317,9 +321,9 @@ def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int
             if clustered is not None and clustered.num_stages == cfg.num_stages:
                 cfg = clustered
     # 8. Two accumulator sets where one warpgroup's chain of issue, wait and promotion bounds the K loop: the rule's
-    #    128-row clusters (CLUSTER_SPLIT_K_BLOCK_N_128) and tiles of one math warpgroup (TWO_ACC_SETS_ONE_WG).
+    #    128-row clusters (CLUSTER_SPLIT_K_BLOCK_N) and tiles of one math warpgroup (TWO_ACC_SETS_ONE_WG).
     two_acc = fields.get("two_acc_sets", two_acc_sets_fit(cfg) and (
-        (cfg.split_cluster and cfg.block_m == 128 and cfg.block_n == CLUSTER_SPLIT_K_BLOCK_N_128)
+        (cfg.split_cluster and cfg.block_m == 128 and cfg.block_n == CLUSTER_SPLIT_K_BLOCK_N)
         or (TWO_ACC_SETS_ONE_WG and cfg.num_math_wg == 1)))
     if two_acc:
         cfg = build(cfg.split_cluster, True)
