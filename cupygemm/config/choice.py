@@ -428,8 +428,8 @@ B_EVICT_FIRST_ENV = env.B_EVICT_FIRST
 
 # GPUs (a substring of the device name) where B tiles read by one row block go into L2 as first to evict whatever
 # B's size: after the bench's L2 flush the 64- and 128-row seed shapes took 3-13 % less time on the H100 and 2-10 %
-# less on the H200 (A/B in one process; none more), at 1-3 % (23 % on 64x24576x1536) when a loop keeps the same
-# weights warm in L2 (benchmarks/NOTES.md 30, 33). Elsewhere auto keeps the rule for B larger than L2.
+# less on the H200 (A/B in one process; none more), at a cost of 0-4 % (14-26 % on the N = 24576 shapes) when a loop
+# keeps the same weights warm in L2 (benchmarks/NOTES.md 30, 33a). Elsewhere auto keeps the rule for B larger than L2.
 B_EVICT_FIRST_ON = ("H100", "H200")
 
 
