@@ -19,11 +19,11 @@ from .env import B_EVICT_FIRST, PDL, setting_key
 from .device import num_sms_override, on_device, single_gpu
 from .packing import PackedWeights
 from .plan import NO_PAGE_SIDES, GemmPlan, plan_gemm
+from .sfa_layout import to_m_major
 from .streams import cupy_stream, resolve, torch_stream
 from .tensors import _framework_by_type as _frameworks
 from .tensors import BF16, Framework, View, cupy_view, empty, export_like, framework_of, gpu_device_of, \
     is_torch_tensor, read, read_cupy, read_torch
-from .util import ceil_div
 from .workspace import scratch
 
 _CALLS_LIMIT = 1024
@@ -151,8 +151,7 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
     if problem.sfa_m_major:
         sfa_ptr = ptrs[1]
     else:
-        sfa_view = views[1] if views is not None else read(sfa, _NAMES[1])
-        sfa_ptr, keep = _sfa_m_major_copy(sfa_view, problem, launch_stream, framework)
+        sfa_ptr, keep = to_m_major(problem, ptrs[1], sfa if views is None else views[1], launch_stream, framework)
     if layout is not None and validate.check_inputs_enabled():
         _check_layout_on_host(problem, views[5] if views is not None else read(layout, _layout_name(kind)),
                               launch_stream)
@@ -231,28 +230,6 @@ def same_framework(*tensors: Any) -> None:
         if t is not None and framework_of(t) is not framework:
             raise TypeError(f"{name}: got a {type(t).__module__}.{type(t).__name__} while A is a {framework.value} "
                             f"tensor; pass every tensor of a call from one framework (convert with DLPack first)")
-
-
-def _sfa_m_major_copy(sfa: View, problem: validate.Problem, stream: int, framework: Framework) -> tuple[int, Any]:
-    """SFA copied into the kernel's layout ([G][ceil(K/128)][m_pad], padding rows unread) on ``stream``; returns
-    its pointer and the buffer to keep alive until the launch is queued."""
-    g = problem.num_groups if problem.kind == KIND_MASKED else 1
-    kb, m, m_pad = ceil_div(problem.k, 128), problem.m, problem.sfa_m_pad
-    if framework is Framework.TORCH:
-        import torch
-
-        src = sfa.obj.reshape(g, m, kb)
-        with torch_stream(stream, problem.device):
-            buf = torch.empty((g, kb, m_pad), dtype=torch.float32, device=src.device)
-            buf[:, :, :m].copy_(src.transpose(1, 2))
-        return buf.data_ptr(), buf
-    import cupy
-
-    src = cupy_view(sfa).reshape(g, m, kb)
-    with cupy.cuda.Device(problem.device), cupy_stream(stream, problem.device):
-        buf = cupy.empty((g, kb, m_pad), dtype=cupy.float32)
-        buf[:, :, :m] = src.transpose(0, 2, 1)
-    return buf.data.ptr, buf
 
 
 def _zeros(framework: Framework, shape: tuple[int, ...], device: int, stream: int) -> Any:

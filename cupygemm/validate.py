@@ -33,6 +33,9 @@ class Problem:
     sfa_m_pad: int  # M stride of that layout, in elements
     device: int
     out_shape: tuple[int, ...]
+    # SFA's (group, row, column) strides in elements where it must be copied into the kernels' layout and the copy
+    # kernel can read it (cupygemm.sfa_layout); None otherwise
+    sfa_strides: tuple[int, int, int] | None = None
 
 
 def pair(x: object, name: str) -> tuple[object, object]:
@@ -84,6 +87,17 @@ def is_m_major(sfa: View, m_pad: int, kb: int) -> bool:
     inner = (shape[-2] <= 1 or s[-2] == 4) and (shape[-1] <= 1 or s[-1] == 4 * m_pad)
     groups = sfa.ndim == 2 or shape[0] <= 1 or s[0] == 4 * m_pad * kb
     return inner and groups and sfa.ptr % TMA_ALIGN == 0
+
+
+def sfa_copy_strides(sfa: View, m_major: bool) -> tuple[int, int, int] | None:
+    """SFA's (group, row, column) strides in elements, for the copy into the kernels' layout; None when SFA is in
+    that layout already, or when its strides are negative or not whole elements (the framework copies it then)."""
+    if m_major:
+        return None
+    strides = (0,) * (3 - sfa.ndim) + tuple(sfa.strides)
+    if any(s < 0 or s % 4 for s in strides):
+        return None
+    return strides[0] // 4, strides[1] // 4, strides[2] // 4
 
 
 def _device_of(views: list[View], names: list[str]) -> int:
@@ -146,7 +160,9 @@ def normal(a: View, sfa: View, b: View, sfb: View, out: View | None) -> Problem:
         views.append(out), names.append("out")
     dev = _device_of(views, names)
     m_pad = get_tma_aligned_size(m, 4)
-    return Problem(KIND_NORMAL, m, n, k, 1, is_m_major(sfa, m_pad, kb), m_pad, dev, (m, n))
+    m_major = is_m_major(sfa, m_pad, kb)
+    return Problem(KIND_NORMAL, m, n, k, 1, m_major, m_pad, dev, (m, n),
+                   sfa_copy_strides(sfa, m_major))
 
 
 def _grouped_b(b: View, sfb: View, k: int) -> tuple[int, int]:
@@ -186,7 +202,9 @@ def contiguous(a: View, sfa: View, b: View, sfb: View, out: View | None, m_indic
         views.append(out), names.append("out")
     dev = _device_of(views, names)
     m_pad = get_tma_aligned_size(m, 4)
-    return Problem(KIND_CONTIGUOUS, m, n, k, g, is_m_major(sfa, m_pad, kb), m_pad, dev, (m, n))
+    m_major = is_m_major(sfa, m_pad, kb)
+    return Problem(KIND_CONTIGUOUS, m, n, k, g, m_major, m_pad, dev, (m, n),
+                   sfa_copy_strides(sfa, m_major))
 
 
 def masked(a: View, sfa: View, b: View, sfb: View, out: View | None, masked_m: View, expected_m: int) -> Problem:
@@ -214,7 +232,9 @@ def masked(a: View, sfa: View, b: View, sfb: View, out: View | None, masked_m: V
         views.append(out), names.append("out")
     dev = _device_of(views, names)
     m_pad = get_tma_aligned_size(m, 4)
-    return Problem(KIND_MASKED, m, n, k, g, is_m_major(sfa, m_pad, kb), m_pad, dev, (g, m, n))
+    m_major = is_m_major(sfa, m_pad, kb)
+    return Problem(KIND_MASKED, m, n, k, g, m_major, m_pad, dev, (g, m, n),
+                   sfa_copy_strides(sfa, m_major))
 
 
 def check_expected_m(expected_m: object) -> None:

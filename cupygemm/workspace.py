@@ -1,6 +1,8 @@
 """Scratch memory of split-K across CTAs (``GemmConfig.split_k > 1``) and of the stream-K tail
 (``GemmConfig.stream_k``): FP32 partial tiles and arrival counters, per (device, stream) on which the kernel runs.
-The sizes a launch needs are the kernel contract's (:func:`cupygemm.contract.scratch_sizes`).
+The sizes a launch needs are the kernel contract's (:func:`cupygemm.contract.scratch_sizes`). Also per stream, and
+under the same rules: the buffer that A's scales are copied into when a call's SFA is not in the kernels' layout
+(:func:`sfa_buffer`, :mod:`cupygemm.sfa_layout`).
 
 Kernels on one stream run in order, so they can share a set; kernels on different streams may overlap, so each
 stream gets its own. The counters start at zero and every kernel leaves them at zero (the last CTA of a tile
@@ -98,3 +100,50 @@ def _grow(key: tuple[bool, int, int], floats: int, counters: int, torch_memory: 
                 _pinned.append(old)
         return new
 
+
+_sfa: OrderedDict[tuple[bool, int, int], tuple[int, int, Any]] = OrderedDict()  # key -> (floats, pointer, array)
+_sfa_pinned: list = []  # CuPy buffers outgrown or evicted: kept, as scratch sets are
+
+
+def sfa_buffer(floats: int, device: int, stream: int, framework: Framework) -> tuple[int, Any]:
+    """The device pointer of at least ``floats`` FP32 for a call's A scales in the kernels' layout, written and
+    read on ``stream`` (so one buffer serves every call there), and the object owning it."""
+    torch_memory = framework is Framework.TORCH
+    if torch_memory and is_capturing(stream):
+        t = _alloc_torch_floats(floats, device, stream)
+        return t.data_ptr(), t
+    key = (torch_memory, device, stream)
+    got = _sfa.get(key)
+    if got is None or got[0] < floats:
+        got = _grow_sfa(key, floats, torch_memory)
+    return got[1], got[2]
+
+
+def _alloc_torch_floats(floats: int, device: int, stream: int) -> Any:
+    torch = sys.modules["torch"]
+    with torch_stream(stream, device):
+        return torch.empty(floats, dtype=torch.float32, device=torch.device("cuda", device))
+
+
+def _grow_sfa(key: tuple[bool, int, int], floats: int, torch_memory: bool) -> tuple[int, int, Any]:
+    _, device, stream = key
+    with _lock:
+        old = _sfa.pop(key, None)
+        floats = max(floats, old[0] if old else 0) * 5 // 4
+        if torch_memory:
+            t = _alloc_torch_floats(floats, device, stream)
+            new = (floats, t.data_ptr(), t)
+        else:
+            import cupy
+
+            with cupy.cuda.Device(device), cupy_stream(stream, device):
+                arr = cupy.empty(floats, dtype=cupy.float32)
+            new = (floats, arr.data.ptr, arr)
+            if old is not None:
+                _sfa_pinned.append(old[2])
+        _sfa[key] = new
+        while len(_sfa) > MAX_SETS:
+            (evicted_torch, _, _), (_, _, arr) = _sfa.popitem(last=False)
+            if not evicted_torch:
+                _sfa_pinned.append(arr)
+        return new

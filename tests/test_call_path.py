@@ -229,11 +229,11 @@ def test_dlpack_operands_are_exported_once_per_call(recorder, monkeypatch):
            _DLPackProducer(0x18000000, (m, n), (n, 1), 4, 16)]           # out: bfloat16
     copied = []
 
-    def sfa_copy(view, problem, stream, framework):
+    def sfa_copy(problem, sfa_ptr, view, stream, framework):
         copied.append(view)
         return 0x1C000000, None
 
-    monkeypatch.setattr(gemm_mod, "_sfa_m_major_copy", sfa_copy)
+    monkeypatch.setattr(gemm_mod, "to_m_major", sfa_copy)
     monkeypatch.setattr(gemm_mod, "resolve", lambda stream, framework, device: 7)
     a, sfa, b, sfb, out = ops
     for _ in range(2):

@@ -194,13 +194,14 @@ def test_torch_cuda_graph_capture_and_replay(kind):
 def _forget_loaded_kernels() -> None:
     """Drop cupygemm's in-process memos of loaded modules and plans (the disk cache stays): the next call of any
     shape loads its module again, as a process's first call does."""
-    from cupygemm import gemm, kernels, plan, quantization
+    from cupygemm import gemm, kernels, plan, quantization, sfa_layout
     from cupygemm.jit import build
 
     gemm._calls.clear()
     plan.clear()
     kernels._by_config.clear()
     quantization._kernels.clear()
+    sfa_layout._launchers.clear()
     build._loaded.clear()
 
 
@@ -227,11 +228,15 @@ def test_torch_graph_capture_of_first_call_and_casts():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_cupy_stream_capture_and_replay(kind):
+@pytest.mark.parametrize("sfa_layout", ["m-major", "row-major"])
+def test_cupy_stream_capture_and_replay(kind, sfa_layout):
+    """Captured after one call on the stream; row-major SFA is copied into the stream's SFA buffer, which the
+    warm-up made (so nothing is allocated during the capture)."""
     call, ops, out_shape = problems(kind, 21)
     a, sfa, b, sfb, lay = ops
     A = a.copy()
-    S = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    layout = cupygemm.get_col_major_tma_aligned_tensor if sfa_layout == "m-major" else cp.ascontiguousarray
+    S = layout(sfa)
     L = None if lay is None else lay.copy()
     out = cp.zeros(out_shape, BF16)
     s = cp.cuda.Stream(non_blocking=True)
@@ -245,7 +250,7 @@ def test_cupy_stream_capture_and_replay(kind):
         cp.cuda.Device().synchronize()  # made on the default stream; s is non-blocking
         with s:
             A[...] = new_a
-            S[...] = cupygemm.get_col_major_tma_aligned_tensor(new_s)
+            S[...] = layout(new_s)
             out.view(cp.uint16).fill(0x7FC0)
             graph.launch(s)
         s.synchronize()

@@ -18,10 +18,14 @@ from gpu_helpers import (  # noqa: E402
     bf16_to_f64,
     calc_diff,
     check_against_reference,
+    grouped_weights,
     make_normal,
     poison_bf16,
+    randn_bf16,
     ref_normal,
 )
+
+BF16 = cupygemm.tensors.BF16
 
 
 def run_and_check(m, n, k, seed=0, sfa_col_major=False):
@@ -292,13 +296,69 @@ def test_few_stages_and_small_grid():
 
 
 def test_sfa_layouts_agree():
+    """Every SFA layout gives the M-major one's result bit for bit: row-major (the casts'), a padded row stride,
+    column-major with an unaligned M stride, a broadcast column (zero stride) and, through the framework's
+    copy, a negative stride."""
     m, n, k = 300, 1024, 1536
     a, sfa, b, sfb, _, _ = make_normal(m, n, k, 3)
-    row = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     colmaj = cupygemm.get_col_major_tma_aligned_tensor(sfa)
     assert colmaj.strides == (4, 4 * cupygemm.get_tma_aligned_size(m, 4))
     col = cupygemm.gemm_fp8_fp8_bf16_nt((a, colmaj), (b, sfb))
-    assert (row.view(cp.uint16) == col.view(cp.uint16)).all()
+    padded = cp.full((m, sfa.shape[1] + 5), cp.nan, cp.float32)[:, :sfa.shape[1]]
+    padded[...] = sfa
+    flipped = cp.ascontiguousarray(sfa[::-1])[::-1]
+    assert flipped.strides[0] < 0
+    for name, layout in [("row-major", sfa), ("padded rows", padded), ("column-major", cp.asfortranarray(sfa)),
+                         ("negative stride", flipped)]:
+        got = cupygemm.gemm_fp8_fp8_bf16_nt((a, layout), (b, sfb))
+        assert (got.view(cp.uint16) == col.view(cp.uint16)).all(), name
+    one_col = cp.broadcast_to(sfa[:, :1], sfa.shape)
+    want = cupygemm.gemm_fp8_fp8_bf16_nt((a, cupygemm.get_col_major_tma_aligned_tensor(cp.ascontiguousarray(one_col))),
+                                         (b, sfb))
+    got = cupygemm.gemm_fp8_fp8_bf16_nt((a, one_col), (b, sfb))
+    assert (got.view(cp.uint16) == want.view(cp.uint16)).all(), "broadcast"
+
+
+def test_sfa_copy_survives_dropped_module_memos():
+    """The SFA copy's launcher holds its module: dropping the build memo (as tests and cache tools do) must not
+    unload the kernel under it (a bare function handle then launched as an illegal address)."""
+    import gc
+
+    from cupygemm.jit import build
+
+    m, n, k = 64, 256, 1024
+    a, sfa, b, sfb, _, _ = make_normal(m, n, k, 8)
+    want = cupygemm.gemm_fp8_fp8_bf16_nt((a, cupygemm.get_col_major_tma_aligned_tensor(sfa)), (b, sfb))
+    first = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
+    build._loaded.clear()
+    gc.collect()
+    again = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
+    cp.cuda.Device().synchronize()
+    assert (first.view(cp.uint16) == want.view(cp.uint16)).all()
+    assert (again.view(cp.uint16) == want.view(cp.uint16)).all()
+
+
+def test_masked_sfa_layouts_agree():
+    """Masked A scales [G, max_m, kb] as a slice of a larger array (padded group and row strides) agree bit for
+    bit with the M-major layout."""
+    rng = cp.random.default_rng(9)
+    g, max_m, n, k = 3, 200, 512, 1024
+    kb = k // 128
+    a = cp.empty((g, max_m, k), cp.uint8)
+    sfa = cp.empty((g, max_m, kb), cp.float32)
+    for i in range(g):
+        a[i], sfa[i] = cupygemm.per_token_cast_to_fp8(randn_bf16((max_m, k), rng))
+    b, sfb = grouped_weights(g, n, k, rng)
+    mm = cp.asarray(np.array([200, 57, 130], np.int32))
+    big = cp.full((g, max_m + 3, kb + 2), cp.nan, cp.float32)
+    sliced = big[:, 1:max_m + 1, 2:]
+    sliced[...] = sfa
+    outs = []
+    for layout in (cupygemm.get_col_major_tma_aligned_tensor(sfa), sfa, sliced):
+        out = cp.zeros((g, max_m, n), BF16)
+        cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, layout), (b, sfb), out, mm, 128)
+        outs.append(out.view(cp.uint16))
+    assert (outs[0] == outs[1]).all() and (outs[0] == outs[2]).all()
 
 
 def test_col_major_sfa_is_used_in_place():

@@ -1,0 +1,44 @@
+"""The SFA layout copy on CPU: its kernel compiles to an sm_90a cubin, and which strides it takes (validation
+works them out once per call signature; the rest go through the framework's own copy). Its results against the M-major layout: tests/test_gemm_gpu.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from cupygemm import sfa_layout, validate  # noqa: E402
+from cupygemm.jit.build import build_cubin  # noqa: E402
+from cupygemm.tensors import View  # noqa: E402
+
+F32 = np.dtype(np.float32)
+
+
+def test_kernel_compiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPYGEMM_CACHE_DIR", str(tmp_path))
+    src = sfa_layout.kernel_source()
+    assert src.entry == "sfa_to_m_major"
+    _, cubin = build_cubin(src, post_process=False)
+    assert cubin.startswith(b"\x7fELF") and b"sfa_to_m_major" in cubin
+
+
+def _view(shape, strides):
+    return View(0x10000000, shape, strides, F32, 0)
+
+
+@pytest.mark.parametrize("shape,strides,want", [
+    ((300, 12), (48, 4), (0, 12, 1)),              # row-major [m, kb] (the casts')
+    ((300, 12), (68, 4), (0, 17, 1)),              # padded rows
+    ((300, 12), (4, 1200), (0, 1, 300)),           # column-major, M stride not 16-byte aligned
+    ((300, 12), (4, 0), (0, 1, 0)),                # one column broadcast
+    ((3, 200, 8), (6400, 32, 4), (1600, 8, 1)),    # masked [G, max_m, kb]
+    ((3, 200, 8), (8160, 40, 4), (2040, 10, 1)),   # masked, a slice of a larger array
+    ((300, 12), (-48, 4), None),                   # negative: the framework's copy
+    ((300, 12), (48, 2), None),                    # not whole elements
+])
+def test_copy_strides(shape, strides, want):
+    assert validate.sfa_copy_strides(_view(shape, strides), False) == want
+
+
+def test_m_major_sfa_is_not_copied():
+    assert validate.sfa_copy_strides(_view((300, 12), (4, 1216)), True) is None
