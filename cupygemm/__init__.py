@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 from .config import GemmConfig, choose_config, make_config, override_config
 from .device import get_num_sms, reset_num_sms, set_num_sms
 from .errors import CupygemmCompileError, CupygemmDeviceError, CupygemmError, CupygemmToolchainError
-from .gemm import (
+from .kinds.forward import (
     fp8_gemm_nt,
     gemm_fp8_fp8_bf16_nt,
     m_grouped_fp8_gemm_nt_contiguous,

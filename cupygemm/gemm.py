@@ -1,29 +1,33 @@
-"""The GEMM entry points: read the caller's tensors -> validate -> plan -> launch on the caller's stream.
+"""The GEMM call path, one for every kind: read the caller's tensors -> validate -> plan -> launch on the caller's
+stream.
 
-A call's tensors are read in place (:mod:`cupygemm.tensors`); their shapes, strides, dtypes and devices form
-the call's signature. The first call of a signature validates it (:mod:`cupygemm.validate`) and makes its launch
-plan (:mod:`cupygemm.plan`); later calls with the same signature reuse both, and only check that the pointers
+The public functions (one per kind, in :mod:`cupygemm.kinds`) come to :func:`call` with their kind's descriptor. A
+call's tensors are read in place (:mod:`cupygemm.tensors`); their shapes, strides, dtypes and devices form the call's
+signature. The first call of a signature validates it (the kind's check, :mod:`cupygemm.validate`) and makes its
+launch plan (:mod:`cupygemm.plan`); later calls with the same signature reuse both, and only check that the pointers
 are still 16-byte aligned before launching. Any other signature, a transposed view say, is validated afresh.
 
-torch tensors go through the ``cupygemm::*`` torch operators (:mod:`cupygemm.torch`, loaded on first use), which
-come back here: so ``torch.compile`` sees one opaque operator, and eager calls take the same path.
+torch tensors and JAX arrays go to their framework's adapter (:mod:`cupygemm.frameworks`): the torch operators come
+back to :func:`run` (so ``torch.compile`` sees one opaque operator, and eager calls take the same path); JAX calls
+become XLA custom calls.
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any
 
 from . import validate
-from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL, config_version
+from .config import config_version
 from .env import B_EVICT_FIRST, PDL, setting_key
 from .device import num_sms_override, on_device, single_gpu
+from .frameworks import adapter
 from .packing import PackedWeights
 from .plan import NO_PAGE_SIDES, GemmPlan, plan_gemm
 from .sfa_layout import to_m_major
 from .streams import cupy_stream, resolve, torch_stream
 from .tensors import _framework_by_type as _frameworks
-from .tensors import BF16, Framework, View, cupy_view, empty, export_like, framework_of, gpu_device_of, \
-    is_torch_tensor, read, read_cupy, read_torch
+from .tensors import BF16, Framework, View, cupy_view, empty, export_like, framework_of, gpu_device_of, read, read_cupy, \
+    read_torch
 from .workspace import scratch
 
 _CALLS_LIMIT = 1024
@@ -32,7 +36,7 @@ _lock = threading.Lock()
 _calls: dict[tuple, tuple[validate.Problem, GemmPlan | None]] = {}
 
 
-def _cupy_signature(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any,
+def _cupy_signature(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any,
                     expected_m: int | None, sfa_ptr: int, devices: object) -> tuple:
     """Everything validation and planning read of CuPy operands besides the pointers, read straight from the
     arrays: each one's shape, strides and dtype, their devices, and the settings. SFA's alignment decides whether it
@@ -44,7 +48,7 @@ def _cupy_signature(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, lay
             num_sms_override(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
 
 
-def _torch_signature(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any,
+def _torch_signature(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any,
                      expected_m: int | None, sfa_ptr: int) -> tuple:
     """As :func:`_cupy_signature`, for torch tensors (strides in elements: the dtype is in the key too)."""
     return (kind, expected_m, sfa_ptr & 15, a.shape, a.stride(), a.dtype, a.get_device(), sfa.shape,
@@ -55,26 +59,19 @@ def _torch_signature(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, la
             num_sms_override(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
 
 
-def _view_signature(kind: int, views: tuple[View | None, ...], expected_m: int | None) -> tuple:
+def _view_signature(kind: Any, views: tuple[View | None, ...], expected_m: int | None) -> tuple:
     """As :func:`_cupy_signature`, for operands read through DLPack."""
     return (kind, expected_m, views[1].ptr & 15) + tuple(None if v is None else v[1:5] for v in views) + \
         (num_sms_override(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
 
 
-_VALIDATORS: dict[int, Callable[..., validate.Problem]] = {
-    KIND_NORMAL: lambda v, e: validate.normal(*v[:5]),
-    KIND_CONTIGUOUS: lambda v, e: validate.contiguous(*v),
-    KIND_MASKED: lambda v, e: validate.masked(*v, e),
-}
-
-
-def _prepare(kind: int, views: tuple[View | None, ...], expected_m: int | None,
+def _prepare(kind: Any, views: tuple[View | None, ...], expected_m: int | None,
              packed: PackedWeights | None = None) -> tuple[validate.Problem, GemmPlan | None]:
     """Validate and plan a call signature seen for the first time (or whose pointers failed the fast check).
     ``packed``: B is packed side-aware (views[2] is its data), validated and planned with B's shape."""
     if packed is not None:
         views = views[:2] + (packed.b_view(views[2]),) + views[3:]
-    p = _VALIDATORS[kind](views, expected_m)
+    p = kind.check(views if kind.layout else views[:5], expected_m)
     if p.m == 0 or p.n == 0 or p.num_groups == 0 or p.k == 0:
         return p, None
     a, _, b, _, out = views[:5]
@@ -86,9 +83,10 @@ def _prepare(kind: int, views: tuple[View | None, ...], expected_m: int | None,
 _NAMES = ("lhs[0] (A)", "lhs[1] (A scales)", "rhs[0] (B)", "rhs[1] (B scales)", "out")
 
 
-def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, expected_m: int | None,
+def run(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, expected_m: int | None,
         stream: Any, framework: Framework, packed: PackedWeights | None = None) -> Any:
-    """One GEMM call on the caller's tensors (any framework's); returns ``out``, or the new output.
+    """One GEMM call of ``kind`` (a :class:`cupygemm.kinds.GemmKind`) on the caller's tensors (CuPy's, torch's or
+    another DLPack producer's); returns ``out``, or the new output.
 
     This is every call's path, kept flat: a repeated call reads six tensors, looks its signature up, and launches.
     ``packed``: B is side-aware packed weights (``b`` is their data).
@@ -128,7 +126,7 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
         views = tuple(None if x is None else read(x, name, launch_stream)
                       for x, name in zip((a, sfa, b, sfb, out), _NAMES))
         if layout is not None:
-            views += (read(layout, _layout_name(kind), launch_stream),)
+            views += (read(layout, kind.layout, launch_stream),)
         ptrs = tuple(0 if v is None else v.ptr for v in views) + (() if layout is not None else (0,))
         key = _view_signature(kind, views, expected_m) + (() if packed is None else (packed.shape,))
         hit = _calls.get(key)
@@ -138,13 +136,14 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
     if launch_stream is None:
         launch_stream = resolve(stream, framework, problem.device)
     if out is None:
-        result = empty(framework, problem.out_shape, BF16, problem.device) if kind == KIND_NORMAL else \
-            _zeros(framework, problem.out_shape, problem.device, launch_stream)
+        result = _zeros(framework, problem.out_shape, kind.out_dtype, problem.device, launch_stream) \
+            if kind.zero_new_out else \
+            empty(framework, problem.out_shape, kind.out_dtype, problem.device)
         d_ptr = result.data_ptr() if framework is Framework.TORCH else result.data.ptr
     else:
         result, d_ptr = out, ptrs[4]
     if plan is None:
-        if problem.k == 0 and problem.m and problem.n and problem.num_groups:
+        if problem.k == 0 and problem.m and problem.n and problem.num_groups and not kind.accumulates:
             _zero(read(result, "out"), launch_stream)
         return result if out is not None else export_like(result, framework)
     keep = None  # what must live until the launch is queued: the framework's allocator frees in stream order
@@ -153,7 +152,7 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
     else:
         sfa_ptr, keep = to_m_major(problem, ptrs[1], sfa if views is None else views[1], launch_stream, framework)
     if layout is not None and validate.check_inputs_enabled():
-        _check_layout_on_host(problem, views[5] if views is not None else read(layout, _layout_name(kind)),
+        _check_layout_on_host(problem, views[5] if views is not None else read(layout, kind.layout),
                               launch_stream)
     partials = counters = 0
     if plan.scratch_counters:
@@ -169,28 +168,6 @@ def run(kind: int, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
                         page_sides=page_sides)
     del keep
     return result if out is not None else export_like(result, framework)
-
-
-def _run_packed(kind: int, a: Any, sfa: Any, rhs: PackedWeights, out: Any, layout: Any, expected_m: int | None,
-                stream: Any) -> Any:
-    """A call on side-aware :class:`~cupygemm.packing.PackedWeights` (weights that fell back to plain B are passed
-    on as ``(B, SFB)`` by the callers). JAX calls go through :mod:`cupygemm.jax`, torch calls through the
-    ``cupygemm::*_packed`` operators (:mod:`cupygemm.torch`)."""
-    framework = _frameworks.get(type(a)) or framework_of(a)
-    if framework is Framework.JAX:
-        ops = _jax_ops(stream, a, sfa, rhs.data, rhs.scales, out, layout)
-        if kind == KIND_NORMAL:
-            _no_jax_out(out)
-            return ops.gemm_fp8_fp8_bf16_nt(a, sfa, rhs)
-        if kind == KIND_CONTIGUOUS:
-            return ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, rhs, None, layout, out)
-        return ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, rhs, None, layout, expected_m, out)
-    if framework_of(rhs.data) is not framework:
-        raise TypeError(f"rhs: packed weights held by {framework_of(rhs.data).value}, while A is a "
-                        f"{framework.value} tensor; pack the weights with the framework of the call")
-    if framework is Framework.TORCH:
-        return _torch_ops().gemm_packed(kind, a, sfa, rhs, out, layout, expected_m, stream)
-    return run(kind, a, sfa, rhs.data, rhs.scales, out, layout, expected_m, stream, framework, rhs)
 
 
 def _read_all(framework: Framework, a: Any, sfa: Any, b: Any, sfb: Any, out: Any,
@@ -213,14 +190,6 @@ def _remember(key: tuple, hit: tuple[validate.Problem, GemmPlan | None]) -> tupl
     return hit
 
 
-def _layout_name(kind: int) -> str:
-    return "m_indices" if kind == KIND_CONTIGUOUS else "masked_m"
-
-
-def _data_ptr(x: Any) -> int:
-    return x.data_ptr() if is_torch_tensor(x) else x.data.ptr
-
-
 def same_framework(*tensors: Any) -> None:
     """One call, one framework: a torch stream and a CuPy stream are not ordered with each other, so mixing would
     leave the result's ordering to chance. (Objects read through DLPack are capsules: not checked.)"""
@@ -232,18 +201,19 @@ def same_framework(*tensors: Any) -> None:
                             f"tensor; pass every tensor of a call from one framework (convert with DLPack first)")
 
 
-def _zeros(framework: Framework, shape: tuple[int, ...], device: int, stream: int) -> Any:
-    """A new BF16 output of zeros, cleared on ``stream``: the rows a grouped GEMM skips (padding rows, rows past
+def _zeros(framework: Framework, shape: tuple[int, ...], dtype: Any, device: int, stream: int) -> Any:
+    """A new output of zeros, cleared on ``stream``: the rows a grouped GEMM skips (padding rows, rows past
     masked_m) read as zeros, so a functional call's result is deterministic."""
     if framework is Framework.TORCH:
         import torch
 
         with torch_stream(stream, device):
-            return torch.zeros(shape, dtype=torch.bfloat16, device=torch.device("cuda", device))
+            return torch.zeros(shape, dtype=torch.bfloat16 if dtype == BF16 else torch.float32,
+                               device=torch.device("cuda", device))
     import cupy
 
     with cupy.cuda.Device(device), cupy_stream(stream, device):
-        return cupy.zeros(shape, dtype=BF16)
+        return cupy.zeros(shape, dtype=dtype)
 
 
 def _zero(out: View, stream: int) -> None:
@@ -257,188 +227,25 @@ def _check_layout_on_host(problem: validate.Problem, layout: View, stream: int) 
     import cupy
 
     host = cupy_view(layout).get(stream=cupy_stream(stream, layout.device))
-    if problem.kind == KIND_CONTIGUOUS:
-        validate.check_m_indices(host, problem.num_groups)
-    else:
-        validate.check_masked_m(host, problem.m)
+    problem.kind.check_layout(host, problem)
 
 
-_torch_module: Any = None
-
-
-def _torch_ops():
-    """cupygemm.torch, imported on the first torch call (an import statement costs a microsecond per call)."""
-    global _torch_module
-    if _torch_module is None:
-        from . import torch as torch_ops
-
-        _torch_module = torch_ops
-    return _torch_module
-
-
-def _jax_ops(stream: Any, *tensors: Any):
-    """cupygemm.jax for an eager JAX call: XLA's stream orders it like any JAX computation."""
-    if stream is not None:
-        raise TypeError("stream: JAX calls run on XLA's stream, in JAX's order; stream= is for CuPy and torch")
-    same_framework(*tensors)
-    from . import jax as jax_ops
-
-    return jax_ops
-
-
-def _no_jax_out(out: Any) -> None:
-    if out is not None:
-        raise TypeError("out: JAX arrays are immutable, so a dense GEMM cannot write into one; call without out "
-                        "and use the result")
-
-
-def gemm_fp8_fp8_bf16_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any = None, *, stream: Any = None) -> Any:
-    """D = A @ B.T with DeepSeek-V3 fine-grained FP8 scaling, BF16 output.
-
-    Args:
-        lhs: ``(A, SFA)``: A float8_e4m3fn (or uint8 holding e4m3 bits) [M, K]; SFA float32 [M, ceil(K/128)],
-            one scale per row and 128 columns of K. Row-major SFA is transposed once per call into the TMA-aligned
-            M-major layout; SFA already in that layout (see ``get_col_major_tma_aligned_tensor``) is used as is.
-        rhs: ``(B, SFB)``: B float8_e4m3fn [N, K]; SFB float32 [ceil(N/128), ceil(K/128)], one scale per
-            128x128 block, C-contiguous.
-        out: optional bfloat16 [M, N] written in place; allocated by the caller's framework when None.
-        stream: the CUDA stream to run on (an int handle, a CuPy or torch stream, or an object with
-            ``cuda_stream``/``ptr``/``__cuda_stream__``); default: the caller's current stream (torch's for torch
-            tensors, else CuPy's). The call runs after the work queued there before it, and before the work
-            queued after it. Nothing synchronizes.
-
-    Returns:
-        ``out`` if given, else a new bfloat16 array of the caller's framework (CuPy, torch or JAX).
-
-    JAX arrays (eager) go through :mod:`cupygemm.jax`, XLA's custom call: ordered on XLA's stream like any JAX
-    computation; use ``cupygemm.jax`` directly inside ``jax.jit``. torch tensors go through the ``cupygemm::*``
-    torch operators (:mod:`cupygemm.torch`).
-
-    Constraints: K % 16 == 0 and N % 8 == 0 (16-byte aligned rows for TMA), unit inner strides, all operands
-    on one Hopper GPU, from one framework. K need not be a multiple of 128. M == 0 returns at once. NaN/Inf
-    scales propagate.
-    """
+def call(kind: Any, lhs: tuple[Any, Any], rhs: Any, out: Any, layout: Any, static: int | None, stream: Any) -> Any:
+    """A public function's call of ``kind``: unpack the ``(tensor, scales)`` pairs (``rhs`` may be
+    :class:`~cupygemm.PackedWeights`), then :func:`run` for CuPy arrays and DLPack producers, or the framework's
+    adapter for torch tensors and JAX arrays."""
     a, sfa = lhs if type(lhs) is tuple and len(lhs) == 2 else validate.pair(lhs, "lhs")
+    packed = None
     if type(rhs) is PackedWeights:
+        b, sfb = rhs.data, rhs.scales
         if rhs.side_aware:
-            return _run_packed(KIND_NORMAL, a, sfa, rhs, out, None, None, stream)
-        rhs = (rhs.data, rhs.scales)
-    b, sfb = rhs if type(rhs) is tuple and len(rhs) == 2 else validate.pair(rhs, "rhs")
+            packed = rhs
+    else:
+        b, sfb = rhs if type(rhs) is tuple and len(rhs) == 2 else validate.pair(rhs, "rhs")
     framework = _frameworks.get(type(a)) or framework_of(a)
-    if framework is Framework.TORCH:
-        return _torch_ops().gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb, out, stream)
-    if framework is Framework.JAX:
-        _no_jax_out(out)
-        return _jax_ops(stream, a, sfa, b, sfb).gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb)
-    return run(KIND_NORMAL, a, sfa, b, sfb, out, None, None, stream, framework)
-
-
-def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any,
-                                              m_indices: Any, *, stream: Any = None) -> Any:
-    """Grouped GEMM, contiguous layout (MoE prefill/training): row r of A uses B[m_indices[r]].
-
-    Args:
-        lhs: ``(A, SFA)``: A [M_sum, K] FP8, SFA [M_sum, ceil(K/128)] float32.
-        rhs: ``(B, SFB)``: B [G, N, K] FP8, SFB [G, ceil(N/128), ceil(K/128)] float32.
-        out: bfloat16 [M_sum, N]; None allocates one, zeros where rows are skipped.
-        m_indices: int32 [M_sum], the group of each row; -1 marks padding rows, which are neither computed
-            nor written (their ``out`` rows keep their previous contents). Each group's rows are contiguous and
-            padded to ``get_m_alignment_for_contiguous_layout()`` (128) rows; a 128-row block takes the group of
-            its first row. Out-of-range values never cause out-of-bounds accesses (the block or row is skipped);
-            ``CUPYGEMM_CHECK_INPUTS=1`` reports them, and misaligned groups, as ValueError.
-        stream: as for :func:`gemm_fp8_fp8_bf16_nt`.
-    """
-    a, sfa = validate.pair(lhs, "lhs")
-    if type(rhs) is PackedWeights:
-        if rhs.side_aware:
-            return _run_packed(KIND_CONTIGUOUS, a, sfa, rhs, out, m_indices, None, stream)
-        rhs = (rhs.data, rhs.scales)
-    b, sfb = validate.pair(rhs, "rhs")
-    framework = framework_of(a)
-    if framework is Framework.TORCH:
-        return _torch_ops().m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, b, sfb, out, m_indices, stream)
-    if framework is Framework.JAX:
-        return _jax_ops(stream, a, sfa, b, sfb, out, m_indices).m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(
-            a, sfa, b, sfb, m_indices, out)
-    return run(KIND_CONTIGUOUS, a, sfa, b, sfb, out, m_indices, None, stream, framework)
-
-
-def m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any, masked_m: Any,
-                                          expected_m: int, *, stream: Any = None) -> Any:
-    """Grouped GEMM, masked layout (MoE decode, CUDA-graph friendly): group g computes its first masked_m[g] rows.
-
-    Args:
-        lhs: ``(A, SFA)``: A [G, max_m, K] FP8, SFA [G, max_m, ceil(K/128)] float32.
-        rhs: ``(B, SFB)``: B [G, N, K] FP8, SFB [G, ceil(N/128), ceil(K/128)] float32.
-        out: bfloat16 [G, max_m, N], groups back to back (rows may be padded; None allocates zeros); rows at or past
-            masked_m[g] are left untouched.
-        masked_m: int32 [G] on the device, read by the kernel (no host synchronization; capturable in a
-            CUDA graph). Values are clamped to [0, max_m]; ``CUPYGEMM_CHECK_INPUTS=1`` reports them instead.
-        expected_m: typical rows per group; only used to choose the kernel config, which is planned for groups
-            of int(expected_m x U(0.7, 1.3)) rows (the spread of DeepGEMM's tests), not for exactly expected_m.
-        stream: as for :func:`gemm_fp8_fp8_bf16_nt`.
-    """
-    a, sfa = validate.pair(lhs, "lhs")
-    validate.check_expected_m(expected_m)
-    if type(rhs) is PackedWeights:
-        if rhs.side_aware:
-            return _run_packed(KIND_MASKED, a, sfa, rhs, out, masked_m, int(expected_m), stream)
-        rhs = (rhs.data, rhs.scales)
-    b, sfb = validate.pair(rhs, "rhs")
-    framework = framework_of(a)
-    if framework is Framework.TORCH:
-        return _torch_ops().m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, out, masked_m, int(expected_m),
-                                                                  stream)
-    if framework is Framework.JAX:
-        return _jax_ops(stream, a, sfa, b, sfb, out, masked_m).m_grouped_gemm_fp8_fp8_bf16_nt_masked(
-            a, sfa, b, sfb, masked_m, int(expected_m), out)
-    return run(KIND_MASKED, a, sfa, b, sfb, out, masked_m, int(expected_m), stream, framework)
-
-
-
-# ---- DeepGEMM 2.x names ----------------------------------------------------------------------------------------
-
-def _dg2_args(c: Any, recipe: Any, extra: dict[str, Any]) -> None:
-    """The DeepGEMM 2.x options these kernels implement: no C accumulator, the 1x128 / 128x128 recipe only."""
-    if c is not None:
-        raise ValueError("c: D = C + A @ B.T (an accumulator input) is not supported on this path; pass c=None")
-    if recipe is not None and tuple(recipe) != (1, 128, 128):
-        raise ValueError(f"recipe: only (1, 128, 128) (A per 1x128, B per 128x128) is supported, got {recipe!r}")
-    allowed = {"recipe_a", "recipe_b", "compiled_dims", "disable_ue8m0_cast", "use_psum_layout",
-               "ensure_zero_padding", "expected_m_for_psum_layout"}
-    unknown = set(extra) - allowed
-    if unknown:
-        raise TypeError(f"unexpected keyword arguments {sorted(unknown)}")
-    if extra.get("use_psum_layout"):
-        raise ValueError("use_psum_layout: the prefix-sum grouped layout is not supported; pass m_indices rows")
-
-
-def fp8_gemm_nt(a: tuple[Any, Any], b: tuple[Any, Any], d: Any, c: Any = None, recipe: Any = None, *,
-                stream: Any = None, **options: Any) -> Any:
-    """DeepGEMM 2.x name of :func:`gemm_fp8_fp8_bf16_nt`: ``d = a @ b.T`` with ``a = (A, SFA)``, ``b = (B, SFB)``.
-
-    Differences from DeepGEMM 2.x: ``c`` (accumulate into D) is not supported (ValueError unless None); ``recipe``
-    must be None or (1, 128, 128); SFA may be row-major or M-major, FP32 (no UE8M0 packing); ``d`` may be None
-    (a new array is returned); ``compiled_dims`` and ``disable_ue8m0_cast`` are accepted and have no effect (every
-    kernel is specialized on N and K). Returns ``d`` (or the new output).
-    """
-    _dg2_args(c, recipe, options)
-    return gemm_fp8_fp8_bf16_nt(a, b, d, stream=stream)
-
-
-def m_grouped_fp8_gemm_nt_contiguous(a: tuple[Any, Any], b: tuple[Any, Any], d: Any, grouped_layout: Any,
-                                     *, stream: Any = None, **options: Any) -> Any:
-    """DeepGEMM 2.x name of :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous` (``grouped_layout`` = m_indices).
-
-    Differences: only the per-row layout (``use_psum_layout=False``); rows with index -1 are left untouched in
-    ``d`` whatever ``ensure_zero_padding`` says (pass zeros in ``d`` to get zeros there); FP32 scales only."""
-    _dg2_args(None, options.pop("recipe", None), options)
-    return m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, b, d, grouped_layout, stream=stream)
-
-
-def m_grouped_fp8_gemm_nt_masked(a: tuple[Any, Any], b: tuple[Any, Any], d: Any, masked_m: Any, expected_m: int,
-                                 *, stream: Any = None, **options: Any) -> Any:
-    """DeepGEMM 2.x name of :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked`. Differences: FP32 scales only (no
-    UE8M0), ``recipe`` None or (1, 128, 128); ``expected_m`` only picks the kernel config, as in DeepGEMM."""
-    _dg2_args(None, options.pop("recipe", None), options)
-    return m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, b, d, masked_m, expected_m, stream=stream)
+    if packed is not None and framework is not Framework.JAX and framework_of(b) is not framework:
+        raise TypeError(f"rhs: packed weights held by {framework_of(b).value}, while A is a {framework.value} "
+                        "tensor; pack the weights with the framework of the call")
+    if framework is Framework.CUPY or framework is Framework.OTHER:
+        return run(kind, a, sfa, b, sfb, out, layout, static, stream, framework, packed)
+    return adapter(framework).gemm(kind, a, sfa, b, sfb, out, layout, static, stream, packed)

@@ -67,7 +67,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
-import jax
+try:
+    import jax
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError('cupygemm.jax needs JAX with CUDA: pip install "jax[cuda12]" (or "jax[cuda13]")') from e
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -756,3 +759,39 @@ def per_block_cast_to_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     ceil(n/128)])``, bit-exact with :func:`cupygemm.reference.per_block_cast_to_fp8_reference`. On CUDA it runs
     cupygemm's cast kernel as a custom call; elsewhere the same arithmetic in ``jnp``."""
     return _cast("per_block_cast_to_fp8", _per_block_jnp, x)
+
+
+# --- the core's way into this module (cupygemm.frameworks) ----------------------------------------------------
+
+class _JaxAdapter:
+    @staticmethod
+    def gemm(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, static: int | None, stream: Any,
+             packed: PackedWeights | None) -> Any:
+        from .gemm import same_framework
+
+        if stream is not None:
+            raise TypeError("stream: JAX calls run on XLA's stream, in JAX's order; stream= is for CuPy and torch")
+        same_framework(a, sfa, b, sfb, out, layout)
+        own = ((layout,) if kind.layout else ()) + ((static,) if kind.static else ())
+        if out is not None and not kind.layout and not kind.accumulates:
+            raise TypeError("out: JAX arrays are immutable, so a dense GEMM cannot write into one; call without out "
+                            "and use the result")
+        fn = globals()[kind.api]
+        b_arg, sfb_arg = (packed, None) if packed is not None else (b, sfb)
+        return fn(a, sfa, b_arg, sfb_arg, *own, **({} if out is None else {"out": out}))
+
+    @staticmethod
+    def cast(entry: str, x: Any, stream: Any, **options: Any) -> tuple[Any, ...]:
+        if stream is not None:
+            raise TypeError("stream: JAX calls run on XLA's stream, in JAX's order; stream= is for CuPy and torch")
+        return globals()[entry](x)
+
+
+def _register_adapter() -> None:
+    from . import frameworks
+    from .tensors import Framework
+
+    frameworks.register(Framework.JAX, _JaxAdapter())
+
+
+_register_adapter()

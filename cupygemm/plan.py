@@ -15,10 +15,10 @@ from __future__ import annotations
 import ctypes
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import contract, l2, tma
-from .config import (KIND_MASKED, KIND_NORMAL, GemmConfig, b_evict_first, choose_config, config_version, model_rows,
-                     side_aware_config)
+from .config import GemmConfig, b_evict_first, choose_config, config_version, model_rows, side_aware_config
 from .contract import TmaSpec
 from .device import get_num_sms, require_hopper
 from .env import B_EVICT_FIRST, PDL, pdl_enabled, setting_key
@@ -38,7 +38,7 @@ NO_PAGE_SIDES = (0,) * 6
 class GemmPlan:
     """One GEMM problem's launch, less the operands' addresses. See the module docstring."""
 
-    kind: int
+    kind: Any  # the GemmKind (cupygemm.kinds)
     m: int
     n: int
     k: int
@@ -112,20 +112,24 @@ def _memset_u32(ptr: int, count: int, stream: int) -> None:
         raise CupygemmDeviceError(f"cuMemsetD32Async failed (CUresult {res})")
 
 
-def plan_gemm(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, *, expected_m: int | None = None,
+def plan_gemm(kind: Any, m: int, n: int, k: int, num_groups: int, device_id: int, *, expected_m: int | None = None,
               a_strides: tuple[int, ...] | None = None, b_strides: tuple[int, ...] | None = None,
               d_strides: tuple[int, ...] | None = None, sides: bool = False) -> GemmPlan:
     """The launch plan of a GEMM whose operands are already validated (see :mod:`cupygemm.validate`).
 
-    ``m``: rows (normal, contiguous) or max rows per group (masked). Strides are in bytes, outermost first, as
-    the arrays have them (None: C-contiguous). Chooses the config, builds and loads the kernel on ``device_id``
+    ``kind``: a :class:`cupygemm.kinds.GemmKind` (or its name). ``m``: rows (normal, contiguous) or max rows per group
+    (masked). Strides are in bytes, outermost first, as the arrays have them (None: C-contiguous). Chooses the config, builds and loads the kernel on ``device_id``
     (so the first call for a shape compiles); memoized on everything it depends on. ``sides``: B is packed
     side-aware (:mod:`cupygemm.packing`), for the device whose side info :mod:`cupygemm.l2` holds.
     """
-    return _plan(kind, m, n, k, num_groups, device_id, model_rows(kind, m, expected_m),
-                 _strides(a_strides, (m, k) if kind != KIND_MASKED else (num_groups, m, k), 1),
-                 _strides(b_strides, (n, k) if kind == KIND_NORMAL else (num_groups, n, k), 1),
-                 _strides(d_strides, (m, n) if kind != KIND_MASKED else (num_groups, m, n), 2),
+    from .kinds import kind_named
+
+    kind = kind_named(kind)
+    dims = {"G": num_groups, "M": m, "N": n, "K": k}
+    return _plan(kind, m, n, k, num_groups, device_id, model_rows(kind.kid, m, expected_m),
+                 _strides(a_strides, tuple(dims[d] for d in kind.a_dims), 1),
+                 _strides(b_strides, tuple(dims[d] for d in kind.b_dims), 1),
+                 _strides(d_strides, tuple(dims[d] for d in kind.out_dims), kind.out_dtype.itemsize),
                  get_num_sms(), config_version(), b_evict_first_mode(), pdl_mode(), sides)
 
 
@@ -150,7 +154,7 @@ def _strides(given: tuple[int, ...] | None, shape: tuple[int, ...], item: int) -
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, rows: int, a_strides: tuple[int, ...],
+def _plan(kind: Any, m: int, n: int, k: int, num_groups: int, device_id: int, rows: int, a_strides: tuple[int, ...],
           b_strides: tuple[int, ...], d_strides: tuple[int, ...], num_sms: int, _config_version: int,
           _evict_mode: str, _pdl_mode: object, sides: bool = False) -> GemmPlan:
     import cupy
@@ -158,8 +162,8 @@ def _plan(kind: int, m: int, n: int, k: int, num_groups: int, device_id: int, ro
     with cupy.cuda.Device(device_id):
         info = require_hopper()
         evict_b = b_evict_first(num_groups, n, k, info.l2_bytes, info.name)
-        cfg = choose_config(kind, rows, n, k, num_groups, num_sms, smem_limit=info.max_smem_per_block,
-                            max_m=m if kind == KIND_MASKED else None, sides=sides)
+        cfg = choose_config(kind.kid, rows, n, k, num_groups, num_sms, smem_limit=info.max_smem_per_block,
+                            max_m=m if kind.static == "expected_m" else None, sides=sides)
         side_map, clusters0 = b"", 0
         if sides:
             side = l2.side_info(device_id)

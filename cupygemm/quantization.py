@@ -31,6 +31,7 @@ import numpy as np
 
 from .device import on_device
 from .errors import CupygemmDeviceError
+from .frameworks import adapter
 from .streams import cupy_stream, resolve
 from .tensors import BF16, F16, F32, FP8_E4M3, Framework, View, empty, framework_of, gpu_device_of, \
     is_torch_tensor, read, require_cupy
@@ -177,17 +178,9 @@ def per_block_cast_to_fp8(x: Any, *, stream: Any = None) -> tuple[Any, Any]:
 
 
 def _route(entry: str, x: Any, stream: Any) -> tuple[Any, Any]:
-    """torch tensors go through the cupygemm torch operators, JAX arrays through cupygemm.jax's jittable casts
-    (bit-exact with these kernels), the rest straight to the kernels."""
+    """torch tensors and JAX arrays go to their framework's adapter (the torch operators; cupygemm.jax's jittable
+    casts, bit-exact with these kernels), the rest straight to the kernels."""
     framework = framework_of(x)
-    if framework is Framework.TORCH:
-        from . import torch as torch_ops
-
-        return getattr(torch_ops, entry)(x, stream)
-    if framework is Framework.JAX:
-        if stream is not None:
-            raise TypeError("stream: JAX calls run on XLA's stream, in JAX's order; stream= is for CuPy and torch")
-        from . import jax as jax_ops
-
-        return getattr(jax_ops, entry)(x)
+    if framework is Framework.TORCH or framework is Framework.JAX:
+        return adapter(framework).cast(entry, x, stream)
     return run_cast(entry, x, stream, framework)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .config import KIND_MASKED
 from .device import on_device, single_gpu
 from .launch import PTR, U32, Launcher, make_launcher
 from .streams import cupy_stream, torch_stream
@@ -60,7 +59,7 @@ def _launcher(device: int) -> Launcher:
 def to_m_major(problem: Problem, sfa_ptr: int, sfa: Any, stream: int, framework: Framework) -> tuple[int, Any]:
     """SFA (the caller's tensor, or its View, ``sfa`` at ``sfa_ptr``) of ``problem`` copied on ``stream`` into
     [G][ceil(K/128)][m_pad]; returns its pointer and the buffer's owner, to keep alive until the GEMM is queued."""
-    g = problem.num_groups if problem.kind == KIND_MASKED else 1
+    g = problem.num_groups if problem.kind.a_dims[0] == "G" else 1  # A's groups: its scales' too
     kb, m, m_pad, device = ceil_div(problem.k, 128), problem.m, problem.sfa_m_pad, problem.device
     ptr, owner = sfa_buffer(g * kb * m_pad, device, stream, framework)
     strides = problem.sfa_strides

@@ -1,7 +1,8 @@
-"""torch operators for cupygemm's GEMMs and casts: ``torch.ops.cupygemm.*``.
+"""torch operators for cupygemm's GEMMs and casts: ``torch.ops.cupygemm.*``, one set per GEMM kind.
 
 Imported by cupygemm itself the first time a torch tensor reaches a public entry point (so only torch users ever
-import torch), or by you. The public functions route torch tensors through these operators, so
+import torch; :mod:`cupygemm.frameworks`), or by you. The public functions route torch tensors through these
+operators, so
 
 * ``torch.compile(fullgraph=True)`` traces a function that calls ``cupygemm.gemm_fp8_fp8_bf16_nt`` (or any entry
   point) directly: each call is one opaque operator with a fake (meta) implementation for shapes and dtypes;
@@ -12,135 +13,111 @@ import torch), or by you. The public functions route torch tensors through these
   functions call the implementation without the dispatcher's round trip;
 * ``torch.library.opcheck`` passes for every operator.
 
-Operators (``stream`` is a raw ``cudaStream_t``, -1 for torch's current stream):
+The operators are made from the kind descriptors (:mod:`cupygemm.kinds`); for a kind whose public function is
+``NAME`` (``stream`` is a raw ``cudaStream_t``, -1 for torch's current stream; the kind's layout operand and static
+int follow ``sfb``, e.g. ``Tensor m_indices`` or ``Tensor masked_m, int expected_m``):
 
-=======================================================================  ==================================
-``gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb, stream=-1) -> Tensor``             ``..._out(a, sfa, b, sfb, out!, stream=-1)``
-``m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, b, sfb, m_indices, ...)``   and ``..._out`` with ``out!``
-``m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, masked_m, int expected_m, ...)``  and ``..._out``
-``per_token_cast_to_fp8(x, stream=-1) -> (Tensor, Tensor)``               ``per_block_cast_to_fp8`` likewise
-=======================================================================  ==================================
+* ``NAME(a, sfa, b, sfb, ..., stream=-1) -> Tensor`` (not for kinds that accumulate into ``out``);
+* ``NAME_out(a, sfa, b, sfb, ..., Tensor(a!) out, stream=-1) -> ()``;
+* for the forward kinds, ``NAME_packed`` and ``NAME_packed_out`` on :class:`~cupygemm.PackedWeights`: ``b`` is the
+  packed bytes, and ``int[] b_shape, int base_low, int hash_bits, int[] page_words`` their layout (after the kind's
+  own arguments).
 
-Each GEMM also has a ``..._packed`` operator (and ``..._packed_out``) for :class:`~cupygemm.PackedWeights`: ``b`` is
-the packed bytes and ``b_shape``, ``base_low``, ``hash_bits``, ``page_words`` their layout (after the kind's own
-arguments).
+Casts: ``per_token_cast_to_fp8(x, stream=-1) -> (Tensor, Tensor)`` and ``per_block_cast_to_fp8`` likewise.
 
-The GEMMs take A and B as ``float8_e4m3fn`` (or ``uint8`` bits) and return ``bfloat16``; the casts return
-``float8_e4m3fn`` and ``float32`` scales. There is no autograd formula: FP8 GEMMs are used for inference and
-inside hand-written training steps.
+The GEMMs take A and B as ``float8_e4m3fn`` (or ``uint8`` bits); the casts return ``float8_e4m3fn`` and ``float32``
+scales. There is no autograd formula on these operators: ``cupygemm.torch``'s differentiable layers are built from
+them.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-import torch
+try:
+    import torch
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError("cupygemm.torch needs PyTorch: pip install torch (a CUDA build)") from e
 
-from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
-from .gemm import same_framework, run
+from . import frameworks
+from .gemm import run, same_framework
+from .kinds import FORWARD, KINDS, GemmKind
 from .packing import PackedWeights
-from .quantization import run_cast
+from .quantization import run_cast, scale_rows
 from .streams import stream_handle
-from .tensors import Framework
+from .tensors import BF16, Framework
 from .util import ceil_div
 
 _lib = torch.library.Library("cupygemm", "DEF")
+ops = torch.ops.cupygemm
 
-_GEMM_ARGS = {
-    "gemm_fp8_fp8_bf16_nt": ("", KIND_NORMAL),
-    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous": (", Tensor m_indices", KIND_CONTIGUOUS),
-    "m_grouped_gemm_fp8_fp8_bf16_nt_masked": (", Tensor masked_m, int expected_m", KIND_MASKED),
-}
+_PACKED_ARGS = ", int[] b_shape, int base_low, int hash_bits, int[] page_words"
+_PACKED_COUNT = _PACKED_ARGS.count(",")
+_TORCH_DTYPES = {BF16: torch.bfloat16}
 
 
 def _stream(stream: int) -> Any:
     return None if stream < 0 else stream
 
 
-def _out_shape(kind: int, a: torch.Tensor, b: torch.Tensor) -> tuple[int, ...]:
-    n = b.shape[-2]
-    return (a.shape[0], a.shape[1], n) if kind == KIND_MASKED else (a.shape[0], n)
+def _extra_schema(kind: GemmKind) -> str:
+    """The kind's own arguments after ``sfb``."""
+    return (f", Tensor {kind.layout}" if kind.layout else "") + (f", int {kind.static}" if kind.static else "")
 
 
-def _define_gemm(name: str, extra: str, kind: int) -> None:
-    _lib.define(f"{name}(Tensor a, Tensor sfa, Tensor b, Tensor sfb{extra}, int stream=-1) -> Tensor")
-    _lib.define(f"{name}_out(Tensor a, Tensor sfa, Tensor b, Tensor sfb{extra}, Tensor(a!) out, int stream=-1) -> ()")
+def _out_shape(kind: GemmKind, a: torch.Tensor, b_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The output's shape from A's and B's (the kinds whose out shape is not in them accumulate into a given out)."""
+    dims = dict(zip(kind.a_dims, a.shape)) | dict(zip(kind.b_dims, b_shape))
+    return tuple(dims[d] for d in kind.out_dims)
 
-    # The dispatcher leaves out trailing arguments equal to their defaults: the kernels take them as keywords.
-    if kind == KIND_NORMAL:
-        def functional(a, sfa, b, sfb, stream=-1):
-            return run(kind, a, sfa, b, sfb, None, None, None, _stream(stream), Framework.TORCH)
 
-        def out_variant(a, sfa, b, sfb, out, stream=-1):
-            run(kind, a, sfa, b, sfb, out, None, None, _stream(stream), Framework.TORCH)
-    elif kind == KIND_CONTIGUOUS:
-        def functional(a, sfa, b, sfb, m_indices, stream=-1):
-            return run(kind, a, sfa, b, sfb, None, m_indices, None, _stream(stream), Framework.TORCH)
+def _torch_dtype(kind: GemmKind) -> torch.dtype:
+    return _TORCH_DTYPES.get(kind.out_dtype, torch.float32)
 
-        def out_variant(a, sfa, b, sfb, m_indices, out, stream=-1):
-            run(kind, a, sfa, b, sfb, out, m_indices, None, _stream(stream), Framework.TORCH)
-    else:
-        def functional(a, sfa, b, sfb, masked_m, expected_m, stream=-1):
-            return run(kind, a, sfa, b, sfb, None, masked_m, expected_m, _stream(stream), Framework.TORCH)
 
-        def out_variant(a, sfa, b, sfb, masked_m, expected_m, out, stream=-1):
-            run(kind, a, sfa, b, sfb, out, masked_m, expected_m, _stream(stream), Framework.TORCH)
+def _define(kind: GemmKind, packed: bool) -> None:
+    """``NAME[_packed]`` and ``NAME[_packed]_out``: schema, CUDA implementation, fake implementation."""
+    name = kind.api + ("_packed" if packed else "")
+    own = _extra_schema(kind)
+    args = f"Tensor a, Tensor sfa, Tensor b, Tensor sfb{own}{_PACKED_ARGS if packed else ''}"
+    n_own = bool(kind.layout) + bool(kind.static)
+    i_out = 4 + n_own + (_PACKED_COUNT if packed else 0)  # the _out variant's out: before stream
 
-    def fake(a, sfa, b, sfb, *rest):
-        return a.new_empty(_out_shape(kind, a, b), dtype=torch.bfloat16)
+    def call(args: tuple, out: Any, stream: int) -> Any:
+        a, sfa, b, sfb = args[:4]
+        own_args = args[4:4 + n_own]
+        layout = own_args[0] if kind.layout else None
+        static = int(own_args[-1]) if kind.static else None
+        weights = None
+        if packed:
+            b_shape, base_low, hash_bits, page_words = args[4 + n_own:]
+            weights = PackedWeights(b, sfb, tuple(int(d) for d in b_shape), True, int(base_low), int(hash_bits),
+                                    page_words=tuple(int(w) for w in page_words))
+        return run(kind, a, sfa, b, sfb, out, layout, static, _stream(stream), Framework.TORCH, weights)
 
-    def fake_out(a, sfa, b, sfb, *rest):
+    # The dispatcher leaves out trailing arguments equal to their defaults: stream comes or not.
+    def functional(*args: Any) -> Any:
+        return call(args[:i_out], None, args[i_out] if len(args) > i_out else -1)
+
+    def out_variant(*args: Any) -> None:
+        call(args[:i_out], args[i_out], args[i_out + 1] if len(args) > i_out + 1 else -1)
+
+    def fake(a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor, sfb: torch.Tensor, *rest: Any) -> torch.Tensor:
+        b_shape = tuple(rest[n_own]) if packed else tuple(b.shape)
+        return a.new_empty(_out_shape(kind, a, b_shape), dtype=_torch_dtype(kind))
+
+    def fake_out(*args: Any) -> None:
         return None
 
-    _lib.impl(name, functional, "CUDA")
+    if not kind.accumulates:
+        _lib.define(f"{name}({args}, int stream=-1) -> Tensor")
+        _lib.impl(name, functional, "CUDA")
+        torch.library.register_fake(f"cupygemm::{name}", fake, lib=_lib)
+    _lib.define(f"{name}_out({args}, Tensor(a!) out, int stream=-1) -> ()")
     _lib.impl(f"{name}_out", out_variant, "CUDA")
-    torch.library.register_fake(f"cupygemm::{name}", fake, lib=_lib)
     torch.library.register_fake(f"cupygemm::{name}_out", fake_out, lib=_lib)
 
 
-_PACKED_ARGS = ", int[] b_shape, int base_low, int hash_bits, int[] page_words"
-
-
-def _define_packed_gemm(name: str, extra: str, kind: int) -> None:
-    """``{name}_packed`` and ``..._out``: the GEMM on packed weights (``b`` their bytes, the layout as ints)."""
-    _lib.define(f"{name}_packed(Tensor a, Tensor sfa, Tensor b, Tensor sfb{extra}{_PACKED_ARGS}, int stream=-1) "
-                "-> Tensor")
-    _lib.define(f"{name}_packed_out(Tensor a, Tensor sfa, Tensor b, Tensor sfb{extra}{_PACKED_ARGS}, "
-                "Tensor(a!) out, int stream=-1) -> ()")
-    n_extra = {KIND_NORMAL: 0, KIND_CONTIGUOUS: 1, KIND_MASKED: 2}[kind]
-    i_out = 4 + n_extra + _PACKED_ARGS.count(",")  # the _out variant's out: after the layout, before stream
-
-    def call(args: tuple, out: Any) -> Any:
-        a, sfa, b, sfb = args[:4]
-        extra_args = args[4:4 + n_extra]
-        b_shape, base_low, hash_bits, page_words = args[4 + n_extra:i_out]
-        stream = args[i_out] if len(args) > i_out else -1
-        packed = PackedWeights(b, sfb, tuple(int(d) for d in b_shape), True, int(base_low), int(hash_bits),
-                               page_words=tuple(int(w) for w in page_words))
-        layout = extra_args[0] if n_extra else None
-        expected_m = int(extra_args[1]) if n_extra == 2 else None
-        return run(kind, a, sfa, b, sfb, out, layout, expected_m, _stream(stream), Framework.TORCH, packed)
-
-    def functional(*args):
-        return call(args, None)
-
-    def out_variant(*args):
-        call(args[:i_out] + args[i_out + 1:], args[i_out])
-
-    def fake(a, sfa, b, sfb, *rest):
-        n = rest[n_extra][-2]
-        return a.new_empty((a.shape[0], a.shape[1], n) if kind == KIND_MASKED else (a.shape[0], n),
-                           dtype=torch.bfloat16)
-
-    def fake_out(*args):
-        return None
-
-    _lib.impl(f"{name}_packed", functional, "CUDA")
-    _lib.impl(f"{name}_packed_out", out_variant, "CUDA")
-    torch.library.register_fake(f"cupygemm::{name}_packed", fake, lib=_lib)
-    torch.library.register_fake(f"cupygemm::{name}_packed_out", fake_out, lib=_lib)
-
-
-def _define_cast(name: str, rows: Any) -> None:
+def _define_cast(name: str) -> None:
     _lib.define(f"{name}(Tensor x, int stream=-1) -> (Tensor, Tensor)")
 
     def impl(x, stream=-1):
@@ -149,19 +126,18 @@ def _define_cast(name: str, rows: Any) -> None:
     def fake(x, stream=-1):
         m, n = x.shape
         return (x.new_empty((m, n), dtype=torch.float8_e4m3fn),
-                x.new_empty((rows(m), ceil_div(n, 128)), dtype=torch.float32))
+                x.new_empty((scale_rows(name, m), ceil_div(n, 128)), dtype=torch.float32))
 
     _lib.impl(name, impl, "CUDA")
     torch.library.register_fake(f"cupygemm::{name}", fake, lib=_lib)
 
 
-for _name, (_extra, _kind) in _GEMM_ARGS.items():
-    _define_gemm(_name, _extra, _kind)
-    _define_packed_gemm(_name, _extra, _kind)
-_define_cast("per_token_cast_to_fp8", lambda m: m)
-_define_cast("per_block_cast_to_fp8", lambda m: ceil_div(m, 128))
-
-ops = torch.ops.cupygemm
+for _kind in KINDS:
+    _define(_kind, packed=False)
+    if _kind.family == FORWARD:
+        _define(_kind, packed=True)
+_define_cast("per_token_cast_to_fp8")
+_define_cast("per_block_cast_to_fp8")
 
 
 def _handle(stream: Any) -> int:
@@ -193,67 +169,47 @@ def _plain_eager(*tensors: Any) -> bool:
     return not tensors[0].is_meta and not _is_compiling() and _dispatch_modes() == 0 and not _functorch_active()
 
 
-def gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb, out=None, stream=None):
-    """The torch route of :func:`cupygemm.gemm_fp8_fp8_bf16_nt`."""
-    if _plain_eager(a, sfa, b, sfb, out):
-        return run(KIND_NORMAL, a, sfa, b, sfb, out, None, None, stream, Framework.TORCH)
-    _check_torch(a, sfa, b, sfb, out)
-    if out is None:
-        return ops.gemm_fp8_fp8_bf16_nt.default(a, sfa, b, sfb, _handle(stream))
-    ops.gemm_fp8_fp8_bf16_nt_out.default(a, sfa, b, sfb, out, _handle(stream))
-    return out
+class _TorchAdapter:
+    """The core's way into this module (:mod:`cupygemm.frameworks`)."""
+
+    @staticmethod
+    def gemm(kind: GemmKind, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, static: int | None,
+             stream: Any, packed: PackedWeights | None) -> Any:
+        if _plain_eager(a, sfa, b, sfb, out, layout):
+            return run(kind, a, sfa, b, sfb, out, layout, static, stream, Framework.TORCH, packed)
+        _check_torch(a, sfa, b, sfb, out, layout)
+        own = ((layout,) if kind.layout else ()) + ((static,) if kind.static else ())
+        name = kind.api
+        if packed is not None:
+            name += "_packed"
+            own += (list(packed.shape), packed.base_low, packed.hash_bits, list(packed.page_words))
+        if out is None:
+            return getattr(ops, name).default(a, sfa, b, sfb, *own, _handle(stream))
+        getattr(ops, name + "_out").default(a, sfa, b, sfb, *own, out, _handle(stream))
+        return out
+
+    @staticmethod
+    def cast(entry: str, x: Any, stream: Any, **options: Any) -> tuple[Any, ...]:
+        if _plain_eager(x):
+            return run_cast(entry, x, stream, Framework.TORCH)
+        return getattr(ops, entry).default(x, _handle(stream))
 
 
-def m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, b, sfb, out, m_indices, stream=None):
-    """The torch route of :func:`cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`."""
-    if _plain_eager(a, sfa, b, sfb, out, m_indices):
-        return run(KIND_CONTIGUOUS, a, sfa, b, sfb, out, m_indices, None, stream, Framework.TORCH)
-    _check_torch(a, sfa, b, sfb, out, m_indices)
-    if out is None:
-        return ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous.default(a, sfa, b, sfb, m_indices, _handle(stream))
-    ops.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous_out.default(a, sfa, b, sfb, m_indices, out, _handle(stream))
-    return out
+frameworks.register(Framework.TORCH, _TorchAdapter())
 
 
-def m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, out, masked_m, expected_m, stream=None):
-    """The torch route of :func:`cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked`."""
-    if _plain_eager(a, sfa, b, sfb, out, masked_m):
-        return run(KIND_MASKED, a, sfa, b, sfb, out, masked_m, expected_m, stream, Framework.TORCH)
-    _check_torch(a, sfa, b, sfb, out, masked_m)
-    if out is None:
-        return ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked.default(a, sfa, b, sfb, masked_m, expected_m,
-                                                                 _handle(stream))
-    ops.m_grouped_gemm_fp8_fp8_bf16_nt_masked_out.default(a, sfa, b, sfb, masked_m, expected_m, out, _handle(stream))
-    return out
+def _public(kind: GemmKind) -> Callable[..., Any]:
+    """The torch route of one kind's public function (same arguments as ``cupygemm.<kind.api>`` less ``stream``
+    keyword handling), for callers holding torch tensors who want the operators explicitly."""
+    def route(a, sfa, b, sfb, out=None, *own, stream=None):
+        layout = own[0] if kind.layout else None
+        static = own[-1] if kind.static else None
+        return _TorchAdapter.gemm(kind, a, sfa, b, sfb, out, layout, static, stream, None)
+
+    route.__name__ = kind.api
+    route.__doc__ = f"The torch route of :func:`cupygemm.{kind.api}` ({kind.summary})."
+    return route
 
 
-_PACKED_OPS = {kind: name + "_packed" for name, (_, kind) in _GEMM_ARGS.items()}
-
-
-def gemm_packed(kind, a, sfa, rhs: PackedWeights, out, layout, expected_m, stream=None):
-    """The torch route of the GEMMs on side-aware :class:`~cupygemm.PackedWeights` (one operator per kind)."""
-    if _plain_eager(a, sfa, rhs.data, rhs.scales, out, layout):
-        return run(kind, a, sfa, rhs.data, rhs.scales, out, layout, expected_m, stream, Framework.TORCH, rhs)
-    _check_torch(a, sfa, rhs.data, rhs.scales, out, layout)
-    extra = () if kind == KIND_NORMAL else (layout,) if kind == KIND_CONTIGUOUS else (layout, int(expected_m))
-    tail = (list(rhs.shape), rhs.base_low, rhs.hash_bits, list(rhs.page_words))
-    op = getattr(ops, _PACKED_OPS[kind])
-    if out is None:
-        return op.default(a, sfa, rhs.data, rhs.scales, *extra, *tail, _handle(stream))
-    getattr(ops, _PACKED_OPS[kind] + "_out").default(a, sfa, rhs.data, rhs.scales, *extra, *tail, out,
-                                                     _handle(stream))
-    return out
-
-
-def per_token_cast_to_fp8(x, stream=None):
-    """The torch route of :func:`cupygemm.per_token_cast_to_fp8`."""
-    if _plain_eager(x):
-        return run_cast("per_token_cast_to_fp8", x, stream, Framework.TORCH)
-    return ops.per_token_cast_to_fp8.default(x, _handle(stream))
-
-
-def per_block_cast_to_fp8(x, stream=None):
-    """The torch route of :func:`cupygemm.per_block_cast_to_fp8`."""
-    if _plain_eager(x):
-        return run_cast("per_block_cast_to_fp8", x, stream, Framework.TORCH)
-    return ops.per_block_cast_to_fp8.default(x, _handle(stream))
+for _kind in KINDS:
+    globals()[_kind.api] = _public(_kind)

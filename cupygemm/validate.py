@@ -9,10 +9,10 @@ depends on besides the pointers (shapes, strides, dtypes, devices) is part of th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
 from .env import check_inputs_enabled  # noqa: F401 - the entry points ask validate whether to check on the host
 from .layout import get_tma_aligned_size
 from .tensors import BF16, F32, FP8_E4M3, I32, U8, View
@@ -22,9 +22,24 @@ _INT32_LIMIT = 2**31
 TMA_ALIGN = 16
 
 
+class Names(NamedTuple):
+    """The operands' names in messages: the eager entry points' (:data:`EAGER`) or a frontend's own (JAX's)."""
+
+    a: str = "lhs[0] (A)"
+    sfa: str = "lhs[1] (A scales)"
+    b: str = "rhs[0] (B)"
+    sfb: str = "rhs[1] (B scales)"
+    out: str = "out"
+    layout: str | None = None  # the kind's layout operand (None: the kind's own name for it, e.g. m_indices)
+
+
+#: The names the eager entry points use (DeepGEMM's ``lhs``/``rhs`` pairs).
+EAGER = Names()
+
+
 @dataclass(frozen=True)
 class Problem:
-    kind: int
+    kind: object  # the GemmKind (cupygemm.kinds)
     m: int  # rows (normal, contiguous) or max rows per group (masked)
     n: int
     k: int
@@ -36,6 +51,11 @@ class Problem:
     # SFA's (group, row, column) strides in elements where it must be copied into the kernels' layout and the copy
     # kernel can read it (cupygemm.sfa_layout); None otherwise
     sfa_strides: tuple[int, int, int] | None = None
+    # 1D1D kinds (B scaled per 1x128 like A): whether SFB is in the kernel's N-major layout already, its N stride,
+    # and its strides for the copy otherwise (as for SFA)
+    sfb_m_major: bool = True
+    sfb_m_pad: int = 0
+    sfb_strides: tuple[int, int, int] | None = None
 
 
 def pair(x: object, name: str) -> tuple[object, object]:
@@ -46,18 +66,18 @@ def pair(x: object, name: str) -> tuple[object, object]:
     return x[0], x[1]
 
 
-def _fp8(v: View, name: str, ndim: int) -> None:
+def fp8(v: View, name: str, ndim: int) -> None:
     if v.dtype != U8 and v.dtype != FP8_E4M3:
         raise TypeError(f"{name}: expected float8_e4m3fn data (or uint8 holding e4m3 bits), got {v.dtype}")
-    _check_ndim(v, name, ndim)
+    check_ndim(v, name, ndim)
 
 
-def _check_ndim(v: View, name: str, ndim: int) -> None:
+def check_ndim(v: View, name: str, ndim: int) -> None:
     if v.ndim != ndim:
         raise ValueError(f"{name}: expected a {ndim}-D array, got shape {tuple(v.shape)}")
 
 
-def _check_rows_tma(v: View, name: str) -> None:
+def check_rows_tma(v: View, name: str) -> None:
     """Unit inner stride, 16-byte aligned base and outer strides (TMA requirements)."""
     item = v.itemsize
     if v.strides[-1] != item and v.shape[-1] > 1:
@@ -74,7 +94,7 @@ def _check_rows_tma(v: View, name: str) -> None:
         raise ValueError(f"{name}: rows overlap (row stride {v.strides[-2]} B < row size {v.shape[-1] * item} B)")
 
 
-def _f32(v: View, name: str, shape: tuple[int, ...]) -> None:
+def f32(v: View, name: str, shape: tuple[int, ...]) -> None:
     if v.dtype != F32:
         raise TypeError(f"{name}: expected float32 scales, got {v.dtype}")
     if tuple(v.shape) != shape:
@@ -100,7 +120,7 @@ def sfa_copy_strides(sfa: View, m_major: bool) -> tuple[int, int, int] | None:
     return strides[0] // 4, strides[1] // 4, strides[2] // 4
 
 
-def _device_of(views: list[View], names: list[str]) -> int:
+def device_of(views: list[View], names: list[str]) -> int:
     ids = [v.device for v in views]
     if len(set(ids)) > 1:
         desc = ", ".join(f"{n} on GPU {i}" for n, i in zip(names, ids))
@@ -108,133 +128,44 @@ def _device_of(views: list[View], names: list[str]) -> int:
     return ids[0]
 
 
-def _out(out: View | None, shape: tuple[int, ...], name: str = "out") -> None:
+def out_operand(out: View | None, shape: tuple[int, ...], name: str = "out", dtype: np.dtype = BF16) -> None:
+    """The output's dtype (bfloat16 also as uint16 bits; float32), shape, and TMA-able rows."""
     if out is None:
         return
-    if out.dtype != BF16 and out.dtype != np.uint16:
-        raise TypeError(f"{name}: expected a bfloat16 array, got {out.dtype}")
+    if out.dtype != dtype and not (dtype == BF16 and out.dtype == np.uint16):
+        raise TypeError(f"{name}: expected a {dtype.name} array, got {out.dtype}")
     if tuple(out.shape) != shape:
         raise ValueError(f"{name}: expected shape {shape}, got {tuple(out.shape)}")
-    _rows_tma_unless_empty(out, name)
+    rows_tma_unless_empty(out, name)
 
 
-def _check_limits(**dims: int) -> None:
+def check_limits(**dims: int) -> None:
     for k, v in dims.items():
         if v >= _INT32_LIMIT:
             raise ValueError(f"{k} = {v} is too large: dimensions must be below 2^31")
 
 
-def _check_k_n(k: int, n: int) -> None:
+def check_k_n(k: int, n: int) -> None:
     if k % 16:
         raise ValueError(f"K must be a multiple of 16 (16-byte aligned FP8 rows for TMA), got K = {k}")
     if n % 8:
         raise ValueError(f"N must be a multiple of 8 (16-byte aligned BF16 output rows for TMA), got N = {n}")
 
 
-def _rows_tma_unless_empty(v: View, name: str) -> None:
+def rows_tma_unless_empty(v: View, name: str) -> None:
     """Operands with no elements are never read: their strides and pointer do not matter (CuPy gives fresh empty
     arrays zero strides and a null pointer)."""
     if v.size:
-        _check_rows_tma(v, name)
+        check_rows_tma(v, name)
 
 
-def normal(a: View, sfa: View, b: View, sfb: View, out: View | None) -> Problem:
-    _fp8(a, "lhs[0] (A)", 2)
-    _fp8(b, "rhs[0] (B)", 2)
-    m, k = a.shape
-    n, kb_ = b.shape
-    if kb_ != k:
-        raise ValueError(f"A is [M, K] = {tuple(a.shape)} and B is [N, K] = {tuple(b.shape)}: K differs")
-    _check_limits(M=m, N=n, K=k)
-    _check_k_n(k, n)
-    kb = ceil_div(k, 128)
-    _f32(sfa, "lhs[1] (A scales)", (m, kb))
-    _f32(sfb, "rhs[1] (B scales)", (ceil_div(n, 128), kb))
-    _rows_tma_unless_empty(a, "lhs[0] (A)")
-    _rows_tma_unless_empty(b, "rhs[0] (B)")
-    if not sfb.c_contiguous:
-        raise ValueError("rhs[1] (B scales): expected a C-contiguous array; call .contiguous()/.copy() first")
-    _out(out, (m, n))
-    views, names = [a, sfa, b, sfb], ["A", "A scales", "B", "B scales"]
-    if out is not None:
-        views.append(out), names.append("out")
-    dev = _device_of(views, names)
-    m_pad = get_tma_aligned_size(m, 4)
-    m_major = is_m_major(sfa, m_pad, kb)
-    return Problem(KIND_NORMAL, m, n, k, 1, m_major, m_pad, dev, (m, n),
-                   sfa_copy_strides(sfa, m_major))
-
-
-def _grouped_b(b: View, sfb: View, k: int) -> tuple[int, int]:
-    _fp8(b, "rhs[0] (B)", 3)
-    g, n, kb_ = b.shape
-    if kb_ != k:
-        raise ValueError(f"A has K = {k} but B is [G, N, K] = {tuple(b.shape)}")
-    _f32(sfb, "rhs[1] (B scales)", (g, ceil_div(n, 128), ceil_div(k, 128)))
-    _rows_tma_unless_empty(b, "rhs[0] (B)")
-    if not sfb.c_contiguous:
-        raise ValueError("rhs[1] (B scales): expected a C-contiguous array; call .contiguous()/.copy() first")
-    return g, n
-
-
-def _int32_vector(v: View, name: str, length: int) -> None:
+def int32_vector(v: View, name: str, length: int) -> None:
     if v.dtype != I32:
         raise TypeError(f"{name}: expected int32, got {v.dtype}")
     if v.ndim != 1 or v.shape[0] != length:
         raise ValueError(f"{name}: expected shape ({length},), got {tuple(v.shape)}")
     if not v.c_contiguous:
         raise ValueError(f"{name}: expected a contiguous array")
-
-
-def contiguous(a: View, sfa: View, b: View, sfb: View, out: View | None, m_indices: View) -> Problem:
-    _fp8(a, "lhs[0] (A)", 2)
-    m, k = a.shape
-    g, n = _grouped_b(b, sfb, k)
-    _check_limits(M=m, N=n, K=k, G=g)
-    _check_k_n(k, n)
-    kb = ceil_div(k, 128)
-    _f32(sfa, "lhs[1] (A scales)", (m, kb))
-    _rows_tma_unless_empty(a, "lhs[0] (A)")
-    _int32_vector(m_indices, "m_indices", m)
-    _out(out, (m, n))
-    views, names = [a, sfa, b, sfb, m_indices], ["A", "A scales", "B", "B scales", "m_indices"]
-    if out is not None:
-        views.append(out), names.append("out")
-    dev = _device_of(views, names)
-    m_pad = get_tma_aligned_size(m, 4)
-    m_major = is_m_major(sfa, m_pad, kb)
-    return Problem(KIND_CONTIGUOUS, m, n, k, g, m_major, m_pad, dev, (m, n),
-                   sfa_copy_strides(sfa, m_major))
-
-
-def masked(a: View, sfa: View, b: View, sfb: View, out: View | None, masked_m: View, expected_m: int) -> Problem:
-    _fp8(a, "lhs[0] (A)", 3)
-    g, m, k = a.shape
-    gb, n = _grouped_b(b, sfb, k)
-    if gb != g:
-        raise ValueError(f"A has {g} groups ([G, max_m, K] = {tuple(a.shape)}) but B has {gb}")
-    _check_limits(max_m=m, N=n, K=k, G=g, total_rows=g * m)
-    _check_k_n(k, n)
-    check_expected_m(expected_m)
-    kb = ceil_div(k, 128)
-    _f32(sfa, "lhs[1] (A scales)", (g, m, kb))
-    _rows_tma_unless_empty(a, "lhs[0] (A)")
-    _int32_vector(masked_m, "masked_m", g)
-    _out(out, (g, m, n))
-    if out is not None and out.size:
-        if g > 1 and out.strides[0] != m * out.strides[1]:
-            # The kernel finds a group's rows of D at group x M rows (its partial tiles are stored row by row).
-            raise ValueError(f"out: expected the groups back to back (strides[0] == M x strides[1] = "
-                             f"{m * out.strides[1]} bytes), got strides {tuple(out.strides)}; pass out=None or an "
-                             "array allocated as (G, M, N)")
-    views, names = [a, sfa, b, sfb, masked_m], ["A", "A scales", "B", "B scales", "masked_m"]
-    if out is not None:
-        views.append(out), names.append("out")
-    dev = _device_of(views, names)
-    m_pad = get_tma_aligned_size(m, 4)
-    m_major = is_m_major(sfa, m_pad, kb)
-    return Problem(KIND_MASKED, m, n, k, g, m_major, m_pad, dev, (g, m, n),
-                   sfa_copy_strides(sfa, m_major))
 
 
 def check_expected_m(expected_m: object) -> None:

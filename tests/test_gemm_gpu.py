@@ -362,16 +362,16 @@ def test_masked_sfa_layouts_agree():
 
 
 def test_col_major_sfa_is_used_in_place():
-    from cupygemm import validate
+    from cupygemm.kinds.forward import check_normal
     from cupygemm.tensors import read
 
     m, n, k = 260, 256, 512
     a, sfa, b, sfb, _, _ = make_normal(m, n, k, 4)
     colmaj = cupygemm.get_col_major_tma_aligned_tensor(sfa)
     views = [read(x, "x") for x in (a, colmaj, b, sfb)]
-    assert validate.normal(*views, None).sfa_m_major  # no transposition kernel runs
+    assert check_normal(tuple(views) + (None,)).sfa_m_major  # no transposition kernel runs
     views[1] = read(sfa, "x")
-    assert not validate.normal(*views, None).sfa_m_major
+    assert not check_normal(tuple(views) + (None,)).sfa_m_major
 
 
 def test_padded_row_strides():

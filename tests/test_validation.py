@@ -12,6 +12,7 @@ import pytest
 
 import cupygemm
 from cupygemm import validate
+from cupygemm.kinds.forward import check_contiguous, check_masked, check_normal
 from cupygemm.tensors import BF16, View
 
 
@@ -45,7 +46,7 @@ def normal_args(m=256, n=512, k=1024, **over):
 def call_normal(**over):
     a = normal_args(**{k: v for k, v in over.items() if k in ("m", "n", "k")})
     a.update({k: v for k, v in over.items() if k not in ("m", "n", "k")})
-    return validate.normal(a["a"], a["sfa"], a["b"], a["sfb"], a["out"])
+    return check_normal((a["a"], a["sfa"], a["b"], a["sfb"], a["out"]))
 
 
 def test_good_normal_problem():
@@ -107,16 +108,16 @@ def grouped_args(g=4, m=512, n=256, k=512):
 
 def test_contiguous_checks():
     a = grouped_args()
-    p = validate.contiguous(a["a"], a["sfa"], a["b"], a["sfb"], a["out"], a["idx"])
+    p = check_contiguous((a["a"], a["sfa"], a["b"], a["sfb"], a["out"], a["idx"]))
     assert p.num_groups == 4 and p.sfa_m_major
     with pytest.raises(TypeError, match="m_indices: expected int32"):
-        validate.contiguous(a["a"], a["sfa"], a["b"], a["sfb"], a["out"], Fake((512,), np.int64))
+        check_contiguous((a["a"], a["sfa"], a["b"], a["sfb"], a["out"], Fake((512,), np.int64)))
     with pytest.raises(ValueError, match=r"m_indices: expected shape \(512,\)"):
-        validate.contiguous(a["a"], a["sfa"], a["b"], a["sfb"], a["out"], Fake((500,), np.int32))
+        check_contiguous((a["a"], a["sfa"], a["b"], a["sfb"], a["out"], Fake((500,), np.int32)))
     with pytest.raises(ValueError, match="3-D"):
-        validate.contiguous(a["a"], a["sfa"], Fake((256, 512), np.uint8), a["sfb"], a["out"], a["idx"])
+        check_contiguous((a["a"], a["sfa"], Fake((256, 512), np.uint8), a["sfb"], a["out"], a["idx"]))
     with pytest.raises(ValueError, match=r"rhs\[1\] \(B scales\): expected shape \(4, 2, 4\)"):
-        validate.contiguous(a["a"], a["sfa"], a["b"], Fake((4, 2, 3), np.float32), a["out"], a["idx"])
+        check_contiguous((a["a"], a["sfa"], a["b"], Fake((4, 2, 3), np.float32), a["out"], a["idx"]))
 
 
 def test_masked_checks():
@@ -125,20 +126,20 @@ def test_masked_checks():
     a3, s3 = Fake((g, m, k), np.uint8), colmajor_sfa(m, kb, groups=g)
     b, sfb = Fake((g, n, k), np.uint8), Fake((g, 2, kb), np.float32)
     out, mm = Fake((g, m, n), BF16), Fake((g,), np.int32)
-    p = validate.masked(a3, s3, b, sfb, out, mm, 64)
+    p = check_masked((a3, s3, b, sfb, out, mm), 64)
     assert (p.num_groups, p.m) == (3, 128)
-    with pytest.raises(ValueError, match="A has 3 groups.*B has 2"):
-        validate.masked(a3, s3, Fake((2, n, k), np.uint8), Fake((2, 2, kb), np.float32), out, mm, 64)
+    with pytest.raises(ValueError, match=r"\(A\) has 3 groups.*\(B\) has 2"):
+        check_masked((a3, s3, Fake((2, n, k), np.uint8), Fake((2, 2, kb), np.float32), out, mm), 64)
     with pytest.raises(ValueError, match="expected_m"):
-        validate.masked(a3, s3, b, sfb, out, mm, -1)
+        check_masked((a3, s3, b, sfb, out, mm), -1)
     with pytest.raises(ValueError, match="expected_m"):
-        validate.masked(a3, s3, b, sfb, out, mm, 1.5)
+        check_masked((a3, s3, b, sfb, out, mm), 1.5)
     with pytest.raises(ValueError, match=r"out: expected shape \(3, 128, 256\)"):
-        validate.masked(a3, s3, b, sfb, Fake((m, n), BF16), mm, 64)
+        check_masked((a3, s3, b, sfb, Fake((m, n), BF16), mm), 64)
     # Padded rows (ld > N) are fine; groups spaced further apart than M rows are not (a view of a larger buffer).
-    validate.masked(a3, s3, b, sfb, Fake((g, m, n), BF16, strides=(m * 384 * 2, 384 * 2, 2)), mm, 64)
+    check_masked((a3, s3, b, sfb, Fake((g, m, n), BF16, strides=(m * 384 * 2, 384 * 2, 2)), mm), 64)
     with pytest.raises(ValueError, match=r"out: expected the groups back to back"):
-        validate.masked(a3, s3, b, sfb, Fake((g, m, n), BF16, strides=(2 * m * n * 2, n * 2, 2)), mm, 64)
+        check_masked((a3, s3, b, sfb, Fake((g, m, n), BF16, strides=(2 * m * n * 2, n * 2, 2)), mm), 64)
 
 
 def test_host_index_checks():
