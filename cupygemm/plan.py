@@ -26,6 +26,7 @@ from .errors import CupygemmDeviceError
 from .jit.build import LoadedKernel
 from .kernels import get_gemm_kernel
 from .launch import Launcher
+from .util import ceil_div
 
 # Pointer sets remembered per plan, the oldest forgotten first. A serving loop cycles through a few buffers; a JAX
 # scan whose operand XLA passes as a slice of a stacked array (benchmarks/NOTES.md 26c) through one per step.
@@ -59,6 +60,7 @@ class GemmPlan:
     side_map: bytes = b""  # side-aware (cfg.sides): the SM side map, and the clusters that work on half 0 of N
     side_clusters0: int = 0
     _packed: dict = field(default_factory=dict, repr=False)
+    _spans: tuple[int, ...] | None = field(default=None, repr=False)  # the operands' byte extents, made on first use
 
     def launch(self, stream: int, a: int, sfa: int, b: int, sfb: int, d: int, layout: int = 0, partials: int = 0,
                counters: int = 0, zero_counters: bool = False, page_sides: tuple[int, ...] = NO_PAGE_SIDES) -> None:
@@ -86,6 +88,7 @@ class GemmPlan:
 
     def _pack(self, ptrs: tuple[int, ...]) -> object:
         a, sfa, b, sfb, d, layout, partials, counters, *page_sides = ptrs
+        self._check_out_overlap(a, sfa, b, sfb, d, layout)
         tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, a, b, sfa, d)))
         # In the order of contract.GEMM_PARAM_NAMES (and SIDE_PARAM_NAMES: B is the packed weights).
         sides = () if not self.side_map else (
@@ -96,6 +99,37 @@ class GemmPlan:
             del self._packed[next(iter(self._packed))]
         self._packed[ptrs] = params
         return params
+
+
+    def _check_out_overlap(self, a: int, sfa: int, b: int, sfb: int, d: int, layout: int) -> None:
+        """ValueError when D's bytes overlap an input's: the kernel would read what it writes (``out`` a view of A,
+        say), which is always a bug. Run once per pointer set (launches on known pointers skip it)."""
+        spans = self._spans
+        if spans is None:
+            spans = self._spans = _operand_spans(self)
+        d_end = d + spans[4]
+        for name, ptr, size in (("lhs[0] (A)", a, spans[0]), ("lhs[1] (A scales)", sfa, spans[1]),
+                                ("rhs[0] (B)", b, spans[2]), ("rhs[1] (B scales)", sfb, spans[3]),
+                                (self.kind.layout, layout, spans[5])):
+            if size and spans[4] and ptr < d_end and d < ptr + size:
+                raise ValueError(f"out: its memory [0x{d:x}, 0x{d_end:x}) overlaps {name}'s [0x{ptr:x}, "
+                                 f"0x{ptr + size:x}); pass an output that shares no memory with the inputs")
+
+
+def _span(spec: TmaSpec, item: int) -> int:
+    """Bytes from the first to past the last element a TMA map's tensor covers (0 when it is empty)."""
+    if 0 in spec.dims:
+        return 0
+    return spec.dims[0] * item + sum((d - 1) * s for d, s in zip(spec.dims[1:], spec.strides))
+
+
+def _operand_spans(plan: "GemmPlan") -> tuple[int, ...]:
+    """The byte extents of A, SFA (as the kernel reads it), B, SFB, D and the layout operand of ``plan``."""
+    a, _, b, sfa, d = plan.tmaps
+    kb = ceil_div(plan.k, 128)
+    layout = plan.m if plan.kind.layout == "m_indices" else plan.num_groups if plan.kind.layout else 0
+    sfb = plan.num_groups * ceil_div(plan.n, 128) * kb * 4 if plan.kind.b_block_scales else _span(sfa, 4)
+    return (_span(a, 1), _span(sfa, 4), _span(b, 1), sfb, _span(d, plan.kind.out_dtype.itemsize), 4 * layout)
 
 
 @functools.lru_cache(maxsize=1)

@@ -43,6 +43,9 @@ def cases(good):
         ("out float32", lambda: ((a, sfa), (b, sfb), cp.empty((256, 512), cp.float32)), TypeError),
         ("out wrong shape", lambda: ((a, sfa), (b, sfb), cp.empty((256, 256), cupygemm.tensors.BF16)), ValueError),
         ("host arrays", lambda: ((a.get(), sfa.get()), (b, sfb), None), TypeError),
+        # A [256, 1024] FP8 has the bytes of a [256, 512] BF16 output: the kernel would overwrite what it reads
+        ("out aliasing A", lambda: ((a, sfa), (b, sfb), a.view(cupygemm.tensors.BF16)), ValueError),
+        ("out aliasing B", lambda: ((a, sfa), (b, sfb), b[:256].view(cupygemm.tensors.BF16)), ValueError),
     ]
 
 

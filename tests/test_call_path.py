@@ -248,9 +248,12 @@ def test_a_plan_keeps_a_scan_worth_of_pointer_sets():
     """A JAX scan can hand a custom call a new operand address on every step (XLA's dynamic-slice fusion): a plan
     cycling through 100 pointer sets packs each once, then finds them all again (a cache cleared whenever it was
     full made every call of such a cycle pack its arguments anew)."""
+    from cupygemm.kinds.forward import NORMAL
     from cupygemm.plan import GemmPlan
 
     class Spec:
+        dims, strides = (16, 1, 1), (16, 16)  # 16 bytes: the operands lie apart
+
         def encode(self, ptr):
             return ptr.to_bytes(8, "little") * 16
 
@@ -264,9 +267,46 @@ def test_a_plan_keeps_a_scan_worth_of_pointer_sets():
         def launch(self, params, grid, block, smem, stream):
             Launcher.launches += 1
 
-    plan = GemmPlan(0, 64, 256, 512, 1, 0, None, None, Launcher(), 132, 384, 1024, 64, 0, 0, (Spec(),) * 4,
+    plan = GemmPlan(NORMAL, 64, 256, 512, 1, 0, None, None, Launcher(), 132, 384, 1024, 64, 0, 0, (Spec(),) * 5,
                     (64, 1, 256, 0))
     for _ in range(2):
         for step in range(100):
             plan.launch(0, 0x1000, 0x2000 + 16 * step, 0x3000, 0x4000, 0x5000)
     assert Launcher.launches == 200 and Launcher.packs == 100
+
+
+# ---- out overlapping an input -------------------------------------------------------------------------------------
+
+def _real_plan(m=256, n=256, k=512):
+    """A launch plan as plan_gemm makes it, less the loaded kernel (nothing here launches)."""
+    from cupygemm import contract
+    from cupygemm.config import make_config
+    from cupygemm.kinds.forward import NORMAL
+    from cupygemm.plan import GemmPlan
+
+    cfg = make_config("normal", n, k, 128, 128, num_sms=132)
+    c = contract.launch_contract(cfg, m, n, k, 1, (k, 1), (k, 1), (2 * n, 2), False)
+    return GemmPlan(NORMAL, m, n, k, 1, 0, cfg, None, None, 132, c.threads, c.smem_bytes, c.sfa_m_pad,
+                    c.scratch_floats, c.scratch_counters, c.tmaps, c.scalars)
+
+
+@pytest.mark.parametrize("operand", range(4))
+def test_out_overlapping_an_input_is_refused_before_any_launch(operand):
+    m, n, k = 256, 256, 512
+    plan = _real_plan(m, n, k)
+    ptrs = [0x10000000, 0x20000000, 0x30000000, 0x40000000]
+    d = ptrs[operand] + 16  # D starts inside the operand
+    if operand == 3:
+        d = ptrs[3] - m * n * 2 + 16  # D's last bytes on SFB's first
+    names = ["lhs\\[0\\] \\(A\\)", "lhs\\[1\\] \\(A scales\\)", "rhs\\[0\\] \\(B\\)", "rhs\\[1\\] \\(B scales\\)"]
+    with pytest.raises(ValueError, match=f"out: .* overlaps {names[operand]}"):
+        plan.launch(0, *ptrs, d)
+    assert plan._packed == {}  # nothing packed, nothing launched
+
+
+def test_out_next_to_its_inputs_is_fine():
+    m, n, k = 256, 256, 512
+    plan = _real_plan(m, n, k)
+    a, sfa, b, sfb = 0x10000000, 0x20000000, 0x30000000, 0x40000000
+    plan._check_out_overlap(a, sfa, b, sfb, a + m * k, 0)  # right after A
+    plan._check_out_overlap(a, sfa, b, sfb, sfb - m * n * 2, 0)  # right before SFB
