@@ -5,8 +5,10 @@ Entry points (DeepGEMM-compatible names and semantics):
 - :func:`gemm_fp8_fp8_bf16_nt` - D = A @ B.T
 - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous` - MoE grouped GEMM, contiguous layout
 - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked` - MoE grouped GEMM, masked layout
-- :func:`fp8_gemm_nt`, :func:`m_grouped_fp8_gemm_nt_contiguous`, :func:`m_grouped_fp8_gemm_nt_masked` - the same
-  under DeepGEMM 2.x's names
+- :func:`wgrad_gemm_fp8_fp8_fp32_nt` - D += A @ B.T, both operands scaled 1x128, FP32 D (weight gradients)
+- :func:`k_grouped_wgrad_gemm_fp8_fp8_fp32_nt` - the same per group, each with its own K (MoE weight gradients)
+- :func:`fp8_gemm_nt`, :func:`m_grouped_fp8_gemm_nt_contiguous`, :func:`m_grouped_fp8_gemm_nt_masked`,
+  :func:`k_grouped_fp8_gemm_nt_contiguous` - the same under DeepGEMM 2.x's names
 - :func:`pack_weights` - B packed once so that each SM reads its tiles from its own L2 side (pass it as ``rhs``)
 - :func:`warmup` - build ahead of time the kernels a range of M needs (serving)
 
@@ -29,6 +31,11 @@ from .kinds.forward import (
     m_grouped_gemm_fp8_fp8_bf16_nt_contiguous,
     m_grouped_gemm_fp8_fp8_bf16_nt_masked,
 )
+from .kinds.training import (
+    k_grouped_fp8_gemm_nt_contiguous,
+    k_grouped_wgrad_gemm_fp8_fp8_fp32_nt,
+    wgrad_gemm_fp8_fp8_fp32_nt,
+)
 from .layout import (
     ceil_div,
     get_col_major_tma_aligned_tensor,
@@ -48,6 +55,9 @@ __all__ = [
     "fp8_gemm_nt",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
+    "wgrad_gemm_fp8_fp8_fp32_nt",
+    "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
+    "k_grouped_fp8_gemm_nt_contiguous",
     "pack_weights",
     "PackedWeights",
     "per_token_cast_to_fp8",

@@ -156,9 +156,11 @@ def plan_gemm(kind: Any, m: int, n: int, k: int, num_groups: int, device_id: int
     (so the first call for a shape compiles); memoized on everything it depends on. ``sides``: B is packed
     side-aware (:mod:`cupygemm.packing`), for the device whose side info :mod:`cupygemm.l2` holds.
     """
-    from .kinds import kind_named
+    from .kinds import FORWARD, kind_named
 
     kind = kind_named(kind)
+    if kind.family != FORWARD:
+        raise NotImplementedError(f"{kind.name} GEMMs run on the 1D1D kernel, whose plans are not wired yet")
     dims = {"G": num_groups, "M": m, "N": n, "K": k}
     return _plan(kind, m, n, k, num_groups, device_id, model_rows(kind.kid, m, expected_m),
                  _strides(a_strides, tuple(dims[d] for d in kind.a_dims), 1),

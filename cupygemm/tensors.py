@@ -281,3 +281,41 @@ def export_like(arr: Any, framework: Framework) -> Any:
     if framework is Framework.JAX:
         return sys.modules["jax"].dlpack.from_dlpack(arr)
     return arr
+
+
+def device_array(host: np.ndarray, like: Any, stream: Any = None) -> Any:
+    """``host``'s values in a new GPU array of ``like``'s framework and device (a JAX array for JAX callers), copied
+    in the order of the call's stream (``stream=``, else the caller's current one)."""
+    from .streams import cupy_stream, resolve, torch_stream
+
+    framework = framework_of(like)
+    if framework is Framework.JAX:
+        return sys.modules["jax"].numpy.asarray(host)
+    device = read(like, "like").device
+    handle = resolve(stream, framework, device)
+    if framework is Framework.TORCH:
+        torch = sys.modules["torch"]
+        with torch_stream(handle, device):
+            return torch.as_tensor(host, device=torch.device("cuda", device))
+    cp = require_cupy()
+    with cp.cuda.Device(device), cupy_stream(handle, device):
+        return cp.asarray(host)
+
+
+def copy_into(dst: Any, src: Any, stream: Any = None) -> None:
+    """``dst[...] = src`` (same shape and dtype, one framework) in the order of the call's stream."""
+    from .streams import cupy_stream, resolve, torch_stream
+
+    framework = framework_of(dst)
+    if framework_of(src) is not framework:
+        raise TypeError(f"c: got a {type(src).__module__}.{type(src).__name__} while d is a {framework.value} "
+                        "tensor; pass both from one framework")
+    view = read(dst, "d")
+    handle = resolve(stream, framework, view.device)
+    if framework is Framework.TORCH:
+        with torch_stream(handle, view.device):
+            dst.copy_(src)
+        return
+    cp = require_cupy()
+    with cp.cuda.Device(view.device), cupy_stream(handle, view.device):
+        cupy_view(view)[...] = cupy_view(read(src, "c"))

@@ -94,3 +94,4 @@ def names() -> list[str]:
 
 
 from . import forward  # noqa: E402,F401 - registers normal, contiguous, masked
+from . import training  # noqa: E402,F401 - registers wgrad, k_grouped_wgrad

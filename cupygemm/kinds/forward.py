@@ -13,7 +13,7 @@ from ..layout import get_tma_aligned_size
 from ..tensors import View
 from ..util import ceil_div
 from ..validate import EAGER, Names, Problem
-from . import BY_NAME, FORWARD, GemmKind, register
+from . import FORWARD, GemmKind, register
 
 
 def _problem(kind: GemmKind, a: View, sfa: View, m: int, n: int, k: int, g: int, kb: int, views: list[View],
@@ -219,8 +219,10 @@ def fp8_gemm_nt(a: tuple[Any, Any], b: tuple[Any, Any], d: Any, c: Any = None, r
     is returned); ``compiled_dims`` and ``disable_ue8m0_cast`` are accepted and have no effect (every kernel is
     specialized on N and K). Returns ``d`` (or the new output).
     """
-    if recipe is not None and tuple(recipe) == (1, 1, 128) and "wgrad" in BY_NAME:
-        return BY_NAME["wgrad"].dg2(a, b, d, c, stream=stream, **options)
+    if recipe is not None and tuple(recipe) == (1, 1, 128):
+        from .training import wgrad_dg2
+
+        return wgrad_dg2(a, b, d, c, stream=stream, **options)
     if c is not None:
         raise ValueError("c: D = C + A @ B.T (an accumulator input) needs recipe=(1, 1, 128) and FP32 d; with the "
                          "(1, 128, 128) recipe pass c=None")
