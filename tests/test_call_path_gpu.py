@@ -99,6 +99,7 @@ def test_torch_casts_follow_the_stream_and_return_fp8():
     torch = _torch()
     x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # x is written on the current stream; side is non-blocking
     with torch.cuda.stream(side):
         torch.cuda._sleep(50_000_000)
         y = x * 2
@@ -239,6 +240,7 @@ def test_cupy_stream_capture_and_replay(kind, sfa_layout):
     S = layout(sfa)
     L = None if lay is None else lay.copy()
     out = cp.zeros(out_shape, BF16)
+    cp.cuda.Device().synchronize()  # A, S, L and out are made on the default stream; s is non-blocking
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         call(A, S, b, sfb, L, out)  # warm-up: kernels and per-stream scratch exist before capturing

@@ -119,6 +119,7 @@ def test_torch_producer_stream_is_respected():
     ta_final = to_torch(a.copy())
     ta = torch.zeros_like(ta_final)  # zeros now; the producer fills it late
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # after ta_final's copy and ta's zeros: side is non-blocking
     with torch.cuda.stream(side):
         torch.cuda._sleep(200_000_000)  # keep the producer busy (~0.1 s)
         ta.copy_(ta_final)
