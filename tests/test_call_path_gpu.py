@@ -13,7 +13,7 @@ cp = pytest.importorskip("cupy")
 
 import cupygemm  # noqa: E402
 from cupygemm import gemm as gemm_mod  # noqa: E402
-from gpu_helpers import grouped_weights, make_normal, randn_bf16  # noqa: E402
+from gpu_helpers import gpu_sleep, grouped_weights, make_normal, randn_bf16  # noqa: E402
 
 BF16 = cupygemm.tensors.BF16
 TRIALS = 20
@@ -115,26 +115,35 @@ def test_torch_casts_follow_the_stream_and_return_fp8():
 
 
 def test_explicit_stream_argument_forms():
-    """stream= as an int handle, a CuPy stream and a torch stream all launch there (the call is ordered after a
-    long kernel on that stream and before the read queued after it)."""
+    """stream= as an int handle, a CuPy stream and a torch stream all launch there: A is written late on that
+    stream (behind a long kernel) and the result is read there, while the current stream is another one, so a
+    launch anywhere else reads A before it is written."""
     call, ops, out_shape = problems("normal", 3)
     a, sfa, b, sfb, _ = ops
     want = call(a, sfa, b, sfb, None, None)
     s = cp.cuda.Stream(non_blocking=True)
     for form in (s, s.ptr):
         a2 = cp.zeros_like(a)
-        cp.cuda.Device().synchronize()  # the zeros are written before s copies A in
+        cp.cuda.Device().synchronize()  # the zeros (and want) are written before s copies A in
         with s:
+            gpu_sleep()
             cp.cuda.runtime.memcpyAsync(a2.data.ptr, a.data.ptr, a.nbytes, 3, s.ptr)
         # The current stream is the default one: only stream= puts the GEMM behind the copy.
         out = cupygemm.gemm_fp8_fp8_bf16_nt((a2, sfa), (b, sfb), stream=form)
+        with s:
+            seen = out.copy()
         s.synchronize()
-        assert (out.view(cp.uint16) == want.view(cp.uint16)).all()
+        assert (seen.view(cp.uint16) == want.view(cp.uint16)).all(), form
     torch = pytest.importorskip("torch")
+    ta_final = tt(torch, a)
+    ta = torch.zeros_like(ta_final)
+    torch.cuda.synchronize()
     ts = torch.cuda.Stream()
     with torch.cuda.stream(ts):
-        torch.cuda._sleep(20_000_000)
-    out = cupygemm.gemm_fp8_fp8_bf16_nt((t8(torch, a), tt(torch, sfa)), (t8(torch, b), tt(torch, sfb)), stream=ts)
+        torch.cuda._sleep(50_000_000)
+        ta.copy_(ta_final)
+    out = cupygemm.gemm_fp8_fp8_bf16_nt((ta.view(torch.float8_e4m3fn), tt(torch, sfa)), (t8(torch, b), tt(torch, sfb)),
+                                        stream=ts)
     seen = torch.empty_like(out)
     with torch.cuda.stream(ts):
         seen.copy_(out)
