@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
 # Usage (from the repo root on the GPU machine):
-#   bash scripts/device_check.sh [tests] [tests-under-load] [tests-repeat N] [bench] [peers] [decode] [masked-full]
-#                                [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
+#   bash scripts/device_check.sh [tests] [tests-under-load] [tests-repeat N] [capture-probe] [bench] [peers] [decode]
+#                                [masked-full] [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
 # tests: the gpu tests (log: gpu_tests.log). tests-under-load: the same beside another process running GEMMs
 # (scripts/gpu_load.py, for LOAD_SECONDS, default 600, and stopped when the tests end; log:
 # gpu_tests_under_load.log, the load's own lines at its end). tests-repeat N: the gpu tests N times in a row (default
 # 3), each run's summary line and failures in gpu_tests_repeat.txt; with LOAD=1 all N runs beside one load process.
-# Pytest args apply to every test step (e.g. tests-repeat 10 -k "pdl or capture").
+# Pytest args apply to every test step (e.g. tests-repeat 10 -k "pdl or capture"). capture-probe: which calls
+# elsewhere in a process invalidate a torch.cuda.graph capture (scripts/capture_probe.py; capture_probe.txt).
 # peers: set up DeepGEMM and DeeperGEMM from a carried .peers/ folder (benchmarks/README.md, Peers); decode: the
 # M = 64 and 128 seed shapes against every peer, cupygemm with packed (L2-side-aware) weights too.
 set -uo pipefail
@@ -76,6 +77,7 @@ for s in "${steps[@]}"; do
           | tee -a "$summary"
       done
       [ -n "${LOAD:-}" ] && stop_load /tmp/cupygemm-load.log "$summary" ;;
+    capture-probe) python3 scripts/capture_probe.py 2>&1 | tee "$OUT/capture_probe.txt" ;;
     bench)
       # Grouped shapes run the valid-row totals the peer table measured on this kind of GPU (--match-rows).
       gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
