@@ -21,9 +21,13 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX shares the GPU with CuPy and t
 # A number after tests-repeat is its count.
 steps=(); pytest_args=()
 for a in "$@"; do
-  if [ ${#pytest_args[@]} -gt 0 ] || [[ "$a" == -* ]]; then pytest_args+=("$a")
-  elif [[ "$a" =~ ^[0-9]+$ ]] && [ ${#steps[@]} -gt 0 ] && [ "${steps[-1]}" = tests-repeat ]; then steps[-1]="tests-repeat:$a"
-  else steps+=("$a"); fi
+  if [ ${#pytest_args[@]} -gt 0 ] || [[ "$a" == -* ]]; then
+    pytest_args+=("$a")
+  elif [[ "$a" =~ ^[0-9]+$ ]] && [ "${steps[*]: -1}" = tests-repeat ]; then
+    steps[-1]="tests-repeat:$a"
+  else
+    steps+=("$a")
+  fi
 done
 [ ${#steps[@]} -eq 0 ] && steps=(tests bench)
 
@@ -69,14 +73,14 @@ for s in "${steps[@]}"; do
     tests-repeat|tests-repeat:*)
       n=${s#tests-repeat}; n=${n#:}; n=${n:-3}; summary="$OUT/gpu_tests_repeat.txt"
       echo "tests-repeat $n${pytest_args[*]:+ ${pytest_args[*]}}${LOAD:+ (beside scripts/gpu_load.py)}" > "$summary"
-      [ -n "${LOAD:-}" ] && start_load /tmp/cupygemm-load.log
+      if [ -n "${LOAD:-}" ]; then start_load /tmp/cupygemm-load.log; fi
       for i in $(seq "$n"); do
         gpu_tests /tmp/cupygemm-repeat.log > /dev/null; rc=$?
         line=$(grep -E '[0-9]+ (passed|failed|errors?|skipped)' /tmp/cupygemm-repeat.log | tail -n 1)
         { echo "run $i/$n (rc $rc): ${line:-no summary line}"; grep -E '^(FAILED|ERROR) ' /tmp/cupygemm-repeat.log; } \
           | tee -a "$summary"
       done
-      [ -n "${LOAD:-}" ] && stop_load /tmp/cupygemm-load.log "$summary" ;;
+      if [ -n "${LOAD:-}" ]; then stop_load /tmp/cupygemm-load.log "$summary"; fi ;;
     capture-probe) python3 scripts/capture_probe.py 2>&1 | tee "$OUT/capture_probe.txt" ;;
     bench)
       # Grouped shapes run the valid-row totals the peer table measured on this kind of GPU (--match-rows).
