@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
 # Usage (from the repo root on the GPU machine):
-#   bash scripts/device_check.sh [tests] [bench] [peers] [decode] [masked-full] [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
+#   bash scripts/device_check.sh [tests] [tests-under-load] [tests-repeat N] [capture-probe] [bench] [peers] [decode]
+#                                [masked-full] [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
+# tests: the gpu tests (log: gpu_tests.log). tests-under-load: the same beside another process running GEMMs
+# (scripts/gpu_load.py, for LOAD_SECONDS, default 600, and stopped when the tests end; log:
+# gpu_tests_under_load.log, the load's own lines at its end). tests-repeat N: the gpu tests N times in a row (default
+# 3), each run's summary line and failures in gpu_tests_repeat.txt; with LOAD=1 all N runs beside one load process.
+# Pytest args apply to every test step (e.g. tests-repeat 10 -k "pdl or capture"). capture-probe: which calls
+# elsewhere in a process invalidate a torch.cuda.graph capture (scripts/capture_probe.py; capture_probe.txt).
 # peers: set up DeepGEMM and DeeperGEMM from a carried .peers/ folder (benchmarks/README.md, Peers); decode: the
 # M = 64 and 128 seed shapes against every peer, cupygemm with packed (L2-side-aware) weights too.
 set -uo pipefail
@@ -11,20 +18,70 @@ export PYTHONUNBUFFERED=1
 export CUPYGEMM_CACHE_DIR=${CUPYGEMM_CACHE_DIR:-/tmp/cupygemm-cache}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX shares the GPU with CuPy and torch in the tests
 # Leading words are steps; everything from the first option on goes to pytest (e.g. tests -k two_acc).
+# A number after tests-repeat is its count.
 steps=(); pytest_args=()
 for a in "$@"; do
-  if [ ${#pytest_args[@]} -eq 0 ] && [[ "$a" != -* ]]; then steps+=("$a"); else pytest_args+=("$a"); fi
+  if [ ${#pytest_args[@]} -gt 0 ] || [[ "$a" == -* ]]; then
+    pytest_args+=("$a")
+  elif [[ "$a" =~ ^[0-9]+$ ]] && [ "${steps[*]: -1}" = tests-repeat ]; then
+    steps[-1]="tests-repeat:$a"
+  else
+    steps+=("$a")
+  fi
 done
 [ ${#steps[@]} -eq 0 ] && steps=(tests bench)
+
+# The gpu tests, in parallel processes where pytest-xdist is installed (kernel builds dominate, and they run on the
+# CPU). Writes the whole output to $1, shows its tail; returns pytest's status.
+gpu_tests() {
+  local xdist=()
+  python3 -c "import xdist" 2>/dev/null && xdist=(-n 12)
+  python3 -m pytest -q -m gpu -rfEs ${xdist[@]+"${xdist[@]}"} tests ${pytest_args[@]+"${pytest_args[@]}"} 2>&1 \
+    | tee "$1" | tail -n 40
+  return "${PIPESTATUS[0]}"
+}
+
+# Another process keeping the GPU busy (scripts/gpu_load.py) until stop_load or LOAD_SECONDS; output to $1.
+load_pid=""
+start_load() {
+  python3 scripts/gpu_load.py --seconds "${LOAD_SECONDS:-600}" > "$1" 2>&1 &
+  load_pid=$!
+  for _ in $(seq 300); do  # until its loop runs (the first GEMM may compile)
+    grep -q '^running' "$1" 2>/dev/null && break
+    kill -0 "$load_pid" 2>/dev/null || break
+    sleep 1
+  done
+  head -n 1 "$1"
+}
+stop_load() {
+  [ -n "$load_pid" ] || return 0
+  kill "$load_pid" 2>/dev/null; wait "$load_pid" 2>/dev/null; load_pid=""
+  { echo "--- scripts/gpu_load.py ---"; cat "$1"; } >> "$2"
+}
+trap 'if [ -n "$load_pid" ]; then kill "$load_pid" 2>/dev/null; fi' EXIT
+
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/device.txt"
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -n 2
 python3 -m cupygemm info | tee -a "$OUT/device.txt"
 for s in "${steps[@]}"; do
   case "$s" in
-    tests)  # in parallel processes where pytest-xdist is installed: kernel builds dominate, and they run on the CPU
-      xdist=(); python3 -c "import xdist" 2>/dev/null && xdist=(-n 12)
-      python3 -m pytest -q -m gpu -rs ${xdist[@]+"${xdist[@]}"} tests ${pytest_args[@]+"${pytest_args[@]}"} 2>&1 \
-        | tee "$OUT/gpu_tests.log" | tail -n 40 ;;
+    tests) gpu_tests "$OUT/gpu_tests.log" ;;
+    tests-under-load)
+      start_load /tmp/cupygemm-load.log
+      gpu_tests "$OUT/gpu_tests_under_load.log"
+      stop_load /tmp/cupygemm-load.log "$OUT/gpu_tests_under_load.log" ;;
+    tests-repeat|tests-repeat:*)
+      n=${s#tests-repeat}; n=${n#:}; n=${n:-3}; summary="$OUT/gpu_tests_repeat.txt"
+      echo "tests-repeat $n${pytest_args[*]:+ ${pytest_args[*]}}${LOAD:+ (beside scripts/gpu_load.py)}" > "$summary"
+      if [ -n "${LOAD:-}" ]; then start_load /tmp/cupygemm-load.log; fi
+      for i in $(seq "$n"); do
+        gpu_tests /tmp/cupygemm-repeat.log > /dev/null; rc=$?
+        line=$(grep -E '[0-9]+ (passed|failed|errors?|skipped)' /tmp/cupygemm-repeat.log | tail -n 1)
+        { echo "run $i/$n (rc $rc): ${line:-no summary line}"; grep -E '^(FAILED|ERROR) ' /tmp/cupygemm-repeat.log; } \
+          | tee -a "$summary"
+      done
+      if [ -n "${LOAD:-}" ]; then stop_load /tmp/cupygemm-load.log "$summary"; fi ;;
+    capture-probe) python3 scripts/capture_probe.py 2>&1 | tee "$OUT/capture_probe.txt" ;;
     bench)
       # Grouped shapes run the valid-row totals the peer table measured on this kind of GPU (--match-rows).
       gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)

@@ -13,6 +13,9 @@ def pytest_configure(config):
         import tempfile
 
         os.environ["CUPYGEMM_CACHE_DIR"] = tempfile.mkdtemp(prefix="cupygemm-test-cache-")
+    # JAX shares the GPU with CuPy and torch (and, under pytest -n, with the other workers): keep whichever test
+    # starts its GPU backend first from taking 75 % of the memory up front. Read once, when the backend starts.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 @functools.lru_cache(maxsize=1)

@@ -69,6 +69,24 @@ def ref_normal(a, sfa, b, sfb) -> tuple[cp.ndarray, cp.ndarray]:
     return da @ db.T, cp.abs(da) @ cp.abs(db).T
 
 
+_SLEEP_SRC = r"""
+extern "C" __global__ void cupygemm_test_sleep(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+_sleep_kernel = None
+
+
+def gpu_sleep(cycles: int = 50_000_000) -> None:
+    """Keep CuPy's current stream busy for ``cycles`` SM clocks (~30 ms by default), as ``torch.cuda._sleep`` does:
+    work queued behind it on that stream is late, so a call that runs anywhere but there reads unfinished inputs."""
+    global _sleep_kernel
+    if _sleep_kernel is None:
+        _sleep_kernel = cp.RawKernel(_SLEEP_SRC, "cupygemm_test_sleep")
+    _sleep_kernel((1,), (1,), (np.int64(cycles),))
+
+
 def poison_bf16(shape) -> cp.ndarray:
     return cp.full(shape, 0xFFFF, dtype=cp.uint16).view(ml_dtypes.bfloat16)
 

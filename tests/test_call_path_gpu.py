@@ -4,6 +4,12 @@ operators pass opcheck and trace under torch.compile(fullgraph=True), and a call
 for other strides or misaligned pointers."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,7 +19,7 @@ cp = pytest.importorskip("cupy")
 
 import cupygemm  # noqa: E402
 from cupygemm import gemm as gemm_mod  # noqa: E402
-from gpu_helpers import grouped_weights, make_normal, randn_bf16  # noqa: E402
+from gpu_helpers import gpu_sleep, grouped_weights, make_normal, randn_bf16  # noqa: E402
 
 BF16 = cupygemm.tensors.BF16
 TRIALS = 20
@@ -99,6 +105,7 @@ def test_torch_casts_follow_the_stream_and_return_fp8():
     torch = _torch()
     x = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # x is written on the current stream; side is non-blocking
     with torch.cuda.stream(side):
         torch.cuda._sleep(50_000_000)
         y = x * 2
@@ -114,26 +121,35 @@ def test_torch_casts_follow_the_stream_and_return_fp8():
 
 
 def test_explicit_stream_argument_forms():
-    """stream= as an int handle, a CuPy stream and a torch stream all launch there (the call is ordered after a
-    long kernel on that stream and before the read queued after it)."""
+    """stream= as an int handle, a CuPy stream and a torch stream all launch there: A is written late on that
+    stream (behind a long kernel) and the result is read there, while the current stream is another one, so a
+    launch anywhere else reads A before it is written."""
     call, ops, out_shape = problems("normal", 3)
     a, sfa, b, sfb, _ = ops
     want = call(a, sfa, b, sfb, None, None)
     s = cp.cuda.Stream(non_blocking=True)
     for form in (s, s.ptr):
         a2 = cp.zeros_like(a)
-        cp.cuda.Device().synchronize()  # the zeros are written before s copies A in
+        cp.cuda.Device().synchronize()  # the zeros (and want) are written before s copies A in
         with s:
+            gpu_sleep()
             cp.cuda.runtime.memcpyAsync(a2.data.ptr, a.data.ptr, a.nbytes, 3, s.ptr)
         # The current stream is the default one: only stream= puts the GEMM behind the copy.
         out = cupygemm.gemm_fp8_fp8_bf16_nt((a2, sfa), (b, sfb), stream=form)
+        with s:
+            seen = out.copy()
         s.synchronize()
-        assert (out.view(cp.uint16) == want.view(cp.uint16)).all()
+        assert (seen.view(cp.uint16) == want.view(cp.uint16)).all(), form
     torch = pytest.importorskip("torch")
+    ta_final = tt(torch, a)
+    ta = torch.zeros_like(ta_final)
+    torch.cuda.synchronize()
     ts = torch.cuda.Stream()
     with torch.cuda.stream(ts):
-        torch.cuda._sleep(20_000_000)
-    out = cupygemm.gemm_fp8_fp8_bf16_nt((t8(torch, a), tt(torch, sfa)), (t8(torch, b), tt(torch, sfb)), stream=ts)
+        torch.cuda._sleep(50_000_000)
+        ta.copy_(ta_final)
+    out = cupygemm.gemm_fp8_fp8_bf16_nt((ta.view(torch.float8_e4m3fn), tt(torch, sfa)), (t8(torch, b), tt(torch, sfb)),
+                                        stream=ts)
     seen = torch.empty_like(out)
     with torch.cuda.stream(ts):
         seen.copy_(out)
@@ -150,10 +166,51 @@ def test_mixed_frameworks_are_refused():
         cupygemm.gemm_fp8_fp8_bf16_nt((t8(torch, a), tt(torch, sfa)), (b, tt(torch, sfb)))
 
 
+_CHILD = textwrap.dedent("""
+    import sys
+    import {module} as t
+    try:
+        t.{case}
+    except BaseException as e:
+        if type(e).__name__ == "Skipped":  # pytest.skip/importorskip inside the case
+            print("SKIPPED:", e)
+            sys.exit(0)
+        raise
+""")
+
+
+def _in_fresh_process(case: str) -> None:
+    """Run ``case`` (a call of a function of this module) in a new Python process.
+
+    ``torch.cuda.graph`` captures in global mode (torch's default, what users run): there a potentially unsafe CUDA
+    call (cudaMalloc, cudaFree, a legacy-stream query) from *any* thread of the process invalidates the capture. A
+    test process shared with other tests (an xdist worker, or plain pytest) holds what they left: XLA's thread
+    pools, which allocate device memory (cuMemAlloc when the BFC allocator grows) and pinned staging buffers for
+    host-to-device transfers asynchronously to Python, garbage cycles collected whenever the capturing thread
+    allocates, CUPTI. None of that is cupygemm's, and a real process capturing torch graphs holds its own work only;
+    in a fresh process the capture holds only this case's calls, so an invalidated capture there is cupygemm's, and
+    a failure cannot leave torch's RNG believing a capture still runs for later tests."""
+    torch = _torch()
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    tests = Path(__file__).resolve().parent
+    path = [str(tests), str(tests.parent)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    code = _CHILD.format(module=Path(__file__).stem, case=case)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"{case} in a fresh process:\n{(r.stdout + r.stderr)[-8000:]}"
+    if r.stdout.startswith("SKIPPED:"):
+        pytest.skip(r.stdout.strip())
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_torch_cuda_graph_capture_and_replay(kind):
-    """torch.cuda.graph captures the call (first call of a shape inside the capture: kernels are built before
-    launching, scratch comes from the graph's pool); replays compute the GEMM of the inputs' new contents."""
+    """torch.cuda.graph captures the call (scratch comes from the graph's pool); replays compute the GEMM of the
+    inputs' new contents. In a fresh process: see _in_fresh_process."""
+    _in_fresh_process(f"torch_graph_replay_case({kind!r})")
+
+
+def torch_graph_replay_case(kind: str) -> None:
     torch = _torch()
     call, ops, out_shape = problems(kind, 11)
     a, sfa, b, sfb, lay = ops
@@ -191,29 +248,20 @@ def test_torch_cuda_graph_capture_and_replay(kind):
                     assert (arr[gi, :r] == want.view(cp.int16)[gi, :r]).all(), f"replay {step} group {gi}"
 
 
-def _forget_loaded_kernels() -> None:
-    """Drop cupygemm's in-process memos of loaded modules and plans (the disk cache stays): the next call of any
-    shape loads its module again, as a process's first call does."""
-    from cupygemm import gemm, kernels, plan, quantization, sfa_layout
-    from cupygemm.jit import build
-
-    gemm._calls.clear()
-    plan.clear()
-    kernels._by_config.clear()
-    quantization._kernels.clear()
-    sfa_layout._launchers.clear()
-    build._loaded.clear()
-
-
 def test_torch_graph_capture_of_first_call_and_casts():
-    """A shape never called before, captured directly (kernel build happens before the launch), with the casts
-    and a split-K (scratch-using) shape: 64x1536x7168 meets its four splits' partial sums in global memory."""
+    """A process's first calls, captured directly (the kernels load before the launches, in relaxed capture mode),
+    with the casts and a split-K (scratch-using) shape: 64x1536x7168 meets its four splits' partial sums in global
+    memory. In a fresh process (see _in_fresh_process), which also makes these the first loads of the per-token
+    cast, the SFA copy and the GEMM kernels there."""
+    _in_fresh_process("torch_first_call_capture_case()")
+
+
+def torch_first_call_capture_case() -> None:
     torch = _torch()
     x = torch.randn(64, 7168, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(1536, 7168, device="cuda", dtype=torch.bfloat16)
     b, sfb = cupygemm.per_block_cast_to_fp8(w)
     torch.cuda.synchronize()
-    _forget_loaded_kernels()  # so the capture below loads modules, whatever ran before in this process
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         a, sfa = cupygemm.per_token_cast_to_fp8(x)
@@ -239,6 +287,7 @@ def test_cupy_stream_capture_and_replay(kind, sfa_layout):
     S = layout(sfa)
     L = None if lay is None else lay.copy()
     out = cp.zeros(out_shape, BF16)
+    cp.cuda.Device().synchronize()  # A, S, L and out are made on the default stream; s is non-blocking
     s = cp.cuda.Stream(non_blocking=True)
     with s:
         call(A, S, b, sfb, L, out)  # warm-up: kernels and per-stream scratch exist before capturing

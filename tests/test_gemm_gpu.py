@@ -244,6 +244,7 @@ def test_split_k_streams_and_graph():
         # SFA in the kernel's layout already: nothing is allocated while capturing.
         ins = [(a, cupygemm.get_col_major_tma_aligned_tensor(sfa), b, sfb) for a, sfa, b, sfb in ins]
         want = [cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb)) for a, sfa, b, sfb in ins]
+        cp.cuda.Device().synchronize()  # inputs and want come from the default stream; the streams are non-blocking
         streams = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
         outs = [cp.empty((m, n), want[0].dtype) for _ in range(2)]
         for _ in range(20):

@@ -278,6 +278,8 @@ def test_masked_cuda_graph_replay_with_changing_masks():
     a, sfa, b, sfb, out = run_masked(g, max_m, n, k, [10, 20, 30, 40], seed=3)
     sfa_cm = cupygemm.get_col_major_tma_aligned_tensor(sfa)
     mm = cp.zeros(g, cp.int32)
+    # sfa_cm and mm's zeros are written on the default stream; the stream is non-blocking (and sets mm itself).
+    cp.cuda.Device().synchronize()
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((a, sfa_cm), (b, sfb), out, mm, 256)  # load the kernel

@@ -11,7 +11,7 @@ cp = pytest.importorskip("cupy")
 
 import cupygemm  # noqa: E402
 from cupygemm.tensors import read  # noqa: E402
-from gpu_helpers import grouped_weights, make_normal, randn_bf16  # noqa: E402
+from gpu_helpers import gpu_sleep, grouped_weights, make_normal, randn_bf16  # noqa: E402
 
 
 def to_torch(x, fp8=False):
@@ -119,6 +119,7 @@ def test_torch_producer_stream_is_respected():
     ta_final = to_torch(a.copy())
     ta = torch.zeros_like(ta_final)  # zeros now; the producer fills it late
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())  # after ta_final's copy and ta's zeros: side is non-blocking
     with torch.cuda.stream(side):
         torch.cuda._sleep(200_000_000)  # keep the producer busy (~0.1 s)
         ta.copy_(ta_final)
@@ -130,10 +131,17 @@ def test_torch_producer_stream_is_respected():
 
 
 def test_cupy_stream_is_used():
+    """A still finished late on CuPy's current stream (a non-blocking one, behind a long kernel), the call and a read
+    there: a call launched on any other stream reads A before it is written."""
     a, sfa, b, sfb, _, _ = make_normal(256, 256, 512, 6)
     ref = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
+    late = cp.zeros_like(a)
+    cp.cuda.Device().synchronize()  # a, ref and the zeros are written on the default stream first
     s = cp.cuda.Stream(non_blocking=True)
     with s:
-        out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
+        gpu_sleep()
+        late[...] = a
+        out = cupygemm.gemm_fp8_fp8_bf16_nt((late, sfa), (b, sfb))
+        seen = out.copy()
     s.synchronize()
-    assert (out.view(cp.uint16) == ref.view(cp.uint16)).all()
+    assert (seen.view(cp.uint16) == ref.view(cp.uint16)).all()

@@ -47,7 +47,10 @@ def _quantized(m, n, k, seed=0, g=None):
 
 
 def _jx(*arrs):
-    return [jnp.asarray(x.view(F8)) if x.dtype == np.uint8 else jnp.asarray(x) for x in arrs]
+    """Device copies of host arrays, ready. XLA makes them asynchronously (its TFRT GPU client allocates the pinned
+    staging buffer and the device buffer on a thread pool), so a test that ends before using them (errors at trace
+    time) would leave that work running into the next test of the process."""
+    return jax.block_until_ready([jnp.asarray(x.view(F8)) if x.dtype == np.uint8 else jnp.asarray(x) for x in arrs])
 
 
 def _bits(x) -> np.ndarray:
@@ -169,8 +172,8 @@ def test_error_inside_the_handler_reaches_the_user():
     with cj._use_backend("CUDA", lambda *args: {0: Refusing()}, use_stream=True):
         with pytest.raises(Exception, match="INVALID_ARGUMENT: cupygemm .*test hook: launch refused"):
             jax.block_until_ready(cj.gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb))
-    # the handler keeps working afterwards
-    assert cj.gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb).shape == (64, 256)
+    # the handler keeps working afterwards (waited for: nothing of this test runs on into the next one)
+    assert jax.block_until_ready(cj.gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb)).shape == (64, 256)
 
 
 def test_grad_is_a_clear_error():

@@ -2,6 +2,10 @@
 finishing, so it must wait for it before reading. The test chains two GEMMs where the second reads the first one's
 output as its FP8 A (the BF16 bytes reinterpreted), with the first output poisoned before each chain, and checks the
 second result bit for bit against the same chain run one kernel at a time, eager and replayed from a CUDA graph.
+
+Everything a test queues (inputs, chains, reference copies, fills, comparisons) goes to one non-blocking stream, so
+stream order alone orders it: CuPy's legacy default stream is not ordered with a non-blocking stream, and a reference
+copied there while the next fill runs on the chain's stream compared wrong whenever the GPU was busy.
 """
 from __future__ import annotations
 
@@ -31,21 +35,23 @@ def pdl_on(monkeypatch):
     monkeypatch.setenv("CUPYGEMM_PDL", "1")
 
 
-def _chain_case(seed=0):
+def _chain_case(stream, seed=0):
+    """The chain's operands, made on ``stream`` (where the chain runs), and ``chain(poison, sync_between)``."""
     rng = np.random.default_rng(seed)
     m, n1, k1, n2 = 256, 4096, 4096, 256
-    a1 = cp.zeros((m, k1), cp.uint8)
-    a1[:, :128] = _ternary((m, 128), rng)  # |out1| <= 128: integers whose BF16 bytes are finite as e4m3
-    b1 = _ternary((n1, k1), rng)
     k2 = 2 * n1
-    b2 = _ternary((n2, k2), rng, density=0.25)
     ones = lambda r, c: cupygemm.get_col_major_tma_aligned_tensor(cp.ones((r, c), cp.float32))  # noqa: E731
-    sfa1, sfb1 = ones(m, k1 // 128), cp.ones((n1 // 128, k1 // 128), cp.float32)
-    sfa2, sfb2 = ones(m, k2 // 128), cp.ones((n2 // 128, k2 // 128), cp.float32)
-    out1 = cp.empty((m, n1), cp.uint16)
-    out2 = cp.empty((m, n2), cp.uint16)
+    with stream:
+        a1 = cp.zeros((m, k1), cp.uint8)
+        a1[:, :128] = _ternary((m, 128), rng)  # |out1| <= 128: integers whose BF16 bytes are finite as e4m3
+        b1 = _ternary((n1, k1), rng)
+        b2 = _ternary((n2, k2), rng, density=0.25)
+        sfa1, sfb1 = ones(m, k1 // 128), cp.ones((n1 // 128, k1 // 128), cp.float32)
+        sfa2, sfb2 = ones(m, k2 // 128), cp.ones((n2 // 128, k2 // 128), cp.float32)
+        out1 = cp.empty((m, n1), cp.uint16)
+        out2 = cp.empty((m, n2), cp.uint16)
 
-    def chain(stream, poison=0xFFFF, sync_between=False):
+    def chain(poison=0xFFFF, sync_between=False):
         with stream:
             out1.fill(poison)  # what a GEMM that did not wait would read
             cupygemm.gemm_fp8_fp8_bf16_nt((a1, sfa1), (b1, sfb1), out1, stream=stream)
@@ -57,40 +63,42 @@ def _chain_case(seed=0):
 
 def test_pdl_variant_is_planned(pdl_on):
     cupygemm.gemm._calls.clear()  # only this test's calls (other tests in the process planned without PDL)
-    chain, _, _ = _chain_case()
-    chain(cp.cuda.Stream(non_blocking=True))
+    stream = cp.cuda.Stream(non_blocking=True)
+    chain, _, _ = _chain_case(stream)
+    chain()
+    # Finish before the stream and the operands go: their memory and the stream's handle (and with it the split-K
+    # scratch kept per handle) would otherwise pass to the next test while these kernels still run.
+    stream.synchronize()
     plans = [p for _, p in cupygemm.gemm._calls.values() if p is not None]
     assert len(plans) == 2 and all(p.pdl for p in plans)
 
 
 def test_pdl_chain_waits_for_the_previous_gemm(pdl_on):
-    chain, out1, out2 = _chain_case(1)
     stream = cp.cuda.Stream(non_blocking=True)
-    chain(stream, sync_between=True)
-    stream.synchronize()
-    want1, want2 = out1.copy(), out2.copy()
-    assert int(cp.count_nonzero(want1 == 0xFFFF)) == 0  # the poison is gone: GEMM1 wrote every element
+    chain, out1, out2 = _chain_case(stream, 1)
+    chain(sync_between=True)
+    with stream:  # copied after this chain and before the next chain's fills, in the stream's order
+        want1, want2 = out1.copy(), out2.copy()
+        assert int(cp.count_nonzero(want1 == 0xFFFF)) == 0  # the poison is gone: GEMM1 wrote every element
     for _ in range(TRIALS):
         with stream:
             out2.fill(0)
-        chain(stream)
-        stream.synchronize()
-        assert cp.array_equal(out1, want1) and cp.array_equal(out2, want2)
+        chain()
+        with stream:
+            assert cp.array_equal(out1, want1) and cp.array_equal(out2, want2)
 
 
 def test_pdl_chain_in_a_cuda_graph(pdl_on):
-    chain, out1, out2 = _chain_case(2)
     stream = cp.cuda.Stream(non_blocking=True)
-    chain(stream, sync_between=True)  # plans and kernels before the capture; the reference result
-    stream.synchronize()
-    want2 = out2.copy()
+    chain, out1, out2 = _chain_case(stream, 2)
+    chain(sync_between=True)  # plans and kernels before the capture; the reference result
     with stream:
+        want2 = out2.copy()
         stream.begin_capture()
-        chain(stream)
+        chain()
         graph = stream.end_capture()
     for _ in range(TRIALS):
         with stream:
             out2.fill(0)
-        graph.launch(stream)
-        stream.synchronize()
-        assert cp.array_equal(out2, want2)
+            graph.launch(stream)
+            assert cp.array_equal(out2, want2)

@@ -208,6 +208,7 @@ def test_packed_in_a_cuda_graph(info):
     m, n, k = 64, 2112, 7168
     a, sfa_mn, packed, want = packed_case(m, n, k)
     out = poison_bf16((m, n))
+    cp.cuda.Device().synchronize()  # made on the default stream; the stream is non-blocking
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mn), packed, out, stream=stream)  # plan and scratch before capture

@@ -50,6 +50,8 @@ def _run(job):
 
 def test_eight_threads_mixed_kinds():
     jobs = _jobs()
+    # The inputs are made on the default stream; every _run reads them on a new non-blocking stream.
+    cp.cuda.Device().synchronize()
     want = [_run(j) for j in jobs]
     work = [i % len(jobs) for i in range(64)]
     with ThreadPoolExecutor(8) as pool:
