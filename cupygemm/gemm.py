@@ -135,10 +135,12 @@ def run(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
     problem, plan = hit
     if launch_stream is None:
         launch_stream = resolve(stream, framework, problem.device)
-    if out is None:
-        result = _zeros(framework, problem.out_shape, kind.out_dtype, problem.device, launch_stream) \
-            if kind.zero_new_out else \
-            empty(framework, problem.out_shape, kind.out_dtype, problem.device)
+    if out is None:  # allocated in the order of the stream that writes it (stream= may not be the current one)
+        if kind.zero_new_out:
+            result = _zeros(framework, problem.out_shape, kind.out_dtype, problem.device, launch_stream)
+        else:
+            result = empty(framework, problem.out_shape, kind.out_dtype, problem.device,
+                           None if stream is None else launch_stream)
         d_ptr = result.data_ptr() if framework is Framework.TORCH else result.data.ptr
     else:
         result, d_ptr = out, ptrs[4]

@@ -127,8 +127,9 @@ def run_cast(entry: str, x: Any, stream: Any, framework: Framework) -> tuple[Any
     else:  # DLPack producers order their pending writes before the stream we launch on
         launch_stream = resolve(stream, framework, gpu_device_of(x, "x"))
         v, m, n, ld = _prepare(read(x, "x", launch_stream))
-    q = empty(framework, (m, n), FP8_E4M3, v.device)
-    s = empty(framework, (scale_rows(entry, m), ceil_div(n, _GROUP)), F32, v.device)
+    alloc_stream = None if stream is None else launch_stream  # allocated in the order of the stream writing them
+    q = empty(framework, (m, n), FP8_E4M3, v.device, alloc_stream)
+    s = empty(framework, (scale_rows(entry, m), ceil_div(n, _GROUP)), F32, v.device, alloc_stream)
     launch_cast(entry, v.dtype, v.ptr, _ptr(q), _ptr(s), m, n, ld, launch_stream, v.device)
     return q, s
 

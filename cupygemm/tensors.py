@@ -258,11 +258,19 @@ def cupy_view(v: View) -> "cupy.ndarray":
     return cupy.ndarray(v.shape, dtype, cupy.cuda.MemoryPointer(mem, 0), v.strides)
 
 
-def empty(framework: Framework, shape: tuple[int, ...], dtype: np.dtype, device: int) -> Any:
+def empty(framework: Framework, shape: tuple[int, ...], dtype: np.dtype, device: int,
+          stream: int | None = None) -> Any:
     """A new uninitialized GPU array made by the caller's framework (torch for torch callers, else CuPy).
 
     torch arrays come from torch's caching allocator, so they are valid inside ``torch.cuda.graph`` capture
-    (the graph's pool owns them)."""
+    (the graph's pool owns them). ``stream``: the stream that will write it, when it is not the caller's current
+    one (``stream=``): the array is allocated in that stream's order, so its memory is not handed to another
+    stream's allocation while the kernel still writes it."""
+    if stream is not None:
+        from .streams import cupy_stream, torch_stream
+
+        with (torch_stream(stream, device) if framework is Framework.TORCH else cupy_stream(stream, device)):
+            return empty(framework, shape, dtype, device)
     if framework is Framework.TORCH:
         torch = sys.modules["torch"]
         tdtype = {v: k for k, v in _torch_dtype_map(torch).items()}[dtype]

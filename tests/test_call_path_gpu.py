@@ -120,6 +120,31 @@ def test_torch_casts_follow_the_stream_and_return_fp8():
     assert torch.equal(sc.cpu(), torch.from_dlpack(rs).cpu())
 
 
+def test_new_outputs_come_from_the_pool_of_the_stream_that_writes_them():
+    """A call with stream= that allocates its output (and a cast its results) takes the memory in that stream's
+    order: freed, it goes back where that stream's next allocation finds it, never to another stream's allocation
+    while the kernel may still be writing it (CuPy's pool keeps one arena per stream)."""
+    call, ops, out_shape = problems("normal", 3)
+    a, sfa, b, sfb, _ = ops
+    s = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
+    out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), stream=s)
+    ptr, nbytes = out.data.ptr, out.nbytes
+    del out
+    with s:
+        again = cp.empty(nbytes, cp.uint8)
+    assert again.data.ptr == ptr  # the block sat in s's arena
+    x = cp.ones((256, 384), cp.float32)
+    cp.cuda.Device().synchronize()
+    q, sc = cupygemm.per_token_cast_to_fp8(x, stream=s)
+    q_ptr, q_bytes = q.data.ptr, q.nbytes
+    del q, sc
+    with s:
+        q_again = cp.empty(q_bytes, cp.uint8)
+    assert q_again.data.ptr == q_ptr
+    s.synchronize()
+
+
 def test_explicit_stream_argument_forms():
     """stream= as an int handle, a CuPy stream and a torch stream all launch there: A is written late on that
     stream (behind a long kernel) and the result is read there, while the current stream is another one, so a
