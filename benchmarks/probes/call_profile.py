@@ -1,4 +1,4 @@
-"""Where a GEMM call's host time goes, part by part, on the GPU machine's CPU.
+"""Where a GEMM call's host time goes, part by part, and what each launch mechanism costs, on the GPU machine's CPU.
 
 Each line is the median over rounds of a loop of back-to-back calls of one part (synchronized between rounds,
 never inside a loop), in host microseconds per call: the whole call for CuPy and torch operands, the call with
@@ -7,7 +7,7 @@ by every mechanism at hand (CuPy's Cython binding, ctypes ``cuLaunchKernel`` wit
 array, ctypes ``cuLaunchKernelEx``, NVIDIA's cuda-bindings when installed) next to an empty kernel's launch.
 ``--cprofile`` adds a cProfile listing of the whole calls.
 
-Usage: python scripts/call_profile.py [MxNxK] [--calls N] [--rounds R] [--json FILE] [--cprofile]
+Usage: python benchmarks/probes/call_profile.py [MxNxK] [--calls N] [--rounds R] [--json FILE] [--cprofile]
 """
 import argparse
 import ctypes

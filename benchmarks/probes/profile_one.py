@@ -1,8 +1,10 @@
-"""Run one GEMM a few times, for a profiler: python scripts/profile_one.py M N K [field=value ...] [packed=1]
+"""One GEMM, a few calls after the bench's L2 flush, for a profiler (ncu) to measure.
+
+    python benchmarks/probes/profile_one.py M N K [field=value ...] [packed=1]
 
 Fields override the config (block_m=256 block_n=128 multicast=1 serial_m=1 ...); packed=1 runs on weights packed by
 cupygemm.pack_weights (the side-aware kernel). Each call follows a 1 GiB memset, as in the bench. Example:
-  ncu --clock-control none -k regex:cupygemm_fp8_gemm -s 2 -c 1 python scripts/profile_one.py 4096 7168 16384
+  ncu --clock-control none -k regex:cupygemm_fp8_gemm -s 2 -c 1 python benchmarks/probes/profile_one.py 4096 7168 16384
 """
 from __future__ import annotations
 

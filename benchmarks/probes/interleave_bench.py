@@ -1,7 +1,7 @@
 """FFMA interleave pass, measured: NVRTC 12.8 builds with the pass off/on vs the default NVRTC, dense seed shapes.
 
-  python scripts/interleave_bench.py build DIR   # no GPU needed: NVRTC 12.8 via ctypes (sass_tools.nvrtc)
-  python scripts/interleave_bench.py run DIR     # on the GPU: time all three builds, check bitwise equality
+  python benchmarks/probes/interleave_bench.py build DIR   # no GPU needed: NVRTC 12.8 via ctypes (sass_tools.nvrtc)
+  python benchmarks/probes/interleave_bench.py run DIR     # on the GPU: time all three builds, check bitwise equality
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""Side-aware GEMMs against themselves with the SM side map inverted (every CTA reads its half from the far L2
-side) and against plain weights: tells whether a packed kernel's time comes from the sides or from its loads.
+"""Packed (L2-side-aware) GEMMs with the SM side map right and inverted, and plain: do the L2 sides cost the time?
 
-Usage (on a Hopper machine): python scripts/sides_probe.py OUT.json [MxNxK ...]
+With the map inverted every CTA reads its half of B from the far L2 side; near against far tells whether a packed
+kernel's time comes from the sides or from its loads (benchmarks/NOTES.md, "L2-side-aware weights").
+
+Usage (on a Hopper machine): python benchmarks/probes/sides_probe.py OUT.json [MxNxK ...]
 """
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Where a `lax.scan` step's time goes beyond our kernel's (issue 30's 1.1x target; benchmarks/NOTES.md 29).
+"""Where a `lax.scan` step's time goes beyond our kernel's: XLA's loop alone, steps per scan, handler runs.
+
+Issue 30's 1.1x-of-kernel target; benchmarks/NOTES.md, "JAX and XLA command buffers".
 
 Per XLA flag set (one child process each: XLA reads its flags when the backend starts), per variant:
 - wall time per step (median of timed scans);
@@ -11,7 +13,7 @@ Variants: an XLA-only step (the loop's own floor: one small fusion per step); ou
 benchmark runs it) over 100 and 400 steps (a per-run cost shrinks per step with more steps, a per-step one does
 not); the same with the carry passed in and donated, its result fed back (stable addresses from run to run).
 
-    python scripts/jax_loop_probe.py OUT.json
+    python benchmarks/probes/jax_loop_probe.py OUT.json
 """
 import json
 import os
@@ -125,7 +127,7 @@ def main():
     if sys.argv[1:2] == ["--child"]:
         print(json.dumps(child()))
         return 0
-    out = {"command": "python scripts/jax_loop_probe.py " + " ".join(sys.argv[1:]), "modes": {}}
+    out = {"command": "python benchmarks/probes/jax_loop_probe.py " + " ".join(sys.argv[1:]), "modes": {}}
     for label, flags in MODES.items():
         env = dict(os.environ)
         env.pop("XLA_FLAGS", None)

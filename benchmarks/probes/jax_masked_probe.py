@@ -1,9 +1,11 @@
-"""Why XLA records the masked GEMM's custom call again on every scan step (benchmarks/NOTES.md 26c): per variant of
-the per-step A scales, the handler runs per warm scan, the buffers that move between calls, and the time per step.
+"""Why XLA records the masked GEMM's custom call again on every scan step: handler runs, moving buffers, step time.
+
+Per variant of the per-step A scales: the handler runs per warm scan, the buffers that move between calls, and the
+time per step (benchmarks/NOTES.md, "JAX and XLA command buffers").
 Run once per XLA flag set (XLA reads its flags when the backend starts).
 
 Usage: XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1" \
-    python scripts/jax_masked_probe.py [--steps 50]
+    python benchmarks/probes/jax_masked_probe.py [--steps 50]
 """
 import argparse
 import json

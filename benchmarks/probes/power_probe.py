@@ -7,7 +7,7 @@ and power draw every 20 ms meanwhile. Per-call time is the mean from CUDA events
 back) or the median of events around each call (flushed). Pipe utilization at the clock = TFLOPS / (8192 FLOP per
 cycle per SM x 132 SMs x clock).
 
-Usage (on a Hopper machine): python scripts/power_probe.py OUT.json [--secs S]
+Usage (on a Hopper machine): python benchmarks/probes/power_probe.py OUT.json [--secs S]
 """
 from __future__ import annotations
 
