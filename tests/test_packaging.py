@@ -134,3 +134,20 @@ def test_readme_lists_every_environment_variable():
     assert len(names) == 9
     for name in names:
         assert f"| `{name}` |" in readme
+
+
+def test_docs_name_only_result_files_that_exist():
+    """Every result file the READMEs and the notes link is in benchmarks/results/, and benchmarks/README.md's table of
+    result files lists exactly the files there. (The sdist carries neither the results nor those docs.)"""
+    results = REPO / "benchmarks" / "results"
+    if not results.is_dir():
+        return
+    present = {p.name for p in results.iterdir()}
+    for doc in ("README.md", "benchmarks/README.md", "benchmarks/NOTES.md", "cuda_src/README.md"):
+        text = (REPO / doc).read_text()
+        linked = set(re.findall(r"(?:benchmarks/results/|\]\(results/)([\w.-]+\.(?:json|png))", text))
+        assert linked <= present, (doc, sorted(linked - present))
+    table = (REPO / "benchmarks" / "README.md").read_text().split("\n## Results\n")[1]
+    listed = {name for row in table.splitlines() if row.startswith("| `")
+              for name in re.findall(r"`([^`]+)`", row.split("|")[1])}
+    assert listed == present, (sorted(listed - present), sorted(present - listed))
