@@ -94,7 +94,8 @@ def test_split_k_compile(bm, bn, ks, interleave, tmp_path):
     assert "QGMMA" in sass and not re.search(r"\b(LDL|STL)\b", sass)
     assert len(re.findall(r"ATOMG\.E\.ADD\.STRONG\.GPU", sass)) == 1
     assert "MEMBAR.ALL.GPU" in sass  # the arrival's release/acquire fence
-    assert not re.search(r"STG\.E\.128\.STRONG", sass)  # partial sums leave register by register (NOTES 19d)
+    # partial sums leave register by register (benchmarks/NOTES.md, "Stream-K tail")
+    assert not re.search(r"STG\.E\.128\.STRONG", sass)
 
 
 @pytest.mark.parametrize("kind,bm,bn,mc", [(C.KIND_MASKED, 128, 160, 1), (C.KIND_MASKED, 128, 128, 0),
@@ -103,9 +104,9 @@ def test_split_k_compile(bm, bn, ks, interleave, tmp_path):
 def test_stream_k_compile(kind, bm, bn, mc, tmp_path):
     """Stream-K tail kernels: the tail pieces run one more, not unrolled, copy of the K loop (4 wgmmas per m64
     sub-tile); nothing spills; the K loop keeps its wgmma descriptors in uniform registers (a few more R2UR moves than
-    without the tail, not one or more per wgmma: NOTES section 15); the pieces' partial sums leave register by
-    register (4-byte .cg stores): 16-byte vector stores pinned the accumulators to register quads, which slowed the
-    kernel's whole tiles by 2-3 % (NOTES section 19)."""
+    without the tail, not one or more per wgmma); the pieces' partial sums leave register by register (4-byte .cg
+    stores): 16-byte vector stores pinned the accumulators to register quads, which slowed the kernel's whole tiles by
+    2-3 % (benchmarks/NOTES.md, "Stream-K tail")."""
     cfg = C.make_config(kind, 4096, 7168, bm, bn, 132, multicast=mc, stream_k=True, serial_m=bm == 256)
     base = C.make_config(kind, 4096, 7168, bm, bn, 132, multicast=mc, serial_m=bm == 256)
     sass, _ = _sass(compile_gemm(cfg), tmp_path)
@@ -121,8 +122,8 @@ def test_stream_k_compile(kind, bm, bn, mc, tmp_path):
 @pytest.mark.parametrize("bm,bn,mc,sk", [(256, 128, 1, True), (128, 160, 1, False), (64, 168, 0, False)])
 def test_masked_partial_rows_leave_staged(bm, bn, mc, sk, tmp_path):
     """Masked tiles reaching past masked_m store their valid rows from the staged (swizzled) output tile in 16-byte
-    pieces (LDS.128 -> STG.E.128), not 4-byte stores straight from the accumulators (NOTES section 19); full tiles
-    keep their TMA stores."""
+    pieces (LDS.128 -> STG.E.128), not 4-byte stores straight from the accumulators (benchmarks/NOTES.md, "Masked
+    GEMMs"); full tiles keep their TMA stores."""
     cfg = C.make_config(C.KIND_MASKED, 4096, 7168, bm, bn, 132, multicast=mc, stream_k=sk, serial_m=bm == 256,
                         interleave_k=bm == 64)
     sass, _ = _sass(compile_gemm(cfg), tmp_path)
@@ -152,10 +153,10 @@ def test_render_inlines_every_header():
                                                 (128, 128, {"split_k": 2}, 1), (192, 128, {}, 4),
                                                 (192, 128, {"multicast": 1}, 4), (64, 184, {}, 1)])
 def test_k_loop_unroll(bm, bn, fields, unroll, tmp_path):
-    """Whole tiles unroll the K loop 4x (benchmarks/NOTES.md 12c, 22); split-K kernels keep one block per iteration, and
-    so do one-warpgroup tiles that select B scales per column at run time (184 wide: unrolled, they spilled).
-    Counted in wgmmas: 4 per m64 sub-tile and K block of 128, plus a one-block loop over the first sub-tile for tiles
-    whose second sub-tile lies past the last row."""
+    """Whole tiles unroll the K loop 4x (benchmarks/NOTES.md, "K-loop unrolling"); split-K kernels keep one block per
+    iteration, and so do one-warpgroup tiles that select B scales per column at run time (184 wide: unrolled, they
+    spilled). Counted in wgmmas: 4 per m64 sub-tile and K block of 128, plus a one-block loop over the first sub-tile
+    for tiles whose second sub-tile lies past the last row."""
     cfg = C.make_config(C.KIND_NORMAL, 2048, 7168, bm, bn, 132, **fields)
     sass, _ = _sass(compile_gemm(cfg), tmp_path)
     subtiles_per_wg = 2 if bm == 256 else 1
@@ -165,8 +166,9 @@ def test_k_loop_unroll(bm, bn, fields, unroll, tmp_path):
 
 
 def test_interleave_k_widest_tile_compiles_without_spills(tmp_path):
-    """Interleaved-K tiles stop at 176 columns (64x184 spilled under NVRTC 12.9 and 13.5, NOTES 23d): asking for 184 is
-    refused; 176, which selects B scales per column at run time too, compiles without spills."""
+    """Interleaved-K tiles stop at 176 columns (64x184 spilled under NVRTC 12.9 and 13.5, benchmarks/NOTES.md,
+    "Interleaved K"): asking for 184 is refused; 176, which selects B scales per column at run time too, compiles
+    without spills."""
     with pytest.raises(ValueError, match="block_n <= 176"):
         C.make_config(C.KIND_NORMAL, 2048, 7168, 64, 184, 132, interleave_k=True)
     for kind in (C.KIND_NORMAL, C.KIND_MASKED):

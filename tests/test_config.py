@@ -76,7 +76,7 @@ def test_every_problem_gets_a_legal_config():
 
 def test_no_a_multicast_on_one_row_block():
     """Where all of A is one 128-row block (every CTA reads it from L2), the pick's tile runs without A multicast
-    (measured 2-4 % faster, NOTES 20); B multicast and larger M keep theirs."""
+    (measured 2-4 % faster, benchmarks/NOTES.md, "Multicast"); B multicast and larger M keep theirs."""
     for n, k in ((32768, 512), (24576, 1536), (16384, 7168)):
         for m in (65, 128):
             cfg = C.choose_config(C.KIND_NORMAL, m, n, k, 1, 132)
@@ -158,7 +158,8 @@ def test_split_k_tiles_for_packed_weights(m, n, k, sides, want):
 @pytest.mark.parametrize("k", [2048, 16384])
 def test_one_wave_prefers_widths_with_compiled_scale_offsets(k):
     """64x7168: 56-wide tiles (odd multiple of 8: run-time scale selects) measured 2-7 % slower than 64-wide ones,
-    both one wave (benchmarks/NOTES.md 12d); the model charges the selects on the load-bound tile too."""
+    both one wave (benchmarks/NOTES.md, "Tile choice and the cost model"); the model charges the selects on the
+    load-bound tile too."""
     cfg = C.choose_config(C.KIND_NORMAL, 64, 7168, k, 1, 132)
     assert (cfg.block_m, cfg.block_n) == (64, 64)
     assert cost.tile_seconds(64, 56, k) > cost.tile_seconds(64, 64, k) * 56 / 64
@@ -439,7 +440,7 @@ def test_masked_plan_averages_group_sizes():
 def test_masked_plan_caps_group_sizes_at_max_m():
     """With every row valid (max_m = expected_m) no group can be 1.3x expected_m: the draws are capped at max_m, and
     the full-group picks are 256-row tiles, which measured 51.1, 59.3 and 34.5 us against the uncapped 128-row
-    picks' 61.9, 71.0 and 43.7 on an H100 (benchmarks/NOTES.md 28)."""
+    picks' 61.9, 71.0 and 43.7 on an H100 (benchmarks/NOTES.md, "Masked GEMMs")."""
     capped = cost.masked_group_rows(256, 4, 256)
     assert max(map(max, capped)) == 256 and min(map(min, capped)) >= int(256 * 0.7)
     assert capped == tuple(tuple(min(r, 256) for r in d) for d in cost.masked_group_rows(256, 4))
@@ -490,9 +491,10 @@ def test_stream_k_choice_and_validation():
     assert not C.choose_config(C.KIND_NORMAL, 128, 7168, 16384, 1, 132).stream_k  # one wave
     assert not C.choose_config(C.KIND_CONTIGUOUS, 4 * 8192, 4096, 7168, 4, 132).stream_k
     assert C.choose_config(C.KIND_NORMAL, 6144, 7168, 7168, 1, 132).stream_k  # 10 rounds + 12 units in 5 pieces
-    # The kernel factor, refitted per kind (NOTES 20): 8 masked groups of ~1024 rows at N = 4096, K = 7168 measured
-    # 6.6 % faster on 256x128 tiles with the tail than on the 128x160 tiles without that the old 2 % picked; normal
-    # GEMMs keep it (4096x2112x7168 on 256x112 with the tail measured 3.5 % slower than 256x96 without).
+    # The kernel factor, refitted per kind (benchmarks/NOTES.md, "Stream-K tail"): 8 masked groups of ~1024 rows at
+    # N = 4096, K = 7168 measured 6.6 % faster on 256x128 tiles with the tail than on the 128x160 tiles without that the
+    # old 2 % picked; normal GEMMs keep it (4096x2112x7168 on 256x112 with the tail measured 3.5 % slower than 256x96
+    # without).
     assert cost.SK_KERNEL_FACTOR[C.KIND_MASKED] < cost.SK_KERNEL_FACTOR[C.KIND_NORMAL]
     masked8 = C.choose_config(C.KIND_MASKED, 1024, 4096, 7168, 8, 132)
     assert masked8.stream_k and (masked8.block_m, masked8.block_n) == (256, 128)
@@ -562,7 +564,8 @@ def test_setmaxnreg_budgets_fit_the_register_file():
 
 def test_stage_caps():
     """Interleaved K over two warpgroups drains stages twice as fast: 12 stages for tiles of up to 64 K blocks, 8 beyond;
-    a CTA running several tiles keeps about one tile's K blocks in flight (benchmarks/NOTES.md section 23)."""
+    a CTA running several tiles keeps about one tile's K blocks in flight (benchmarks/NOTES.md, "Pipeline depth and
+    the L2 flush")."""
     inter = C.choose_config(C.KIND_NORMAL, 64, 4096, 7168, 1, 132)
     assert inter.interleave_k and inter.num_stages == 12
     assert C.choose_config(C.KIND_NORMAL, 64, 7168, 16384, 1, 132).num_stages == 8  # 128 K blocks
@@ -580,8 +583,8 @@ def test_stage_caps():
 
 def test_interleave_k_stage_counts_are_even():
     """Interleaved-K warpgroups take alternate K blocks: with an odd stage count a stage alternates between them and a
-    parity wait two phases on passes early (a crash on the GPU, NOTES 23e). Every pick over a grid of problems has an
-    even count, smem-limited widths round down, and an odd count asked for is refused."""
+    parity wait two phases on passes early (a crash on the GPU, benchmarks/NOTES.md, "Interleaved K"). Every pick over
+    a grid of problems has an even count, smem-limited widths round down, and an odd count asked for is refused."""
     picks = 0
     for kind in (C.KIND_NORMAL, C.KIND_MASKED):
         for g in ((1,) if kind == C.KIND_NORMAL else (1, 4, 8, 32)):
@@ -599,8 +602,8 @@ def test_interleave_k_stage_counts_are_even():
 
 
 def test_raster_stripes_of_sixteen_n_blocks():
-    """Raster stripes span 16 n blocks, so 8 units with A multicast (benchmarks/NOTES.md section 24). A forced value
-    is kept; bad ones are refused."""
+    """Raster stripes span 16 n blocks, so 8 units with A multicast (benchmarks/NOTES.md, "Raster stripes"). A forced
+    value is kept; bad ones are refused."""
     seen = set()
     for kind, rows, n, k, g in [(C.KIND_NORMAL, 4096, 7168, 16384, 1), (C.KIND_NORMAL, 4096, 32768, 512, 1),
                                 (C.KIND_NORMAL, 64, 32768, 512, 1), (C.KIND_NORMAL, 128, 7168, 2048, 1),

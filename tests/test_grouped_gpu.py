@@ -262,8 +262,8 @@ def test_masked(g, max_m, n, k, masked):
 
 def test_masked_decode_interleave_k_deep_tiles():
     """MoE decode: 8 groups of 11-20 rows, N=4096, K=7168 pick 64x128 interleaved-K tiles over 56 K blocks. With an
-    odd stage count a warpgroup's parity wait passes early and the kernel crashes now and then (NOTES 23e), so the
-    count must be even. Several calls, each checked."""
+    odd stage count a warpgroup's parity wait passes early and the kernel crashes now and then (benchmarks/NOTES.md,
+    "Interleaved K"), so the count must be even. Several calls, each checked."""
     from cupygemm import config as C
 
     cfg = C.choose_config(C.KIND_MASKED, 16, 4096, 7168, 8, 132)

@@ -1,13 +1,19 @@
 """Packaging and docs in step with the code: license, type marker, sdist contents, extras, CLI help, README."""
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import re
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
+
+import pytest
 
 import cupygemm
 from cupygemm import env
+from cupygemm.jit.source import cuda_src_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,13 +32,53 @@ def test_py_typed_is_package_data():
     assert 'cupygemm = ["py.typed"]' in _pyproject()
 
 
+def _packages() -> set[str]:
+    return set(re.search(r"^packages = \[(.*)\]$", _pyproject(), re.M).group(1).replace('"', "").split(", "))
+
+
 def test_wheel_lists_every_python_package():
     """setuptools' package list is explicit: every package directory of cupygemm and sass_tools is in it."""
-    listed = set(re.search(r"^packages = \[(.*)\]$", _pyproject(), re.M).group(1).replace('"', "").split(", "))
+    listed = _packages()
     for top in ("cupygemm", "sass_tools"):
         for init in (REPO / top).rglob("__init__.py"):
             package = ".".join(init.parent.relative_to(REPO).parts)
             assert package in listed, package
+
+
+def test_wheel_ships_the_cuda_sources_inside_cupygemm():
+    """The repository keeps cuda_src/ at its top; the wheel installs it as package data of cupygemm
+    (cupygemm/cuda_src), never as a top-level package of that generic name."""
+    text = _pyproject()
+    listed = _packages()
+    assert "cuda_src" not in listed and "cupygemm.cuda_src" in listed
+    assert {p.split(".")[0] for p in listed} == {"cupygemm", "sass_tools"}
+    assert 'package-dir = { "cupygemm.cuda_src" = "cuda_src" }' in text
+    assert '"cupygemm.cuda_src" = ["*.cu", "*.cuh"]' in text
+    assert (REPO / "cuda_src" / "fp8_gemm.cu").is_file() and not (REPO / "cupygemm" / "cuda_src").exists()
+
+
+def test_installed_distribution_has_no_top_level_cuda_src():
+    """What pip installed (CI: an editable install, then the sdist's wheel, tested from the unpacked sdist): top-level
+    packages cupygemm and sass_tools only; a wheel's CUDA sources under cupygemm/cuda_src, where cuda_src_dir()
+    finds them. (Only pip's records count: a source tree's cupygemm.egg-info lists the sdist's files.)"""
+    installed = [d for d in importlib.metadata.distributions(name="cupygemm") if d.read_text("RECORD")]
+    if not installed:
+        pytest.skip("cupygemm has no pip-installed distribution here (imported from a source tree)")
+    dist = installed[0]
+    names = [line.split(",")[0] for line in dist.read_text("RECORD").splitlines()]
+    package_dir = Path(cupygemm.__file__).resolve().parent
+    if "cupygemm/__init__.py" in names:  # a wheel's files
+        if Path(dist.locate_file("cupygemm/__init__.py")).resolve().parent != package_dir:
+            pytest.skip("the installed cupygemm is not the one imported")
+        assert not [n for n in names if n.startswith("cuda_src/")]
+        assert "cupygemm/cuda_src/fp8_gemm.cu" in names and "cupygemm/cuda_src/scheduler.cuh" in names
+        assert cuda_src_dir() == package_dir / "cuda_src"
+    else:  # an editable install: the checkout's cuda_src/
+        url = urllib.parse.urlparse(json.loads(dist.read_text("direct_url.json") or "{}").get("url", ""))
+        if url.scheme != "file" or Path(urllib.parse.unquote(url.path)).resolve() != REPO.resolve():
+            pytest.skip("the installed cupygemm is an editable install of another tree")
+        assert cuda_src_dir() == REPO / "cuda_src"
+    assert sorted((dist.read_text("top_level.txt") or "cupygemm sass_tools").split()) == ["cupygemm", "sass_tools"]
 
 
 def test_sdist_manifest_carries_what_the_tests_read():
@@ -88,3 +134,20 @@ def test_readme_lists_every_environment_variable():
     assert len(names) == 9
     for name in names:
         assert f"| `{name}` |" in readme
+
+
+def test_docs_name_only_result_files_that_exist():
+    """Every result file the READMEs and the notes link is in benchmarks/results/, and benchmarks/README.md's table of
+    result files lists exactly the files there. (The sdist carries neither the results nor those docs.)"""
+    results = REPO / "benchmarks" / "results"
+    if not results.is_dir():
+        return
+    present = {p.name for p in results.iterdir()}
+    for doc in ("README.md", "benchmarks/README.md", "benchmarks/NOTES.md", "cuda_src/README.md"):
+        text = (REPO / doc).read_text()
+        linked = set(re.findall(r"(?:benchmarks/results/|\]\(results/)([\w.-]+\.(?:json|png))", text))
+        assert linked <= present, (doc, sorted(linked - present))
+    table = (REPO / "benchmarks" / "README.md").read_text().split("\n## Results\n")[1]
+    listed = {name for row in table.splitlines() if row.startswith("| `")
+              for name in re.findall(r"`([^`]+)`", row.split("|")[1])}
+    assert listed == present, (sorted(listed - present), sorted(present - listed))

@@ -58,8 +58,8 @@ PINNED_CONFIGS = {
 
 # sha256 (first 16 hex digits) of each config's kernel .text, per NVRTC (major, minor): 13.5 (CI's), 13.0 (the GPU
 # image's, where the kernels are measured), 12.9 and 12.8 (cupy-cuda12x installs). The code whose kernels were last
-# benchmarked on the GPU (A's tail box, benchmarks/NOTES.md 32); `scripts/sass_diff.py --pin [--nvrtc LIB]` prints
-# them.
+# benchmarked on the GPU (A's tail box, benchmarks/NOTES.md, "A tail box"); `scripts/sass_diff.py --pin [--nvrtc LIB]`
+# prints them.
 PINNED_HASHES = {
     (13, 5): {
         'normal-128x128': 'd51836da3731ba83',

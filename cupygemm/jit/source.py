@@ -16,11 +16,12 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 @functools.lru_cache(maxsize=1)
 def cuda_src_dir() -> Path:
-    """Directory holding the CUDA sources: the installed ``cuda_src`` package, else the checkout's."""
+    """Directory holding the CUDA sources: ``cupygemm/cuda_src`` where installed (the build maps the repository's
+    top-level ``cuda_src/`` there, as package data), else the checkout's ``cuda_src/`` next to this package."""
     try:
-        import cuda_src  # shipped as a package inside the wheel
+        import cupygemm.cuda_src as installed  # a namespace package: .cu/.cuh files, no __init__.py
 
-        for entry in getattr(cuda_src, "__path__", []):
+        for entry in getattr(installed, "__path__", []):
             p = Path(entry)
             if (p / "fp8_gemm.cu").is_file():
                 return p
