@@ -286,9 +286,9 @@ def shape_sizes(shapes: Sequence[Shape], seed: int, match_rows: str | None,
     if match_rows:
         other = list(dict.fromkeys(s.kind for s in shapes if not bench_kind(s.kind).match_rows))
         if other:
-            raise BenchUsageError(f"--match-rows: the peer tables hold the forward seed shapes only; {', '.join(other)} "
-                                  "shapes have no valid rows to match there: drop --match-rows or run those kinds "
-                                  "separately")
+            raise BenchUsageError(f"--match-rows: the peer tables hold the forward seed shapes only; "
+                                  f"{', '.join(other)} shapes have no valid rows to match there: drop --match-rows "
+                                  "or run those kinds separately")
         try:
             targets = peer_valid_rows(match_rows)
         except (OSError, ValueError, KeyError, TypeError) as e:

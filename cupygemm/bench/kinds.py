@@ -21,7 +21,7 @@ from typing import Any, Callable
 from ..kinds import KINDS, GemmKind, kind_named
 
 #: The bench modules that register BenchKinds, imported on the first lookup.
-MODULES = ("cupygemm.bench.forward",)
+MODULES = ("cupygemm.bench.forward", "cupygemm.bench.training")
 
 _MAKERS: dict[str, "BenchKind"] = {}
 _loaded = False
