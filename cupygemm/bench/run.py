@@ -11,7 +11,8 @@ from typing import Any, Callable, Sequence
 from ..device import get_num_sms, gpu_available, require_hopper
 from ..errors import CupygemmDeviceError
 from ..serving import build_kernels, kernel_keys
-from .cases import BenchUsageError, Shape, Sizes, parse_kinds, parse_shape_texts, select_shapes, shape_config, shape_sizes
+from .cases import (BenchUsageError, Shape, Sizes, parse_kinds, parse_shape_texts, select_shapes, shape_config,
+                    shape_sizes)
 from .environment import environment
 from .kinds import bench_kind
 from .metrics import FP8_DENSE_FLOPS, floor_us, summarize_times
@@ -223,6 +224,9 @@ def _run(args: argparse.Namespace, shapes: Sequence[Shape], sizes: dict[Shape, S
                          f"{' FAIL' if r.get('check') == 'FAIL' and not r.get('error') else ''}" for r in shape_rows)
         _progress(f"{i + 1}/{len(shapes)} {shape.kind} {shape.label}: {done} ({time.time() - t0:.0f}s)")
         cupy.get_default_memory_pool().free_all_blocks()
+        if args.json and i + 1 < len(shapes):  # what a run cut short (a device time limit) leaves behind
+            partial = f"{i + 1} of {len(shapes)} shapes"
+            write_json(args.json, {**build_report(meta, rows, list(peers)), "partial": partial})
     peer_cols = list(peers)
     parts = sections(rows, peer_cols)
     print()
