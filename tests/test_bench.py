@@ -663,6 +663,29 @@ def test_gpu_bench_two_small_normal_shapes(tmp_path, capsys):
         assert r["us"] > 0 and r["p10"] <= r["us"] <= r["p90"] and r["tflops"] > 0 and r["config"]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper (compute capability 9.0) GPU")
+def test_gpu_bench_the_training_kinds(tmp_path, capsys):
+    """One small wgrad and one k-grouped shape through the whole bench: inputs, cupygemm's calls, the checks
+    (calc_diff, the dequantized reference, repeatable bits) and the rows."""
+    from cupygemm.cli import main
+
+    out = tmp_path / "train.json"
+    rc = main(["bench", "--kinds", "wgrad,k_grouped_wgrad", "--shapes", "256x512x1024", "3x256x512x1024",
+               "--peers", "none", "--iters", "3", "--json", str(out), "--markdown"])
+    text = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    if any("NotImplementedError" in (r.get("error") or "") for r in rows):
+        pytest.skip("the 1D1D kernel's plans are not wired in this tree")
+    assert rc == 0, text
+    assert [(r["kind"], r["provider"]) for r in rows] == [("wgrad", "cupygemm"), ("k_grouped_wgrad", "cupygemm")]
+    for r in rows:
+        assert r["check"] == "ok" and r["repeatable"] is True and r["calc_diff"] < 1e-3 and r["rel_err"] < 1e-2
+        assert r["us"] > 0 and r["tflops"] > 0 and r.get("kernels_per_call", 1) >= 1
+    assert sum(rows[1]["k_sizes"]) == 3 * 1024 and "weight-gradient kinds" in text
+
+
 def test_jax_scan_subcommand_parses_without_importing_jax():
     """`cupygemm jax-scan` is registered with its options; building the CLI imports no JAX (each flag set runs in its
     own child process, since XLA reads XLA_FLAGS once when its backend starts)."""
