@@ -2,7 +2,7 @@
 # One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
 # Usage (from the repo root on the GPU machine):
 #   bash scripts/device_check.sh [tests] [tests-under-load] [tests-repeat N] [capture-probe] [bench] [peers] [decode]
-#                                [masked-full] [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
+#                                [masked-full] [train-bench] [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
 # tests: the gpu tests (log: gpu_tests.log). tests-under-load: the same beside another process running GEMMs
 # (scripts/gpu_load.py, for LOAD_SECONDS, default 600, and stopped when the tests end; log:
 # gpu_tests_under_load.log, the load's own lines at its end). tests-repeat N: the gpu tests N times in a row (default
@@ -10,7 +10,9 @@
 # Pytest args apply to every test step (e.g. tests-repeat 10 -k "pdl or capture"). capture-probe: which calls
 # elsewhere in a process invalidate a torch.cuda.graph capture (scripts/capture_probe.py; capture_probe.txt).
 # peers: set up DeepGEMM and DeeperGEMM from a carried .peers/ folder (benchmarks/README.md, Peers); decode: the
-# M = 64 and 128 seed shapes against every peer, cupygemm with packed (L2-side-aware) weights too.
+# M = 64 and 128 seed shapes against every peer, cupygemm with packed (L2-side-aware) weights too. train-bench: the
+# weight-gradient kinds (wgrad, k_grouped_wgrad; DeepGEMM 03d0be3 test_core's 18 shapes) against DeepGEMM's wgrad
+# functions in the same run (after peers; cupygemm alone when deep_gemm does not import; log: train_bench.log).
 set -uo pipefail
 OUT=${OUT:-/tmp/cupygemm-out}
 mkdir -p "$OUT"
@@ -99,6 +101,13 @@ for s in "${steps[@]}"; do
     masked-full)  # masked groups with every row valid (max_m = expected_m), DeepGEMM in the same run
       python3 -m cupygemm bench --kinds masked --full-groups --peers deepgemm --json "$OUT/masked_full.json" --markdown \
         2>&1 | tee "$OUT/masked_full.log" ;;
+    train-bench)  # wgrad and k-grouped wgrad, DeepGEMM timed in the same run (run the peers step first)
+      tpeers=deepgemm
+      if ! python3 -c "import deep_gemm" >/dev/null 2>&1; then
+        echo "train-bench: deep_gemm does not import (peers step run? .peers/ carried?): cupygemm alone"; tpeers=none
+      fi
+      python3 -m cupygemm bench --kinds wgrad,k_grouped_wgrad --peers "$tpeers" --json "$OUT/train_bench.json" \
+        --markdown 2>&1 | tee "$OUT/train_bench.log" ;;
     overhead) python3 -m cupygemm overhead --markdown --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
     chain) python3 -m cupygemm chain --json "$OUT/chain.json" 2>&1 | tee "$OUT/chain.log" ;;
     jax)  # cupygemm.jax in a lax.scan, with and without XLA command buffers; the FP8 MLP example

@@ -121,6 +121,15 @@ def test_cupti_python_backend_parses_records(monkeypatch):
     timer, why = KT.open_kernel_timer(probe, "noop", lambda: None, backend="python")
     assert timer is not None and why == "cupti-python", why
     assert timer.time(probe, 2) == [2.5, 2.5]
+    counts = []
+    assert timer.time(probe, 2, kernels=counts) == [2.5, 2.5] and counts == [1, 1]
+
+    def grouped():  # a call launching one kernel per group (DeepGEMM's k-grouped wgrad): the kernels add up
+        if state["enabled"]:
+            state["pending"] += [rec(Kind.CONCURRENT_KERNEL, 1000 * g, 1000 * g + 500, b"wgrad") for g in range(4)]
+
+    counts = []
+    assert timer.time(grouped, 3, kernels=counts) == [2.0] * 3 and counts == [4] * 3
     timer, why = KT.open_kernel_timer(probe, "noop", lambda: None)  # the default prefers the package
     assert isinstance(timer, KT.CuptiPythonTimer) and why == "cupti-python", why
     _, why = KT.open_kernel_timer(probe, "other", lambda: None, backend="python")
@@ -134,3 +143,28 @@ def test_cupti_python_backend_parses_records(monkeypatch):
     assert timer is None and "pip install cupti-python" in why and "/nonexistent/libcupti.so" in why, why
     with pytest.raises(ValueError, match="backend: expected one of auto, python, ctypes"):
         KT.open_kernel_timer(probe, "noop", lambda: None, backend="nvtx")
+
+
+def test_timer_passes_the_kernel_counts_through(monkeypatch):
+    """Timer.time hands the list for the kernel counts to the CUPTI timer (and leaves timers without it alone)."""
+    import types
+
+    import cupy
+
+    from cupygemm.bench.timing import Timer
+
+    seen = []
+
+    class Kernel:
+        def time(self, call, iters, before=None, sync=None, **kw):
+            seen.append(kw)
+            if "kernels" in kw:
+                kw["kernels"] += [2] * iters
+            return [1.0] * iters
+
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: types.SimpleNamespace(synchronize=lambda: None))
+    t = Timer.__new__(Timer)
+    t.kernel_timer, t.flush_buf = Kernel(), None
+    counts = []
+    assert t.time(lambda: None, 3, counts) == [1.0] * 3 and counts == [2, 2, 2]
+    assert t.time(lambda: None, 1) == [1.0] and seen[-1] == {}

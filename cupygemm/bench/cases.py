@@ -1,7 +1,9 @@
-"""The cases of ``cupygemm bench``: which shapes run, and the rows of each (the grouped layouts' group sizes).
+"""The cases of ``cupygemm bench``: which kinds and shapes run, and the sizes of each (group sizes, seeded).
 
-Group sizes are drawn like the peers' tests do (uniform in 0.7-1.3 x the expected rows, seeded per shape) or, with
-``--match-rows``, rescaled to the valid-row totals a peer table measured so that both runs do the same work.
+Kinds come from the kind descriptors (:mod:`cupygemm.kinds`: names, aliases, ``seed_shapes``, ``shape_dims``); what
+is particular to a family of kinds (drawing its group sizes, checking a shape) is its
+:class:`~cupygemm.bench.kinds.BenchKind`, looked up through :mod:`cupygemm.bench.kinds`. The forward kinds' helpers
+that scripts and the peer tables use (group-size spread, ``--match-rows``, the contiguous row layout) live here.
 Everything here is pure Python and NumPy: it runs (and is tested) without a GPU.
 """
 from __future__ import annotations
@@ -14,12 +16,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ..config import choose_config, kind_id, model_rows, side_aware_config
+from ..kinds import GemmKind, kind_named
 from ..layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
-from ..shapes import CONTIGUOUS, MASKED, NORMAL, parse_shape
-
-KINDS = ("normal", "contiguous", "masked")
-_KIND_ALIASES = {"contig": "contiguous"}
+from ..shapes import parse_shape
 
 MASKED_MAX_M = 4096
 GROUP_SPREAD = (0.7, 1.3)  # group sizes are uniform in this range times the expected rows
@@ -31,11 +30,16 @@ class BenchUsageError(ValueError):
 
 @dataclass(frozen=True)
 class Shape:
-    """One benchmark case. ``dims``: (M, N, K) for normal, (G, rows per group, N, K) for grouped kinds
-    (contiguous: expected rows per group; masked: expected_m)."""
+    """One benchmark case: a kind's name (:mod:`cupygemm.kinds`) and its dimensions as the kind's ``shape_dims``
+    says: (M, N, K), or (G, M, N, K) where M is the rows per group (contiguous: expected rows per group; masked:
+    expected_m; k-grouped wgrad: M of every group, and K each group's base token count)."""
 
     kind: str
     dims: tuple[int, ...]
+
+    @property
+    def descriptor(self) -> GemmKind:
+        return kind_named(self.kind)
 
     @property
     def label(self) -> str:
@@ -43,12 +47,12 @@ class Shape:
 
     @property
     def groups(self) -> int:
-        return 1 if self.kind == "normal" else self.dims[0]
+        return self.dims[0] if "G" in self.descriptor.shape_dims else 1
 
     @property
     def m(self) -> int:
         """M (normal) or the expected rows per group (grouped)."""
-        return self.dims[0] if self.kind == "normal" else self.dims[1]
+        return self.dims[-3]
 
     @property
     def n(self) -> int:
@@ -59,32 +63,50 @@ class Shape:
         return self.dims[-1]
 
 
-def default_shapes(kinds: Iterable[str] = KINDS) -> list[Shape]:
-    """The seed shapes of ``kinds``, in the order normal, contiguous, masked (28 for all three)."""
-    kinds = set(kinds)
-    shapes: list[Shape] = []
-    if "normal" in kinds:
-        shapes += [Shape("normal", dims) for dims in NORMAL]
-    if "contiguous" in kinds:
-        shapes += [Shape("contiguous", dims) for dims in CONTIGUOUS]
-    if "masked" in kinds:
-        shapes += [Shape("masked", dims) for dims in MASKED]
-    return shapes
+def _kinds(kinds: Iterable[str | GemmKind] | None) -> list[GemmKind]:
+    """The descriptors of ``kinds`` (None: the default ones), in KINDS order."""
+    from .kinds import bench_kinds, default_kinds
+
+    if kinds is None:
+        return default_kinds()
+    wanted = {kind_named(k).name for k in kinds}
+    return [k for k in bench_kinds() if k.name in wanted]
+
+
+def default_shapes(kinds: Iterable[str | GemmKind] | None = None) -> list[Shape]:
+    """The seed shapes (``GemmKind.seed_shapes``) of ``kinds``, in the kinds' registration order (None: the kinds
+    ``cupygemm bench`` runs by default, the forward ones: 28 shapes, normal, contiguous, masked)."""
+    return [Shape(k.name, tuple(dims)) for k in _kinds(kinds) for dims in k.seed_shapes]
+
+
+def _kind_list() -> str:
+    from .kinds import bench_kinds
+
+    kinds = bench_kinds()
+    aliases = [a for k in kinds for a in k.aliases]
+    return ",".join(k.name for k in kinds) + (f" (aliases: {', '.join(aliases)})" if aliases else "")
 
 
 def parse_kinds(text: str | None) -> list[str] | None:
-    """'normal,contiguous' -> ['normal', 'contiguous'] (None stays None: all kinds)."""
+    """'normal,contig' -> ['normal', 'contiguous']: every kind the bench has (cupygemm.kinds names and aliases);
+    None stays None (the default kinds)."""
+    from .kinds import lookup
+
     if text is None:
         return None
     kinds: list[str] = []
     for tok in text.replace(" ", "").split(","):
         if not tok:
             continue
-        kind = _KIND_ALIASES.get(tok.lower(), tok.lower())
-        if kind not in KINDS:
-            raise BenchUsageError(f"--kinds: unknown kind {tok!r}; expected a comma-separated subset of {','.join(KINDS)}")
-        if kind not in kinds:
-            kinds.append(kind)
+        try:
+            kind = kind_named(tok)
+        except ValueError:
+            kind = None
+        if kind is None or lookup(kind) is None:
+            raise BenchUsageError(f"--kinds: unknown kind {tok!r}; expected a comma-separated subset of "
+                                  f"{_kind_list()}")
+        if kind.name not in kinds:
+            kinds.append(kind.name)
     if not kinds:
         raise BenchUsageError("--kinds: name at least one kind")
     return kinds
@@ -109,34 +131,39 @@ def parse_shape_texts(texts: Sequence[str] | None) -> list[tuple[int, ...]] | No
 
 
 def _check_dims(shape: Shape) -> None:
+    from .kinds import bench_kind
+
     if min(shape.dims) < 1:
         raise BenchUsageError(f"shape {shape.label}: every dimension must be positive")
-    if shape.k % 16:
-        raise BenchUsageError(f"shape {shape.label}: K must be a multiple of 16 (got {shape.k})")
-    if shape.n % 8:
-        raise BenchUsageError(f"shape {shape.label}: N must be a multiple of 8 (got {shape.n})")
+    bench_kind(shape.kind).check_shape(shape)
 
 
 def select_shapes(kinds: list[str] | None, dims_list: list[tuple[int, ...]] | None) -> list[Shape]:
-    """The shapes to run: the seed shapes of ``kinds`` (None: all), or ``dims_list`` interpreted with ``kinds``.
+    """The shapes to run: the seed shapes of ``kinds`` (None: the default kinds), or ``dims_list`` read as shapes of
+    the one kind among ``kinds`` (None: the default kinds) whose shapes have that many dimensions (MxNxK: normal by
+    default; GxMxNxK needs --kinds to name one kind, e.g. contiguous, masked or k_grouped_wgrad)."""
+    from .kinds import shape_format
 
-    MxNxK is a normal shape; GxMxNxK needs exactly one grouped kind in ``kinds`` (contiguous or masked).
-    """
     if dims_list is None:
-        return default_shapes(kinds if kinds is not None else KINDS)
-    grouped = [k for k in (kinds or []) if k != "normal"]
+        return default_shapes(kinds)
+    scope = _kinds(kinds)
     shapes = []
     for dims in dims_list:
-        if len(dims) == 3:
-            if kinds is not None and "normal" not in kinds:
-                raise BenchUsageError(f"shape {'x'.join(map(str, dims))} is MxNxK (normal) but --kinds excludes normal")
-            shape = Shape("normal", tuple(dims))
-        else:
-            if len(grouped) != 1:
-                raise BenchUsageError(
-                    f"shape {'x'.join(map(str, dims))} is GxMxNxK: give --kinds contiguous or --kinds masked "
-                    "(exactly one grouped kind) to say which layout it is")
-            shape = Shape(grouped[0], tuple(dims))
+        label = "x".join(map(str, dims))
+        fits = [k for k in scope if len(k.shape_dims) == len(dims)]
+        if not fits:
+            from .kinds import bench_kinds
+
+            others = [k for k in bench_kinds() if len(k.shape_dims) == len(dims)]
+            if not others:
+                raise BenchUsageError(f"shape {label}: no kind has shapes of {len(dims)} dimensions")
+            raise BenchUsageError(f"shape {label} is {shape_format(others[0])}, a shape of "
+                                  f"{', '.join(k.name for k in others)}, but --kinds excludes them")
+        if len(fits) > 1:
+            raise BenchUsageError(
+                f"shape {label} is {shape_format(fits[0])}: give --kinds naming exactly one of "
+                f"{', '.join(k.name for k in fits)} to say which kind it is")
+        shape = Shape(fits[0].name, tuple(dims))
         _check_dims(shape)
         shapes.append(shape)
     return shapes
@@ -154,17 +181,20 @@ def masked_max_m(expected_m: int) -> int:
 
 
 def shape_seed(shape: Shape, seed: int) -> list[int]:
-    """Entropy for the shape's generators: the same sizes and data for a shape whatever the shape list."""
-    return [int(seed), KINDS.index(shape.kind), *(int(d) for d in shape.dims)]
+    """Entropy for the shape's generators: the same sizes and data for a shape whatever the shape list (the kind
+    enters as its kernel id, ``GemmKind.kid``)."""
+    return [int(seed), shape.descriptor.kid, *(int(d) for d in shape.dims)]
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """Rows of one shape: ``group_rows`` valid rows per group (normal: (M,)); ``a_rows``: rows of A per
-    group dimension (normal M, contiguous the padded total, masked max_m)."""
+    """Sizes of one shape: ``group_rows`` valid rows per group (normal: (M,)); ``a_rows``: rows of A per
+    group dimension (normal M, contiguous the padded total, masked max_m); ``group_k``: each group's K where the
+    groups differ along K (k-grouped wgrad; else empty)."""
 
     group_rows: tuple[int, ...]
     a_rows: int
+    group_k: tuple[int, ...] = ()
 
     @property
     def valid_m(self) -> int:
@@ -172,24 +202,11 @@ class Sizes:
 
 
 def make_sizes(shape: Shape, seed: int, valid_rows: int | None = None, full_groups: bool = False) -> Sizes:
-    """Group sizes like the peers' tests: int(expected x U(0.7, 1.3)) (at least 1); contiguous groups are padded
-    to 128 rows; masked ones are clamped to max_m. Deterministic in (shape, seed). ``valid_rows``: make the
-    sizes sum to it instead (see :func:`match_total`), to run the very row count a peer table measured.
-    ``full_groups`` (masked): every group holds expected rows, all valid, and max_m = expected (a batch of
-    equal full groups, the case DeepGEMM's own tests time)."""
-    if shape.kind == "normal":
-        return Sizes((shape.m,), shape.m)
-    if full_groups and shape.kind == "masked":
-        return Sizes((shape.m,) * shape.groups, shape.m)
-    rng = np.random.default_rng(shape_seed(shape, seed))
-    factors = rng.uniform(GROUP_SPREAD[0], GROUP_SPREAD[1], size=shape.groups)
-    rows = [max(1, int(shape.m * f)) for f in factors]
-    if valid_rows is not None:
-        rows = match_total(rows, valid_rows, shape.m)
-    if shape.kind == "contiguous":
-        return Sizes(tuple(rows), sum(round_up(r, M_ALIGNMENT) for r in rows))
-    max_m = masked_max_m(shape.m)
-    return Sizes(tuple(min(r, max_m) for r in rows), max_m)
+    """The shape's sizes as its kind's bench code draws them (deterministic in shape and seed); ``valid_rows`` and
+    ``full_groups`` apply to the forward grouped kinds (see :func:`cupygemm.bench.forward.make_sizes`)."""
+    from .kinds import bench_kind
+
+    return bench_kind(shape.kind).make_sizes(shape, seed, valid_rows, full_groups)
 
 
 def match_total(rows: Sequence[int], total: int, expected: int) -> list[int]:
@@ -214,14 +231,16 @@ def peer_valid_rows(path: str | os.PathLike) -> dict[tuple[str, tuple[int, ...]]
     rows = TFLOPS x time / (2 N K). Keys are (kind, dims) as in :class:`Shape`."""
     with open(path) as f:
         table = json.load(f)
-    kinds = {"contig": "contiguous", "contiguous": "contiguous", "masked": "masked"}
     out = {}
     for r in table.get("rows", []):
-        kind = kinds.get(r.get("kind"))
-        if kind is None or r.get("provider") != "deepgemm" or not r.get("tflops") or not r.get("us"):
+        try:
+            kind = kind_named(r.get("kind"))
+        except ValueError:
+            continue
+        if "G" not in kind.shape_dims or r.get("provider") != "deepgemm" or not r.get("tflops") or not r.get("us"):
             continue
         dims = tuple(int(d) for d in r["shape"])
-        out[(kind, dims)] = round(r["tflops"] * 1e12 * r["us"] * 1e-6 / (2 * dims[-2] * dims[-1]))
+        out[(kind.name, dims)] = round(r["tflops"] * 1e12 * r["us"] * 1e-6 / (2 * dims[-2] * dims[-1]))
     return out
 
 
@@ -235,57 +254,41 @@ def contiguous_m_indices(group_rows: Sequence[int], align: int = M_ALIGNMENT) ->
 
 
 def config_m_rows(shape: Shape, sizes: Sizes) -> int:
-    """The ``m_rows`` the API passes to choose_config: M, the contiguous total rows, or masked expected_m."""
-    kid = kind_id(shape.kind)
-    if shape.kind == "normal":
-        return model_rows(kid, shape.m)
-    if shape.kind == "contiguous":
-        return model_rows(kid, sizes.a_rows)
-    return model_rows(kid, sizes.a_rows, shape.m)
+    """Forward kinds: see :func:`cupygemm.bench.forward.config_m_rows`."""
+    from .forward import config_m_rows as forward_m_rows
+
+    return forward_m_rows(shape, sizes)
 
 
 def shape_config(shape: Shape, sizes: Sizes, num_sms: int, smem_limit: int | None = None, sides: bool = False):
-    """The GemmConfig the library picks for this shape (same arguments as cupygemm.gemm); ``sides``: on weights
-    packed by cupygemm.pack_weights (the side-aware kernel's config)."""
-    kid = kind_id(shape.kind)
-    kwargs = {} if smem_limit is None else {"smem_limit": smem_limit}
-    if shape.kind == "masked":
-        kwargs["max_m"] = sizes.a_rows
-    cfg = choose_config(kid, config_m_rows(shape, sizes), shape.n, shape.k, shape.groups, num_sms, sides=sides,
-                        **kwargs)
-    return side_aware_config(cfg, num_sms, *([] if smem_limit is None else [smem_limit])) if sides else cfg
+    """The config the library picks for this shape (compiled before anything is timed), or None for kinds whose
+    kernels compile at their first call (:meth:`cupygemm.bench.kinds.BenchKind.config`)."""
+    from .kinds import bench_kind
+
+    return bench_kind(shape.kind).config(shape, sizes, num_sms, smem_limit, sides)
 
 
 def check_rows(shape: Shape, sizes: Sizes, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows to verify, as (flat row indices into the output viewed as 2-D [rows, N], their groups).
+    """Forward kinds: the sampled rows the checks read (see :func:`cupygemm.bench.forward.check_rows`)."""
+    from .forward import check_rows as forward_rows
 
-    Only valid rows: not contiguous padding, not masked rows past masked_m. Sorted, at most ``count``.
-    """
-    if shape.kind == "normal":
-        flat = np.arange(shape.m)
-        groups = np.zeros(shape.m, dtype=np.int64)
-    else:
-        flat_parts, group_parts, offset = [], [], 0
-        for g, rows in enumerate(sizes.group_rows):
-            start = offset if shape.kind == "contiguous" else g * sizes.a_rows
-            flat_parts.append(start + np.arange(rows))
-            group_parts.append(np.full(rows, g, dtype=np.int64))
-            offset += round_up(rows, M_ALIGNMENT)
-        flat = np.concatenate(flat_parts)
-        groups = np.concatenate(group_parts)
-    if len(flat) > count:
-        rng = np.random.default_rng(shape_seed(shape, seed) + [1])
-        pick = np.sort(rng.choice(len(flat), size=count, replace=False))
-        flat, groups = flat[pick], groups[pick]
-    return flat.astype(np.int64), groups.astype(np.int64)
+    return forward_rows(shape, sizes, count, seed)
 
 
 def shape_sizes(shapes: Sequence[Shape], seed: int, match_rows: str | None,
                 full_groups: bool = False) -> dict[Shape, Sizes]:
-    """Each shape's rows; with ``match_rows`` (a peer table) grouped shapes get the valid-row totals it measured;
-    with ``full_groups`` masked shapes run full groups (:func:`make_sizes`), whatever the table says."""
+    """Each shape's sizes; with ``match_rows`` (a peer table of the forward kinds) grouped shapes get the valid-row
+    totals it measured (BenchUsageError for kinds it does not apply to); with ``full_groups`` masked shapes run full
+    groups (:func:`make_sizes`), whatever the table says."""
+    from .kinds import bench_kind
+
     targets: dict[tuple[str, tuple[int, ...]], int] = {}
     if match_rows:
+        other = list(dict.fromkeys(s.kind for s in shapes if not bench_kind(s.kind).match_rows))
+        if other:
+            raise BenchUsageError(f"--match-rows: the peer tables hold the forward seed shapes only; "
+                                  f"{', '.join(other)} shapes have no valid rows to match there: drop --match-rows "
+                                  "or run those kinds separately")
         try:
             targets = peer_valid_rows(match_rows)
         except (OSError, ValueError, KeyError, TypeError) as e:

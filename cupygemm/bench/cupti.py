@@ -108,11 +108,12 @@ class KernelTimer:
             self.lib.cuptiActivityDisable(_KIND_CONCURRENT_KERNEL)
 
     def time(self, call: Callable[[], Any], iters: int, before: Callable[[], Any] | None = None,
-             sync: Callable[[], Any] | None = None) -> list[float]:
+             sync: Callable[[], Any] | None = None, kernels: list[int] | None = None) -> list[float]:
         """Microseconds of kernel time per call: the sum of the durations of the kernels each call launches.
 
         ``before`` runs untimed before each call (an L2 flush; memsets are not kernel records); ``sync`` waits for
-        the device so each call's records can be told apart."""
+        the device so each call's records can be told apart. ``kernels``: a list to which the number of kernels of
+        each call is appended (a k-grouped peer that loops over its groups launches one per group)."""
         times = []
         with self._recording():
             for _ in range(iters):
@@ -125,6 +126,8 @@ class KernelTimer:
                 if not recs:
                     raise RuntimeError("CUPTI recorded no kernel for a call")
                 times.append(sum(end - start for start, end, _ in recs) / 1e3)
+                if kernels is not None:
+                    kernels.append(len(recs))
         return times
 
     def records(self, call: Callable[[], Any], sync: Callable[[], Any]) -> list[tuple[int, int, str]]:

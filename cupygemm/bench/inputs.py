@@ -1,6 +1,8 @@
-"""The operands of one bench case, made on the GPU: randn BF16 quantized with the 1x128 / 128x128 recipe.
+"""The operands of one bench case, made on the GPU: randn BF16 quantized with the recipe of the shape's kind.
 
-The unquantized BF16 inputs are kept beside the FP8 ones so the checks can compare against both.
+The unquantized BF16 inputs are kept beside the FP8 ones so the checks can compare against both. :class:`Inputs`
+holds the forward kinds' operands (1x128 / 128x128); each kind's bench code makes its own
+(:mod:`cupygemm.bench.kinds`).
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .cases import Shape, Sizes, contiguous_m_indices, shape_seed
+from .cases import Shape, Sizes
 
 
 def bf16_bits(x: Any) -> Any:
@@ -43,44 +45,18 @@ class Inputs:
     sfb: Any  # float32 [N/128, K/128] / [G, N/128, K/128]
     x: Any  # uint16 BF16 bits of the unquantized A (shape of a)
     y: Any  # uint16 BF16 bits of the unquantized B (shape of b)
+    # the layout operands, named as the descriptors name them (GemmKind.layout):
     m_indices: Any = None  # int32 [M] (contiguous)
     masked_m: Any = None  # int32 [G] (masked)
 
 
-def make_inputs(shape: Shape, sizes: Sizes, seed: int) -> Inputs:
-    """randn BF16 A and B on the GPU (seeded per shape), quantized 1x128 (A) and 128x128 (B, per group)."""
-    import cupy
+def make_inputs(shape: Shape, sizes: Sizes, seed: int) -> Any:
+    """The shape's operands on the GPU, made by its kind's bench code (seeded per shape): :class:`Inputs` for the
+    forward kinds (:func:`cupygemm.bench.forward.make_inputs`), :class:`cupygemm.bench.training.TrainingInputs` for
+    the weight-gradient ones."""
+    from .kinds import bench_kind
 
-    from ..layout import get_col_major_tma_aligned_tensor
-    from ..quantization import per_block_cast_to_fp8, per_token_cast_to_fp8
-    from ..tensors import BF16
-
-    g, n, k = shape.groups, shape.n, shape.k
-    kb = (k + 127) // 128
-    if shape.kind == "normal":
-        a_shape, b_shape = (shape.m, k), (n, k)
-    elif shape.kind == "contiguous":
-        a_shape, b_shape = (sizes.a_rows, k), (g, n, k)
-    else:
-        a_shape, b_shape = (g, sizes.a_rows, k), (g, n, k)
-    rng = cupy.random.default_rng(shape_seed(shape, seed))
-    x = bf16_bits(rng.standard_normal(a_shape, dtype=cupy.float32))
-    y = bf16_bits(rng.standard_normal(b_shape, dtype=cupy.float32))
-    a2, sfa2 = per_token_cast_to_fp8(x.reshape(-1, k).view(BF16))
-    a, sfa = a2.reshape(a_shape), sfa2.reshape(a_shape[:-1] + (kb,))
-    if len(b_shape) == 2:
-        b, sfb = per_block_cast_to_fp8(y.view(BF16))
-    else:
-        parts = [per_block_cast_to_fp8(y[i].view(BF16)) for i in range(g)]
-        b = cupy.stack([p[0] for p in parts])
-        sfb = cupy.stack([p[1] for p in parts])
-        del parts
-    inp = Inputs(shape, sizes, a, sfa, get_col_major_tma_aligned_tensor(sfa), b, sfb, x, y)
-    if shape.kind == "contiguous":
-        inp.m_indices = cupy.asarray(contiguous_m_indices(sizes.group_rows))
-    elif shape.kind == "masked":
-        inp.masked_m = cupy.asarray(np.asarray(sizes.group_rows, dtype=np.int32))
-    return inp
+    return bench_kind(shape.kind).make_inputs(shape, sizes, seed)
 
 
 def randn_bf16(shape: tuple[int, ...], rng: Any) -> Any:

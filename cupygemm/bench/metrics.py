@@ -13,10 +13,12 @@ FP8_DENSE_FLOPS = 1979e12
 
 
 def work(shape: Shape, sizes: Sizes) -> tuple[int, int]:
-    """(FLOPs, bytes) of one call, the peers' formulas: 2*valid_m*N*K and valid_m*K + G*N*K + 2*valid_m*N
-    (FP8 A and B, BF16 D; scales not counted; grouped shapes count valid rows only)."""
-    vm, n, k, g = sizes.valid_m, shape.n, shape.k, shape.groups
-    return 2 * vm * n * k, vm * k + g * n * k + 2 * vm * n
+    """(FLOPs, bytes) of one call, as the shape's kind's bench code counts them: the forward kinds use the peers'
+    formulas (:func:`cupygemm.bench.forward.work`), the weight-gradient ones
+    :func:`cupygemm.bench.training.work`."""
+    from .kinds import bench_kind
+
+    return bench_kind(shape.kind).work(shape, sizes)
 
 
 def floor_us(flops: float, nbytes: float, copy_bytes_per_s: float, peak_flops: float = FP8_DENSE_FLOPS) -> float:

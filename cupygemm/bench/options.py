@@ -33,26 +33,38 @@ _positive_int = _int_at_least(1, "positive")
 _non_negative_int = _int_at_least(0, "non-negative")
 
 
+def _kinds_help() -> str:
+    """The kinds --kinds accepts, from the descriptors (cupygemm.kinds)."""
+    from ..kinds import KINDS
+
+    return ", ".join(k.name + (f" ({', '.join(k.aliases)})" if k.aliases else "") for k in KINDS)
+
+
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``cupygemm bench`` on the CLI's subparsers."""
     p = subparsers.add_parser(
         "bench",
         help="time cupygemm (and cuBLAS block-scaled / DeepGEMM when importable) on the seed shapes",
         description=(
-            "Benchmark cupygemm on the 28 seed shapes (18 normal, 4 contiguous, 6 masked) or on --shapes. "
+            "Benchmark cupygemm on the 28 forward seed shapes (18 normal, 4 contiguous, 6 masked), on the seed shapes "
+            "of --kinds (wgrad, k_grouped_wgrad: DeepGEMM 03d0be3 test_core's weight-gradient shapes, against "
+            "DeepGEMM's wgrad functions) or on --shapes. "
             "Kernels are compiled first (in parallel); each call is timed after an untimed 1 GiB L2 flush, "
             "as kernel time from CUPTI activity records (the profiler's view, as in the peer tables; CUDA events "
             "when CUPTI is missing or with --timing events); every result is checked against a float64 "
-            "reference on sampled rows. Peers run "
+            "reference on sampled rows (weight gradients: the whole output against FP32 products). Peers run "
             "in the same process when importable: cuBLASLt block-scaled FP8 via torch._scaled_mm (normal "
             "shapes) and DeepGEMM (03d0be3 API). Exit code: 0 all cupygemm results correct, 1 a result was "
             "wrong or a call failed, 2 usage or setup error."),
     )
     p.add_argument("--kinds", default=None, metavar="LIST",
-                   help="comma-separated kinds to run: normal,contiguous,masked (default: all)")
+                   help=f"comma-separated kinds to run: {_kinds_help()} (default: the forward kinds normal, "
+                        "contiguous, masked; the weight-gradient kinds run only when named)")
     p.add_argument("--shapes", nargs="+", default=None, metavar="SHAPE",
-                   help="shapes instead of the seed list: MxNxK (normal) or GxMxNxK (grouped; M = expected "
-                        "rows per group; needs --kinds naming one grouped kind); space- or comma-separated")
+                   help="shapes instead of the seed list, read as shapes of the one kind in --kinds (default: the "
+                        "forward kinds) with that many dimensions: MxNxK (normal; wgrad, K = tokens) or GxMxNxK "
+                        "(contiguous, masked: M = expected rows per group; k_grouped_wgrad: M rows, K = base "
+                        "tokens per group); space- or comma-separated")
     p.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON to FILE")
     p.add_argument("--markdown", action="store_true", help="also print the table as markdown")
     p.add_argument("--plot", default=None, metavar="FILE.png",
@@ -66,8 +78,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--iters", type=_positive_int, default=DEFAULT_ITERS, help="timed calls per shape and provider (default: %(default)s)")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the inputs and the group sizes (default: %(default)s)")
     p.add_argument("--match-rows", default=None, metavar="PEERS.json",
-                   help="grouped shapes: draw group sizes that sum to the valid rows the peer table measured "
-                        "(e.g. benchmarks/peers/h200-2026-11-21.json in the source tree), so both runs do the same work")
+                   help="forward grouped shapes: draw group sizes that sum to the valid rows the peer table measured "
+                        "(e.g. benchmarks/peers/h200-2026-11-21.json in the source tree), so both runs do the same "
+                        "work; refused for the weight-gradient kinds (the tables have none)")
     p.add_argument("--full-groups", action="store_true",
                    help="masked shapes: every group holds M rows, all valid, and max_m = expected_m = M (instead of "
                         "the peers' random sizes around M)")

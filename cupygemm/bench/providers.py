@@ -1,11 +1,15 @@
 """What ``cupygemm bench`` times: cupygemm itself and its optional peers, each prepared as one ready call.
 
-Peers are found at run time: cuBLASLt block-scaled FP8 through ``torch._scaled_mm`` (normal shapes only),
+Peers are found at run time: cuBLASLt block-scaled FP8 through ``torch._scaled_mm`` (normal shapes only; it has no
+1x128 x 1x128 FP32-accumulating recipe for the weight gradients),
 DeepGEMM (its 03d0be3 Python API) when ``import deep_gemm`` works, and DeeperGEMM (ademeure/DeeperGEMM 4b05985,
 a DeepGEMM fork with L2-side-aware weights) when ``import deeper_gemm`` (as shipped) or ``import deeper_gemm_s128``
 (its one-K-block-scale shortcut turned off: the exact recipe) works; benchmarks/README.md says how to install them.
-torch is never required: it is imported only here, only when a peer is asked for. Every provider reads the same operands (zero-copy views) and writes a buffer
-poisoned with NaNs, so rows it fails to write fail the check.
+torch is never required: it is imported only here, only when a peer is asked for. Every provider reads the same
+operands (zero-copy views) and writes a buffer of its own: poisoned with NaNs for the forward kinds, so rows it fails
+to write fail the check; a copy of the same residual for the weight gradients, which accumulate into it. Which
+peer runs which kind, and how a call is made, is each kind's bench code (:mod:`cupygemm.bench.kinds`): the peers
+call the function of the kind's public name (``GemmKind.api``, DeepGEMM 03d0be3's names).
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from ..kinds import kind_named
 from .cases import BenchUsageError, Shape
 from .inputs import Inputs, rows2d
 
@@ -27,20 +32,18 @@ _PEER_ALIASES = {"packed": "cupygemm_packed", "cupygemm_packed": "cupygemm_packe
 #: The module each DeeperGEMM peer imports (two installed copies of its package, see benchmarks/README.md).
 DEEPERGEMM_MODULES = {"deepergemm": "deeper_gemm", "deepergemm_s128": "deeper_gemm_s128"}
 PROVIDER_DESCRIPTIONS = {
-    "cupygemm": "cupygemm (this package), the public API with SFA pre-converted to the M-major TMA-aligned layout",
+    "cupygemm": "cupygemm (this package), the public API with SFA pre-converted to the M-major TMA-aligned layout "
+                "(weight gradients: both operands' 1x128 scales in the forms used in place, see the notes)",
     "cupygemm_packed": "cupygemm with B packed once by cupygemm.pack_weights (L2-side-aware), outside the timed call",
     "cublas_block": "cuBLASLt 1x128 x 128x128 block-scaled FP8 through torch._scaled_mm: scale_a (M, K/128) "
                     "M-major (strides (1, M)), scale_b (K/128, N/128) = the weight scales transposed, BF16 out",
-    "deepgemm": "DeepGEMM through its 03d0be3 Python API (gemm_fp8_fp8_bf16_nt and the m_grouped functions)",
+    "deepgemm": "DeepGEMM through its 03d0be3 Python API (gemm_fp8_fp8_bf16_nt, the m_grouped functions, "
+                "wgrad_gemm_fp8_fp8_fp32_nt and k_grouped_wgrad_gemm_fp8_fp8_fp32_nt)",
     "deepergemm": "DeeperGEMM 4b05985 as shipped (one K block's scales applied to two: not the exact recipe), B "
                   "reordered once by its preprocess_reorder_b into torch memory (its L2-side allocator's, when set up)",
     "deepergemm_s128": "DeeperGEMM 4b05985 with DP_SCALE_256 = false (the exact 1x128 / 128x128 recipe), B reordered "
                        "the same way",
 }
-
-
-def _out_shape(inp: Inputs) -> tuple[int, ...]:
-    return tuple(inp.a.shape[:-1]) + (inp.shape.n,)
 
 
 def _poisoned(shape: tuple[int, ...]) -> Any:
@@ -52,32 +55,25 @@ def _poisoned(shape: tuple[int, ...]) -> Any:
 
 @dataclass
 class Prepared:
-    """A provider's ready-to-time call and an accessor of its result as uint16 BF16 bits viewed [rows, N]."""
+    """A provider's ready-to-time call and an accessor of its result (forward kinds: uint16 BF16 bits viewed
+    [rows, N]; weight gradients: the FP32 output). ``reset``: for kinds that accumulate into their output, puts the
+    output back to its starting value (the checks run the call again from there)."""
 
     call: Callable[[], Any]
     output: Callable[[], Any]
+    reset: Callable[[], Any] | None = None
 
 
-def prepare_cupygemm(inp: Inputs, rhs: Any = None) -> Prepared:
-    import cupygemm
+def _maker(shape: Shape) -> Any:
+    from .kinds import bench_kind
 
-    from ..tensors import BF16
+    return bench_kind(shape.kind)
 
-    bits = _poisoned(_out_shape(inp))
-    out = bits.view(BF16)
-    lhs, rhs = (inp.a, inp.sfa_mn), rhs if rhs is not None else (inp.b, inp.sfb)
-    if inp.shape.kind == "normal":
-        def call():
-            cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
-    elif inp.shape.kind == "contiguous":
-        def call():
-            cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(lhs, rhs, out, inp.m_indices)
-    else:
-        expected = inp.shape.m
 
-        def call():
-            cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked(lhs, rhs, out, inp.masked_m, expected)
-    return Prepared(call, lambda: rows2d(bits))
+def prepare_cupygemm(inp: Any, rhs: Any = None) -> Prepared:
+    """cupygemm's call on the shape's operands (``kind.api`` of :mod:`cupygemm`), as its kind's bench code makes it;
+    ``rhs``: B replaced (weights packed by :func:`cupygemm.pack_weights`; forward kinds)."""
+    return _maker(inp.shape).prepare_cupygemm(inp, rhs)
 
 
 class PackedPeer:
@@ -86,7 +82,7 @@ class PackedPeer:
     name = "cupygemm_packed"
 
     def supports(self, shape: Shape) -> bool:
-        return True
+        return _maker(shape).supports(self.name, shape.descriptor)
 
     def prepare(self, inp: Inputs) -> Prepared:
         import cupygemm
@@ -121,7 +117,7 @@ class CublasBlockPeer:
         self.torch = torch
 
     def supports(self, shape: Shape) -> bool:
-        return shape.kind == "normal"
+        return _maker(shape).supports(self.name, shape.descriptor)
 
     def prepare(self, inp: Inputs) -> Prepared:
         torch = self.torch
@@ -139,45 +135,23 @@ class CublasBlockPeer:
 
 
 class DeepGemmPeer:
-    """DeepGEMM's 03d0be3 Python API on torch views of the same data."""
+    """DeepGEMM's 03d0be3 Python API on torch views of the same data: the function of the kind's public name
+    (``GemmKind.api``, the same names), called as the kind's bench code prepares it."""
 
     name = "deepgemm"
-    _FUNCS = {"normal": "gemm_fp8_fp8_bf16_nt", "contiguous": "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
-              "masked": "m_grouped_gemm_fp8_fp8_bf16_nt_masked"}
 
     def __init__(self, torch: Any, module: Any):
         self.torch, self.module = torch, module
 
     def supports(self, shape: Shape) -> bool:
-        return hasattr(self.module, self._FUNCS[shape.kind])
+        return _maker(shape).supports(self.name, shape.descriptor) and hasattr(self.module, shape.descriptor.api)
 
     def weights(self, inp: Inputs) -> Any:
         """B as the library takes it: DeepGEMM reads the operand itself."""
         return torch_fp8(self.torch, inp.b)
 
-    def prepare(self, inp: Inputs) -> Prepared:
-        import cupy
-
-        torch = self.torch
-        fn = getattr(self.module, self._FUNCS[inp.shape.kind])
-        lhs = (torch_fp8(torch, inp.a), torch.from_dlpack(inp.sfa_mn))
-        rhs = (self.weights(inp), torch.from_dlpack(inp.sfb))
-        bits = _poisoned(_out_shape(inp))
-        out = torch.from_dlpack(bits.view(cupy.int16)).view(torch.bfloat16)
-        if inp.shape.kind == "normal":
-            def call():
-                fn(lhs, rhs, out)
-        elif inp.shape.kind == "contiguous":
-            idx = torch.from_dlpack(inp.m_indices)
-
-            def call():
-                fn(lhs, rhs, out, idx)
-        else:
-            mm, expected = torch.from_dlpack(inp.masked_m), inp.shape.m
-
-            def call():
-                fn(lhs, rhs, out, mm, expected)
-        return Prepared(call, lambda: rows2d(bits))
+    def prepare(self, inp: Any) -> Prepared:
+        return _maker(inp.shape).prepare_deepgemm(self, inp)
 
 
 class DeeperGemmPeer(DeepGemmPeer):
@@ -192,10 +166,11 @@ class DeeperGemmPeer(DeepGemmPeer):
     def weights(self, inp: Inputs) -> Any:
         b = torch_fp8(self.torch, inp.b)
         reordered = self.torch.empty_like(b)
-        if inp.shape.kind == "normal":
+        kind = kind_named(inp.shape.kind)
+        if "G" not in kind.b_dims:
             self.module.preprocess_reorder_b(b, reordered)
         else:
-            self.module.preprocess_reorder_b_grouped(b, reordered, inp.shape.kind == "masked")
+            self.module.preprocess_reorder_b_grouped(b, reordered, "G" in kind.a_dims)  # masked: A is [G, max_m, K]
         return reordered
 
 

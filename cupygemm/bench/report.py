@@ -30,6 +30,8 @@ def make_row(shape: Shape, sizes: Sizes, provider: str, stats: dict[str, float] 
         "tflops": None, "gbs": None, "pct_floor": None, "config": config,
         "check": None, "rel_err": None, "calc_diff": None, "error": error,
     }
+    if sizes.group_k:
+        row["k_sizes"] = list(sizes.group_k)
     if stats is not None:
         row.update(stats)
         if floor is not None:
@@ -159,6 +161,35 @@ def format_markdown(rows: Sequence[dict[str, Any]], peers: Sequence[str] | None 
     return "\n".join(out)
 
 
+def _titled(parts: Sequence["Section"]) -> bool:
+    """Whether sections show their titles: when a run mixes families, or a family has notes (the forward kinds
+    alone print as before, one table)."""
+    return len(parts) > 1 or any(sec.notes for sec in parts)
+
+
+def format_sections(parts: Sequence["Section"], markdown: bool = False) -> str:
+    """Each section's table (text or markdown); titled sections add a line per kind with the geometric means and
+    their notes."""
+    titled = _titled(parts)
+    blocks = []
+    for sec in parts:
+        table = format_markdown(sec.rows, sec.peers) if markdown else format_table(sec.rows, sec.peers)
+        if not titled:
+            blocks.append(table)
+            continue
+        kinds = format_kind_summary(sec.rows, sec.peers).splitlines()
+        if markdown:
+            lines = [f"**{sec.title}**", "", table, ""]
+            lines += [f"- cupygemm {line.strip()} (geometric means)" for line in kinds[1:]]
+            lines += [f"- {n}" for n in sec.notes]
+        else:
+            lines = [f"{sec.title}:", table] + kinds
+            if sec.notes:
+                lines += ["notes:"] + [f"  {n}" for n in sec.notes]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def format_configs(rows: Sequence[dict[str, Any]]) -> str:
     """One line per shape: the kernel config cupygemm used."""
     lines = []
@@ -201,6 +232,66 @@ def summary(rows: Sequence[dict[str, Any]], peers: Sequence[str] | None = None) 
     return out
 
 
+def summary_by_kind(rows: Sequence[dict[str, Any]], peers: Sequence[str] | None = None) -> dict[str, Any]:
+    """:func:`summary` of each kind's rows, in first-seen order of the kinds."""
+    kinds = list(dict.fromkeys(r["kind"] for r in rows))
+    return {k: summary([r for r in rows if r["kind"] == k], peers) for k in kinds}
+
+
+def format_kind_summary(rows: Sequence[dict[str, Any]], peers: Sequence[str] | None = None) -> str:
+    """One line per kind: cupygemm's % of the floor and its speedup over each peer (geometric means)."""
+    lines = []
+    for kind, s in summary_by_kind(rows, peers).items():
+        parts = [f"{_fmt(s['pct_floor_geomean'], '.0f')}% of the floor ({s['shapes'] - s['failed']} shapes)"]
+        for p, v in s["speedup_geomean"].items():
+            if v["shapes"]:
+                parts.append(f"{_fmt(v['geomean'], '.2f')}x vs {TITLES.get(p, p)} ({v['shapes']} shapes)")
+        lines.append(f"  {kind}: " + "; ".join(parts) + (f"; {s['failed']} FAILED" if s["failed"] else ""))
+    return "\n".join(["cupygemm per kind (geometric means):"] + lines) if lines else ""
+
+
+@dataclass
+class Section:
+    """The rows of one family of kinds (:class:`cupygemm.bench.kinds.BenchKind`), shown as a table of their own
+    with the peers that can run them and the family's notes."""
+
+    title: str
+    kinds: list[str]
+    rows: list[dict[str, Any]]
+    peers: list[str]
+    notes: list[str]
+
+
+def sections(rows: Sequence[dict[str, Any]], peers: Sequence[str]) -> list[Section]:
+    """``rows`` split by their kinds' bench code, in first-seen order; each section's peer columns are those of
+    ``peers`` that its family can run (the forward kinds: all of them, as before)."""
+    from ..kinds import kind_named
+    from .kinds import bench_kinds, lookup
+
+    out: dict[Any, Section] = {}
+    for r in rows:
+        try:
+            maker = lookup(r["kind"])
+        except ValueError:
+            maker = None
+        if maker not in out:
+            if maker is None:
+                out[maker] = Section("", [], [], list(peers), [])
+            else:
+                family = [k for k in bench_kinds() if lookup(k) is maker]
+                cols = [p for p in peers if any(maker.supports(p, k) for k in family)]
+                out[maker] = Section(maker.title, [], [], cols, [])
+        sec = out[maker]
+        sec.rows.append(r)
+        if r["kind"] not in sec.kinds:
+            sec.kinds.append(r["kind"])
+    for maker, sec in out.items():
+        if maker is not None:
+            sec.notes = list(maker.notes(sec.rows))
+            sec.kinds = [kind_named(k).name for k in sec.kinds]
+    return list(out.values())
+
+
 def format_summary(rows: Sequence[dict[str, Any]], peers: Sequence[str] | None = None) -> str:
     s = summary(rows, peers)
     parts = [f"cupygemm: {_fmt(s['pct_floor_geomean'], '.0f')}% of the floor (geometric mean, "
@@ -234,11 +325,18 @@ def build_report(meta: dict[str, Any], rows: Sequence[dict[str, Any]], peers: Se
     """The JSON document: ``meta`` (device, versions, command, date, copy bandwidth, ...), the providers, the rows
     and the summary. Non-finite numbers become null."""
     provs = ["cupygemm"] + list(peers if peers is not None else [p for p in providers_in(rows) if p != "cupygemm"])
+    peer_list = [p for p in provs if p != "cupygemm"]
+    summ = summary(rows, peer_list)
+    parts = sections(rows, peer_list)
+    summ["by_kind"] = {k: v for sec in parts for k, v in summary_by_kind(sec.rows, sec.peers).items()}
     report = {"schema": SCHEMA, **meta,
               "providers": {p: PROVIDER_DESCRIPTIONS.get(p, p) for p in provs},
-              "summary": summary(rows, [p for p in provs if p != "cupygemm"]),
+              "summary": summ,
               "ok": not any(row_failed(r) for r in rows if r["provider"] == "cupygemm"),
               "rows": list(rows)}
+    notes = {sec.title: sec.notes for sec in parts if sec.notes}
+    if notes:
+        report["notes"] = notes
     return _json_safe(report)
 
 

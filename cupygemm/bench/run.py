@@ -11,16 +11,15 @@ from typing import Any, Callable, Sequence
 from ..device import get_num_sms, gpu_available, require_hopper
 from ..errors import CupygemmDeviceError
 from ..serving import build_kernels, kernel_keys
-from .cases import (BenchUsageError, Shape, Sizes, check_rows, parse_kinds, parse_shape_texts, select_shapes,
-                    shape_config, shape_sizes)
-from .checks import CHECK_ROWS, compare, output_rows, reference_rows
+from .cases import (BenchUsageError, Shape, Sizes, parse_kinds, parse_shape_texts, select_shapes, shape_config,
+                    shape_sizes)
 from .environment import environment
-from .inputs import Inputs, make_inputs
-from .metrics import FP8_DENSE_FLOPS, floor_us, summarize_times, work
+from .kinds import bench_kind
+from .metrics import FP8_DENSE_FLOPS, floor_us, summarize_times
 from .plot import MATPLOTLIB_HINT, plot_available, write_plot
-from .providers import TITLES, Prepared, load_peers, parse_peers, prepare_cupygemm
-from .report import (build_report, fmt_us, format_configs, format_markdown, format_notes, format_summary,
-                     format_table, make_row, write_json)
+from .providers import TITLES, Prepared, load_peers, parse_peers
+from .report import (build_report, fmt_us, format_configs, format_notes, format_sections, format_summary, make_row,
+                     sections, write_json)
 from .timing import FLUSH_BYTES, Timer, measure_copy_bandwidth, measure_event_overhead, open_cupti_timer, timing_method
 
 
@@ -37,49 +36,54 @@ def _progress(text: str) -> None:
     print(f"[cupygemm] {text}", file=sys.stderr, flush=True)
 
 
-def run_provider(name: str, prepare: Callable[[Inputs], Prepared], inp: Inputs, timer: Timer,
+def run_provider(name: str, prepare: Callable[[Any], Prepared], inp: Any, timer: Timer,
                  iters: int) -> tuple[Prepared | None, dict[str, float] | None, str | None]:
-    """Prepare, call once untimed (loads modules, JIT), synchronize, then time ``iters`` calls."""
+    """Prepare, call once untimed (loads modules, JIT), synchronize, then time ``iters`` calls. The statistics get
+    ``kernels_per_call`` (the most kernels one call launched) where the timer counts them (CUPTI)."""
     import cupy
 
     try:
         prep = prepare(inp)
         prep.call()
         cupy.cuda.get_current_stream().synchronize()
-        times = timer.time(prep.call, iters)
+        kernels: list[int] = []
+        times = timer.time(prep.call, iters, kernels)
     except Exception as e:
         try:
             cupy.cuda.get_current_stream().synchronize()
         except Exception:
             pass
         return None, None, _err(e)
-    return prep, summarize_times(times), None
+    stats: dict[str, Any] = summarize_times(times)
+    if kernels:
+        stats["kernels_per_call"] = max(kernels)
+    return prep, stats, None
 
 
 def bench_shape(shape: Shape, sizes: Sizes, seed: int, iters: int, timer: Timer, copy_bw: float,
                 config: str | None, peers: dict[str, Any]) -> list[dict[str, Any]]:
-    """All providers on one shape: inputs, timing, checks. Returns one row per provider that applies."""
-    flops, nbytes = work(shape, sizes)
+    """All providers on one shape: inputs, timing, checks, as the shape's kind's bench code makes them
+    (:mod:`cupygemm.bench.kinds`). Returns one row per provider that applies."""
+    maker = bench_kind(shape.kind)
+    flops, nbytes = maker.work(shape, sizes)
     floor = floor_us(flops, nbytes, copy_bw)
     try:
-        inp = make_inputs(shape, sizes, seed)
+        inp = maker.make_inputs(shape, sizes, seed)
     except Exception as e:
         return [make_row(shape, sizes, "cupygemm", None, flops, nbytes, floor, config, error=f"inputs: {_err(e)}")]
-    runners: list[tuple[str, Callable[[Inputs], Prepared]]] = [("cupygemm", prepare_cupygemm)]
+    runners: list[tuple[str, Callable[[Any], Prepared]]] = [("cupygemm", maker.prepare_cupygemm)]
     runners += [(name, p.prepare) for name, p in peers.items() if p.supports(shape)]
     results = []
     for name, prepare in runners:
         prep, stats, error = run_provider(name, prepare, inp, timer, iters)
         results.append((name, prep, stats, error))
-    rows, ref = [], None
-    sel_rows, sel_groups = check_rows(shape, sizes, CHECK_ROWS, seed)
+    rows = []
+    check_of = maker.checker(inp, seed)
     for name, prep, stats, error in results:
         check = None
         if prep is not None:
             try:
-                if ref is None:
-                    ref = reference_rows(inp, sel_rows, sel_groups)
-                check = compare(output_rows(prep.output(), sel_rows), *ref)
+                check = check_of(name, prep)
             except Exception as e:
                 error = f"check: {_err(e)}"
         rows.append(make_row(shape, sizes, name, stats, flops, nbytes, floor,
@@ -99,10 +103,17 @@ def precompile(shapes: Sequence[Shape], sizes: dict[Shape, Sizes], num_sms: int,
     cfgs, described = [], {}
     for s in shapes:
         cfg = shape_config(s, sizes[s], num_sms, smem_limit)
+        if cfg is None:  # the kind's kernels compile at their first (untimed) call
+            continue
         cfgs.append(cfg)
         described[s] = cfg.describe()
+    if not cfgs:
+        _progress(f"{len(shapes)} shapes whose kernels compile at their first (untimed) call")
+        return described
     n = len(set(cfgs))
-    _progress(f"compiling {n} kernel{'s' if n != 1 else ''} for {len(shapes)} shapes with {jobs} jobs")
+    later = len(shapes) - len(described)
+    _progress(f"compiling {n} kernel{'s' if n != 1 else ''} for {len(described)} shapes with {jobs} jobs"
+              + (f" ({later} more shapes compile at their first, untimed, call)" if later else ""))
     try:
         compile_configs(cfgs, jobs)
     except Exception as e:  # the failing shapes fail again at their first call and are reported there
@@ -213,16 +224,20 @@ def _run(args: argparse.Namespace, shapes: Sequence[Shape], sizes: dict[Shape, S
                          f"{' FAIL' if r.get('check') == 'FAIL' and not r.get('error') else ''}" for r in shape_rows)
         _progress(f"{i + 1}/{len(shapes)} {shape.kind} {shape.label}: {done} ({time.time() - t0:.0f}s)")
         cupy.get_default_memory_pool().free_all_blocks()
+        if args.json and i + 1 < len(shapes):  # what a run cut short (a device time limit) leaves behind
+            partial = f"{i + 1} of {len(shapes)} shapes"
+            write_json(args.json, {**build_report(meta, rows, list(peers)), "partial": partial})
     peer_cols = list(peers)
+    parts = sections(rows, peer_cols)
     print()
-    print(format_table(rows, peer_cols))
+    print(format_sections(parts))
     print()
     for block in (format_configs(rows), format_notes(rows), format_summary(rows, peer_cols)):
         if block:
             print(block)
     if args.markdown:
         print()
-        print(format_markdown(rows, peer_cols))
+        print(format_sections(parts, markdown=True))
     report = build_report(meta, rows, peer_cols)
     if args.json:
         write_json(args.json, report)

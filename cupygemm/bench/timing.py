@@ -26,13 +26,16 @@ class Timer:
     def flush(self) -> None:
         self.flush_buf.data.memset_async(0, self.flush_buf.nbytes)
 
-    def time(self, call: Callable[[], Any], iters: int) -> list[float]:
-        """Per-call times in microseconds."""
+    def time(self, call: Callable[[], Any], iters: int, kernels: list[int] | None = None) -> list[float]:
+        """Per-call times in microseconds. ``kernels``: gets the number of kernels of each call appended (CUPTI
+        timing only)."""
         import cupy
 
         stream = cupy.cuda.get_current_stream()
         if self.kernel_timer is not None:
-            return self.kernel_timer.time(call, iters, before=self.flush, sync=stream.synchronize)
+            if kernels is None:
+                return self.kernel_timer.time(call, iters, before=self.flush, sync=stream.synchronize)
+            return self.kernel_timer.time(call, iters, before=self.flush, sync=stream.synchronize, kernels=kernels)
         return self.time_events(call, iters)
 
     def median_us(self, call: Callable[[], Any], iters: int) -> float:

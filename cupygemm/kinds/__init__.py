@@ -45,6 +45,9 @@ class GemmKind:
     # -- warm-up and bench --
     shape_dims: str = "MNK"  # a shape on the command line: "MNK" or "GMNK" (M = rows per group)
     aliases: tuple[str, ...] = ()  # other names the CLI and the bench accept
+    # the shapes ``cupygemm bench`` runs for this kind unless given --shapes (DeepGEMM 03d0be3 test_core's), each as
+    # ``shape_dims`` says; the bench's per-kind code is registered by family in :mod:`cupygemm.bench.kinds`
+    seed_shapes: tuple[tuple[int, ...], ...] = ()
     # -- the argument check: (Views of A, SFA, B, SFB, out, layout operand, static argument, operand names) ->
     #    cupygemm.validate.Problem; see the kind modules --
     check: Callable[..., Any] | None = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import shapes as seed_shapes
 from .. import validate
 from ..gemm import call
 from ..layout import get_tma_aligned_size
@@ -108,17 +109,19 @@ def check_masked(views: tuple[View | None, ...], expected_m: int, names: Names =
 
 NORMAL = register(GemmKind(
     name="normal", kid=0, api="gemm_fp8_fp8_bf16_nt", summary="D = A @ B.T", family=FORWARD, check=check_normal,
-    a_dims="MK", b_dims="NK", out_dims="MN"))
+    a_dims="MK", b_dims="NK", out_dims="MN", seed_shapes=seed_shapes.NORMAL))
 CONTIGUOUS = register(GemmKind(
     name="contiguous", kid=1, api="m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
     summary="MoE grouped GEMM, contiguous layout: row r of A uses B[m_indices[r]]", family=FORWARD,
     check=check_contiguous, a_dims="MK", b_dims="GNK", out_dims="MN", layout="m_indices", zero_new_out=True,
-    shape_dims="GMNK", aliases=("contig",), check_layout=lambda idx, p: validate.check_m_indices(idx, p.num_groups)))
+    shape_dims="GMNK", aliases=("contig",), check_layout=lambda idx, p: validate.check_m_indices(idx, p.num_groups),
+    seed_shapes=seed_shapes.CONTIGUOUS))
 MASKED = register(GemmKind(
     name="masked", kid=2, api="m_grouped_gemm_fp8_fp8_bf16_nt_masked",
     summary="MoE grouped GEMM, masked layout: group g computes its first masked_m[g] rows", family=FORWARD,
     check=check_masked, a_dims="GMK", b_dims="GNK", out_dims="GMN", layout="masked_m", static="expected_m",
-    zero_new_out=True, shape_dims="GMNK", check_layout=lambda mm, p: validate.check_masked_m(mm, p.m)))
+    zero_new_out=True, shape_dims="GMNK", check_layout=lambda mm, p: validate.check_masked_m(mm, p.m),
+    seed_shapes=seed_shapes.MASKED))
 
 
 # ---- the public functions --------------------------------------------------------------------------------------

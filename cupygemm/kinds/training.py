@@ -127,15 +127,23 @@ def check_batch_sizes(sizes: np.ndarray, problem: Problem) -> None:
         raise ValueError(f"batch_sizes sum to {total} tokens, but A and B hold {problem.k}")
 
 
+#: The bench's shapes (DeepGEMM 03d0be3 test_core's): wgrad (M, N, K = tokens), k-grouped (G, M, N, K = each group's
+#: base token count; the bench draws the groups' K around it as test_core does).
+WGRAD_SHAPES = tuple((m, n, k) for k in (4096, 8192) for m, n in (
+    (7168, 2112), (1536, 24576), (512, 32768), (16384, 7168), (7168, 4096), (2048, 7168)))
+K_GROUPED_WGRAD_SHAPES = tuple((g, m, n, k) for g, k in ((4, 4096), (4, 8192), (8, 4096))
+                               for m, n in ((7168, 4096), (2048, 7168)))
+
 WGRAD = register(GemmKind(
     name="wgrad", kid=3, api="wgrad_gemm_fp8_fp8_fp32_nt", summary="D += A @ B.T, both scaled 1x128, FP32 D",
     family=ONE_D_ONE_D, check=check_wgrad, a_dims="MK", b_dims="NK", out_dims="MN", out_dtype=F32,
-    accumulates=True, b_block_scales=False))
+    accumulates=True, b_block_scales=False, seed_shapes=WGRAD_SHAPES))
 K_GROUPED_WGRAD = register(GemmKind(
     name="k_grouped_wgrad", kid=4, api="k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
     summary="D[g] += A_g @ B_g.T with each group's own K (MoE weight gradients), FP32 D", family=ONE_D_ONE_D,
     check=check_k_grouped_wgrad, check_layout=check_batch_sizes, a_dims="F", b_dims="F", out_dims="GMN",
-    layout="batch_sizes", out_dtype=F32, accumulates=True, b_block_scales=False, shape_dims="GMNK"))
+    layout="batch_sizes", out_dtype=F32, accumulates=True, b_block_scales=False, shape_dims="GMNK",
+    seed_shapes=K_GROUPED_WGRAD_SHAPES))
 
 
 # ---- the public functions --------------------------------------------------------------------------------------
