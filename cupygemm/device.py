@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -10,6 +12,9 @@ from .errors import CupygemmDeviceError
 
 #: Hopper's opt-in per-block shared-memory limit (227 KB).
 SM90_MAX_SMEM_PER_BLOCK = 232448
+
+#: What a "cannot run here" message ends with: the GPU the kernels need.
+HOPPER_NEEDED = "cupygemm's kernels need an NVIDIA Hopper GPU (compute capability 9.0: H100, H200, H800, H20)"
 
 _lock = threading.Lock()
 _num_sms_override: int | None = None
@@ -55,17 +60,33 @@ def current_device() -> DeviceInfo:
     """Properties of CuPy's current device; raises CupygemmDeviceError when there is no GPU."""
     try:
         import cupy
-
-        index = cupy.cuda.runtime.getDevice()
     except ImportError as e:
         raise CupygemmDeviceError("CuPy is not installed: pip install 'cupygemm[cuda12]' (or '[cuda13]')") from e
+    try:
+        index = cupy.cuda.runtime.getDevice()
     except Exception as e:
-        raise CupygemmDeviceError(f"no usable CUDA device ({e})") from e
+        raise CupygemmDeviceError(f"{_why_no_device(e)}; {HOPPER_NEEDED}") from e
     return _query(index)
 
 
+def _why_no_device(error: Exception) -> str:
+    """Why CuPy found no device. Without a driver CuPy's error reads cudaErrorInsufficientDriver, which sends users
+    after a driver upgrade on a machine that has no GPU at all."""
+    if gpu_available():
+        return f"no usable CUDA device ({error})"
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.driverGetVersion() == 0:
+            return "no CUDA GPU visible (no NVIDIA driver found)"
+    except Exception:
+        pass
+    return f"no CUDA GPU visible ({error})"
+
+
 def require_hopper() -> DeviceInfo:
-    """The current device, checked to be compute capability 9.0 (H100/H200/H800/H20)."""
+    """The current device, checked to be compute capability 9.0 (H100/H200/H800/H20); CupygemmDeviceError saying
+    what is missing (CuPy, a GPU, Hopper) otherwise."""
     info = current_device()
     if info.compute_capability != "90":
         raise CupygemmDeviceError(
@@ -73,6 +94,16 @@ def require_hopper() -> DeviceInfo:
             f"({info.name}) is {info.compute_capability[0]}.{info.compute_capability[1:]}"
         )
     return info
+
+
+def require_hopper_or_exit(program: str | None = None) -> DeviceInfo:
+    """:func:`require_hopper` for commands and scripts: where it fails, print ``program: <why>`` as one line on
+    stderr and exit with status 2 instead of a traceback. ``program`` defaults to the script's file name."""
+    try:
+        return require_hopper()
+    except CupygemmDeviceError as e:
+        print(f"{program or os.path.basename(sys.argv[0]) or 'cupygemm'}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def set_num_sms(num_sms: int) -> None:

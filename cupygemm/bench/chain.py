@@ -18,6 +18,7 @@ import statistics
 import sys
 from typing import Any
 
+from ..device import require_hopper_or_exit
 from ..env import PDL
 from .overhead import environment, shape_arg
 from .timing import capture_graph, stream_event_us
@@ -67,6 +68,8 @@ def measure(shapes: list[tuple[int, int, int]], chains: int, rounds: int, pdl: b
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
+
+    require_hopper_or_exit("cupygemm chain")
 
     shapes = [tuple(s) for s in args.shapes] if args.shapes else list(DECODE_CHAIN)
     rows = [measure(shapes, args.chains, args.rounds, pdl) for pdl in (False, True)]

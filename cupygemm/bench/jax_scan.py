@@ -42,6 +42,7 @@ import sys
 import time
 from typing import Any
 
+from ..device import require_hopper_or_exit
 from .timing import capture_graph, open_cupti_timer, stream_event_us
 
 CB_FLAGS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_hopper_or_exit("cupygemm jax-scan")  # here: each child would otherwise print CuPy's traceback
     runs = {}
     # (A fully unrolled scan was tried too: XLA merges identical steps of the baselines, and stacking the results
     # to keep every step alive moves their addresses on every run, so it re-records all steps: benchmarks/NOTES.md.)

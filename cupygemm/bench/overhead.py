@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..device import require_hopper_or_exit
 from .timing import capture_graph
 
 DECODE_SHAPES = ((64, 2112, 7168), (128, 7168, 2048), (64, 7168, 2048), (128, 2112, 7168))
@@ -241,6 +242,7 @@ def shape_arg(text: str) -> tuple[int, int, int]:
 
 
 def main(args: argparse.Namespace) -> int:
+    require_hopper_or_exit("cupygemm overhead")
     shapes = [tuple(s) for s in args.shapes] if args.shapes else list(DECODE_SHAPES)
     rows = run(shapes, args.calls, args.rounds)
     if args.markdown:

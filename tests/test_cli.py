@@ -1,0 +1,37 @@
+"""What a new user meets first: the ``cupygemm`` commands and the examples on a machine they do not fit (no GPU, bad
+environment values, bad options), each answered in one clear line instead of a traceback."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# CUDA_VISIBLE_DEVICES="" hides every GPU from CUDA, so these run as on a machine without one, GPU or not.
+NO_GPU = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+
+
+def _run(args: list[str], env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env or NO_GPU, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _one_line_about_hopper(res: subprocess.CompletedProcess, program: str) -> None:
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert lines[0].startswith(f"{program}: no CUDA GPU visible") and "Hopper" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("cmd", ["overhead", "chain", "jax-scan", "bench"])
+def test_gpu_commands_without_a_gpu_say_so_in_one_line(cmd):
+    _one_line_about_hopper(_run(["-m", "cupygemm", cmd]), f"cupygemm {cmd}")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "examples").glob("*.py")))
+def test_examples_without_a_gpu_say_so_in_one_line(name):
+    """The check is each example's first statement, so it runs before torch or JAX is imported (or found missing)."""
+    _one_line_about_hopper(_run([str(REPO / "examples" / name)], timeout=300), name)
