@@ -250,3 +250,24 @@ def test_cache_cli_round_trip_and_refusal(tmp_path):
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and "imported 1 kernels" in ok.stdout, ok.stderr
     assert (tmp_path / "b" / "ab" / f"{'ab' * 32}.cubin").is_file()
+
+
+def test_import_of_a_truncated_archive_is_refused_cleanly(tmp_path):
+    """A download cut short: gzip's EOFError becomes the cache's own error (rc 1 from the CLI), and nothing is
+    written."""
+    env = dict(os.environ, CUPYGEMM_CACHE_DIR=str(tmp_path / "a"))
+    subprocess.run([sys.executable, "-c", "from cupygemm.jit import cache; cache.store('ab' * 32, __import__('os')"
+                    ".urandom(1 << 16))"], env=env, check=True, timeout=120)
+    archive, cut = tmp_path / "k.tar.gz", tmp_path / "cut.tar.gz"
+    subprocess.run([sys.executable, "-m", "cupygemm", "cache", "export", str(archive), "--num-sms", "132"], cwd=REPO,
+                   env=env, check=True, capture_output=True, timeout=120)
+    data = archive.read_bytes()
+    cut.write_bytes(data[:len(data) // 2])
+    with pytest.raises(CupygemmCacheError, match="truncated or damaged"):
+        portable.read_archive(cut)
+    env["CUPYGEMM_CACHE_DIR"] = str(tmp_path / "b")
+    res = subprocess.run([sys.executable, "-m", "cupygemm", "cache", "import", str(cut), "--num-sms", "132"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith(f"cupygemm cache import: {cut}: truncated or damaged archive"), res.stderr
+    assert not (tmp_path / "b").exists()
