@@ -233,7 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cupygemm import env
+
     args = build_parser().parse_args(argv)
+    bad = env.invalid_settings()
+    if bad:
+        print("\n".join(f"cupygemm: {line}" for line in bad), file=sys.stderr)
+        return 2
     return int(args.func(args) or 0)
 
 

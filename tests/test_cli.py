@@ -35,3 +35,32 @@ def test_gpu_commands_without_a_gpu_say_so_in_one_line(cmd):
 def test_examples_without_a_gpu_say_so_in_one_line(name):
     """The check is each example's first statement, so it runs before torch or JAX is imported (or found missing)."""
     _one_line_about_hopper(_run([str(REPO / "examples" / name)], timeout=300), name)
+
+
+BAD_VALUES = {"CUPYGEMM_PDL": "maybe", "CUPYGEMM_DISABLE_CACHE": "sometimes", "CUPYGEMM_PRINT_CONFIGS": "2",
+              "CUPYGEMM_CHECK_INPUTS": "y", "CUPYGEMM_FFMA_INTERLEAVE": "always", "CUPYGEMM_B_EVICT_FIRST": "first",
+              "CUPYGEMM_L2_SIDES": "both"}
+
+
+@pytest.mark.parametrize("var", sorted(BAD_VALUES))
+def test_a_bad_environment_value_is_one_line_before_any_output(var, monkeypatch, capsys):
+    from cupygemm import env
+    from cupygemm.cli import main
+
+    value = BAD_VALUES[var]
+    monkeypatch.setenv(var, value)
+    assert main(["info"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"cupygemm: {var}: expected one of ") and repr(value) in err
+    allowed = "/".join(env.TRUE_WORDS) if var in (env.PDL, env.DISABLE_CACHE, env.PRINT_CONFIGS, env.CHECK_INPUTS) \
+        else "auto"
+    assert allowed in err
+
+
+def test_every_variable_is_checked_before_a_command_runs():
+    """The CLI checks the variables through env.SETTINGS: each variable the package reads has its parser there."""
+    from cupygemm import env
+
+    names = {v for k, v in vars(env).items() if k.isupper() and isinstance(v, str) and v.startswith("CUPYGEMM_")}
+    assert set(env.SETTINGS) == names and set(BAD_VALUES) <= names
