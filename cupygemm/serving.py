@@ -21,6 +21,7 @@ from .errors import CupygemmError
 from .layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
 from .shapes import GROUPED_NK, NORMAL_NK
 from .util import round_up
+from .validate import check_k_n, check_limits
 
 #: (N, K) pairs per kind of model presets. DeepSeek-V3 and R1 share their GEMM shapes: the seed shapes.
 PRESETS: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {
@@ -115,6 +116,16 @@ def problems_for(kind: int | str, nk: Iterable[tuple[int, int]], m_ranges: Seque
     return [Problem(kid, m, n, k, groups) for n, k in nk for m in ms]
 
 
+def _check_dims(what: str, **dims: int) -> None:
+    """The GEMMs' own shape rules (:mod:`cupygemm.validate`) for a planned problem: ValueError naming ``what`` (the
+    request) and the rule. ``dims``: name=size as the GEMM names them, with ``N`` and ``K`` among them."""
+    try:
+        check_limits(**dims)
+        check_k_n(dims["K"], dims["N"])
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
+
+
 def problems_from_shapes(kind: int | str, shapes: Iterable[Sequence[int]]) -> list[Problem]:
     """Explicit shapes: MxNxK (normal) or GxMxNxK (grouped: contiguous = G groups of M rows, each padded to 128;
     masked = G groups with expected_m = max_m = M)."""
@@ -131,9 +142,17 @@ def problems_from_shapes(kind: int | str, shapes: Iterable[Sequence[int]]) -> li
             if len(s) != 4:
                 raise ValueError(f"shapes: grouped shapes are GxMxNxK (M = rows per group), got {text}")
             g, m, n, k = s
-            if kid == KIND_CONTIGUOUS:
-                m = g * round_up(m, M_ALIGNMENT)
-        out.append(Problem(kid, model_rows(kid, max(m, 1)), n, k, g, max(m, 1) if kid == KIND_MASKED else None))
+        if min(s) < 1:
+            raise ValueError(f"shapes {text}: every dimension must be positive (with M = 0 a GEMM returns at once: "
+                             "no kernel to build)")
+        if kid == KIND_NORMAL:
+            _check_dims(f"shapes {text}", M=m, N=n, K=k)
+        elif kid == KIND_CONTIGUOUS:
+            m = g * round_up(m, M_ALIGNMENT)  # A's rows: the groups, each padded to 128
+            _check_dims(f"shapes {text}", M=m, N=n, K=k, G=g)
+        else:
+            _check_dims(f"shapes {text}", max_m=m, N=n, K=k, G=g, total_rows=g * m)
+        out.append(Problem(kid, model_rows(kid, m), n, k, g, m if kid == KIND_MASKED else None))
     return out
 
 
@@ -213,6 +232,7 @@ def resolve_nk(preset: str | None, kind: str, nk: Iterable[tuple[int, int]] | No
     for n, k in pairs:
         if min(n, k) < 1:
             raise ValueError(f"nk: N and K must be positive, got {n}x{k}")
+        _check_dims(f"nk {n}x{k}", N=n, K=k)
     return list(dict.fromkeys(pairs))
 
 

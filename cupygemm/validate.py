@@ -118,13 +118,15 @@ def _out(out: View | None, shape: tuple[int, ...], name: str = "out") -> None:
     _rows_tma_unless_empty(out, name)
 
 
-def _check_limits(**dims: int) -> None:
+def check_limits(**dims: int) -> None:
+    """ValueError naming the first of ``dims`` (name=size) that the kernels' 32-bit indexing cannot address."""
     for k, v in dims.items():
         if v >= _INT32_LIMIT:
             raise ValueError(f"{k} = {v} is too large: dimensions must be below 2^31")
 
 
-def _check_k_n(k: int, n: int) -> None:
+def check_k_n(k: int, n: int) -> None:
+    """ValueError unless K and N give the 16-byte aligned rows TMA needs."""
     if k % 16:
         raise ValueError(f"K must be a multiple of 16 (16-byte aligned FP8 rows for TMA), got K = {k}")
     if n % 8:
@@ -145,8 +147,8 @@ def normal(a: View, sfa: View, b: View, sfb: View, out: View | None) -> Problem:
     n, kb_ = b.shape
     if kb_ != k:
         raise ValueError(f"A is [M, K] = {tuple(a.shape)} and B is [N, K] = {tuple(b.shape)}: K differs")
-    _check_limits(M=m, N=n, K=k)
-    _check_k_n(k, n)
+    check_limits(M=m, N=n, K=k)
+    check_k_n(k, n)
     kb = ceil_div(k, 128)
     _f32(sfa, "lhs[1] (A scales)", (m, kb))
     _f32(sfb, "rhs[1] (B scales)", (ceil_div(n, 128), kb))
@@ -190,8 +192,8 @@ def contiguous(a: View, sfa: View, b: View, sfb: View, out: View | None, m_indic
     _fp8(a, "lhs[0] (A)", 2)
     m, k = a.shape
     g, n = _grouped_b(b, sfb, k)
-    _check_limits(M=m, N=n, K=k, G=g)
-    _check_k_n(k, n)
+    check_limits(M=m, N=n, K=k, G=g)
+    check_k_n(k, n)
     kb = ceil_div(k, 128)
     _f32(sfa, "lhs[1] (A scales)", (m, kb))
     _rows_tma_unless_empty(a, "lhs[0] (A)")
@@ -213,8 +215,8 @@ def masked(a: View, sfa: View, b: View, sfb: View, out: View | None, masked_m: V
     gb, n = _grouped_b(b, sfb, k)
     if gb != g:
         raise ValueError(f"A has {g} groups ([G, max_m, K] = {tuple(a.shape)}) but B has {gb}")
-    _check_limits(max_m=m, N=n, K=k, G=g, total_rows=g * m)
-    _check_k_n(k, n)
+    check_limits(max_m=m, N=n, K=k, G=g, total_rows=g * m)
+    check_k_n(k, n)
     check_expected_m(expected_m)
     kb = ceil_div(k, 128)
     _f32(sfa, "lhs[1] (A scales)", (g, m, kb))

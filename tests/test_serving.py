@@ -90,6 +90,45 @@ def test_warmup_rejects_bad_requests(kwargs, match):
         cupygemm.warmup(num_sms=132, dry_run=True, **kwargs)
 
 
+@pytest.mark.parametrize("kwargs,dims", [
+    (dict(nk=[(4096, 7167)], m="1:64"), dict(n=4096, k=7167)),
+    (dict(nk=[(4095, 7168)], m="1:64"), dict(n=4095, k=7168)),
+    (dict(shapes=[(64, 4095, 7168)]), dict(n=4095, k=7168)),
+    (dict(shapes=[(2, 64, 4096, 7160)], kind="masked"), dict(n=4096, k=7160)),
+])
+def test_warmup_applies_the_gemms_shape_rules(kwargs, dims):
+    """A kernel the GEMMs would refuse to run is not built: the same check (validate.py), naming the request."""
+    from cupygemm import validate
+
+    with pytest.raises(ValueError) as gemm:
+        validate.check_k_n(**dims)
+    with pytest.raises(ValueError) as warm:
+        cupygemm.warmup(num_sms=132, dry_run=True, **kwargs)
+    assert str(gemm.value) in str(warm.value)
+    assert str(warm.value).startswith("nk " if "nk" in kwargs else "shapes ")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(shapes=[(0, 4096, 7168)]), "shapes 0x4096x7168: .*positive"),
+    (dict(shapes=[(2, 0, 4096, 7168)], kind="masked"), "shapes 2x0x4096x7168: .*positive"),
+    (dict(shapes=[(99999999999999999999, 4096, 7168)]), "M = 99999999999999999999 is too large"),
+    (dict(shapes=[(2, 2**30, 4096, 7168)], kind="contiguous"), f"M = {2**31} is too large"),
+    (dict(shapes=[(4, 2**29, 4096, 7168)], kind="masked"), f"total_rows = {2**31} is too large"),
+])
+def test_warmup_refuses_shapes_no_gemm_can_have(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cupygemm.warmup(num_sms=132, dry_run=True, **kwargs)
+
+
+@pytest.mark.parametrize("args", [["--nk", "4096x7167"], ["64x4095x7168"], ["0x4096x7168"],
+                                  ["99999999999999999999x4096x7168"]])
+def test_warmup_cli_refuses_what_bench_refuses(args):
+    res = subprocess.run([sys.executable, "-m", "cupygemm", "warmup", *args, "--num-sms", "132", "--dry-run"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    assert res.stderr.startswith("cupygemm warmup: ") and res.stdout == ""
+
+
 def test_warmup_builds_only_what_is_missing(fresh_cache, monkeypatch):
     """Counts are true: a second warm-up finds everything cached and builds nothing (compile faked for speed; the
     real, parallel build is the next test)."""
