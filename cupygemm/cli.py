@@ -197,8 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--preset", choices=sorted(PRESET_NAMES), default=None,
                     help="a model's (N, K) pairs for --kind (deepseek-v3 = deepseek-r1: the seed shapes' pairs)")
     sp.add_argument("--m", action="append", type=_m_ranges_arg, metavar="LO:HI[,...]",
-                    help="inclusive M ranges for --nk/--preset (default 1:4096 for normal GEMMs); contiguous: total "
-                         "rows of A (the multiples of 128 in the range), masked: expected_m")
+                    help="inclusive M ranges for --nk/--preset, below 2^31 (default 1:4096 for normal GEMMs); "
+                         "contiguous: total rows of A (the multiples of 128 in the range), masked: expected_m")
     sp.add_argument("--groups", type=int, default=1, help="groups of grouped kinds with --nk/--preset (default 1)")
     sp.add_argument("--arch", default="sm_90a", help="target architecture (only sm_90a)")
     sp.add_argument("--num-sms", type=int, default=None, help="SM count of the target GPU (needed without a GPU)")

@@ -16,7 +16,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, GemmConfig, choose_config, kind_id, model_rows
+from .config import (KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, M_CLASS_ROWS, GemmConfig, choose_config,
+                     kind_id, m_class, model_rows)
 from .errors import CupygemmError
 from .layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
 from .shapes import GROUPED_NK, NORMAL_NK
@@ -35,7 +36,8 @@ DEFAULT_M_RANGE = (1, 4096)
 @dataclass(frozen=True)
 class Problem:
     """One call the chooser is asked about: kind, rows (M, contiguous total rows, or masked expected_m), N, K, G;
-    masked: the groups' max_m where it is known (explicit shapes), which caps the sizes the chooser plans for."""
+    masked: the groups' max_m where it is known (explicit shapes), which caps the sizes the chooser plans for.
+    ``count``: the problems of an M range it stands for, the M of its memo class (which all get its config)."""
 
     kind: int
     m: int
@@ -43,6 +45,7 @@ class Problem:
     k: int
     groups: int = 1
     max_m: int | None = None
+    count: int = 1
 
 
 @dataclass
@@ -89,39 +92,59 @@ def parse_m_ranges(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def _m_values(kind: int, ranges: Sequence[tuple[int, int]]) -> list[int]:
-    """Every M of ``ranges``; for the contiguous layout the total rows, which are whole 128-row groups."""
-    ms: set[int] = set()
-    for lo, hi in ranges:
-        if kind == KIND_CONTIGUOUS:
-            first = round_up(lo, M_ALIGNMENT)
-            ms.update(range(first, hi + 1, M_ALIGNMENT))
+def _m_classes(kind: int, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(an M, how many M of ``ranges`` share its memo class) per memo class that ``ranges`` reach. The chooser
+    answers alike for a whole class (:func:`~cupygemm.config.m_class`: 64 rows of M; masked: one expected_m), so
+    planning asks once per class and the M of a range are counted, not listed: any range plans in time linear in
+    its classes. Contiguous M are the total rows, whole 128-row groups: the multiples of 128."""
+    merged: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
         else:
-            ms.update(range(lo, hi + 1))
-    return sorted(ms)
+            merged.append([lo, hi])
+    step = M_ALIGNMENT if kind == KIND_CONTIGUOUS else 1
+    rows = 1 if kind == KIND_MASKED else M_CLASS_ROWS
+    out = []
+    for lo, hi in merged:
+        for c in range(m_class(kind, lo), m_class(kind, hi) + 1):
+            first, last = max(lo, (c - 1) * rows + 1), min(hi, c * rows)
+            count = last // step - (first - 1) // step  # multiples of step in [first, last]
+            if count:
+                out.append((last // step * step, count))
+    return out
 
 
 def problems_for(kind: int | str, nk: Iterable[tuple[int, int]], m_ranges: Sequence[tuple[int, int]],
                  groups: int = 1) -> list[Problem]:
-    """Every problem of ``nk`` x the M ranges. M is M (normal), the total rows of A (contiguous: the multiples of
-    128 in the range, groups being padded to 128) or expected_m (masked, with max_m >= expected_m)."""
+    """The problems of ``nk`` x the M ranges, one per memo class of M (its ``count``: the M it stands for). M is M
+    (normal), the total rows of A (contiguous: the multiples of 128 in the range, groups being padded to 128) or
+    expected_m (masked, with max_m >= expected_m); below 2^31, as the kernels need."""
     kid = kind_id(kind)
     if kid == KIND_NORMAL and groups != 1:
         raise ValueError(f"groups: normal GEMMs have 1 group, got {groups}")
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"groups: expected a positive int, got {groups!r}")
-    ms = _m_values(kid, m_ranges)
-    if not ms:
+    for lo, hi in m_ranges:
+        if not 1 <= lo <= hi:
+            raise ValueError(f"m: expected 1 <= LO <= HI, got {lo}:{hi}")
+        if kid == KIND_MASKED:
+            _check_dims("m", expected_m=hi, G=groups, total_rows=groups * hi)
+        else:
+            _check_dims("m", M=hi, G=groups)
+    classes = _m_classes(kid, m_ranges)
+    if not classes:
         raise ValueError(f"m: no M in {m_ranges} (contiguous total rows are multiples of {M_ALIGNMENT})")
-    return [Problem(kid, m, n, k, groups) for n, k in nk for m in ms]
+    return [Problem(kid, m, n, k, groups, count=count) for n, k in nk for m, count in classes]
 
 
 def _check_dims(what: str, **dims: int) -> None:
     """The GEMMs' own shape rules (:mod:`cupygemm.validate`) for a planned problem: ValueError naming ``what`` (the
-    request) and the rule. ``dims``: name=size as the GEMM names them, with ``N`` and ``K`` among them."""
+    request) and the rule. ``dims``: name=size as the GEMM names them."""
     try:
         check_limits(**dims)
-        check_k_n(dims["K"], dims["N"])
+        if "K" in dims:
+            check_k_n(dims["K"], dims["N"])
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None
 
@@ -275,9 +298,12 @@ def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[
         num_sms = get_num_sms()
     if not cache.cache_enabled() and not dry_run:
         raise CupygemmError("warm-up fills the disk cache, but CUPYGEMM_DISABLE_CACHE is set")
+    if progress:
+        # a search takes milliseconds: wide ranges plan for a while, which should not look like a hang
+        _progress(f"[cupygemm] planning {sum(p.count for p in problems)} problems: {len(problems)} config searches")
     cfgs = plan(problems, num_sms)
     kernels = kernel_keys(cfgs)
-    report = WarmupReport(problems=len(problems), configs=len(set(cfgs)), kernels=len(kernels),
+    report = WarmupReport(problems=sum(p.count for p in problems), configs=len(set(cfgs)), kernels=len(kernels),
                           jobs=max(1, jobs if jobs is not None else os.cpu_count() or 1),
                           keys=list(kernels), descriptions=[c.describe() for c in kernels.values()],
                           dry_run=dry_run)

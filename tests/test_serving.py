@@ -64,6 +64,39 @@ def test_warmup_preset_and_shapes(fresh_cache):
     assert serving.PRESETS["deepseek-r1"] == serving.PRESETS["deepseek-v3"]
 
 
+@pytest.mark.parametrize("kind,m,groups", [("normal", "1:20000,100:300,30000,20001:20100", 1),
+                                            ("contiguous", "1:20000,5000:30000", 2), ("masked", "1:100,90:110", 4)])
+def test_warmup_asks_the_chooser_once_per_memo_class(monkeypatch, kind, m, groups):
+    """Planning costs one search per memo class (config.m_class), not one per M, and the counts stay those of
+    every M in the ranges."""
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return C.choose_config(*args, **kwargs)
+
+    monkeypatch.setattr(serving, "choose_config", spy)
+    rep = cupygemm.warmup([(4096, 7168)], m, kind=kind, groups=groups, num_sms=132, dry_run=True)
+    kid = C.kind_id(kind)
+    ms = {v for r in serving.parse_m_ranges(m) for v in range(r[0], r[1] + 1)
+          if kid != C.KIND_CONTIGUOUS or v % 128 == 0}
+    assert rep.problems == len(ms)
+    assert len(calls) == len({C.m_class(kid, v) for v in ms})
+    cfgs = {C.choose_config(kid, v, 4096, 7168, groups, 132) for v in ms}
+    assert rep.configs == len(cfgs) and set(rep.keys) == set(serving.kernel_keys(cfgs))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(m="1:2147483648"), "m: M = 2147483648 is too large: dimensions must be below 2.31"),
+    (dict(m="100000000000"), "m: M = 100000000000 is too large"),
+    (dict(m=[(1, 10**30)], kind="contiguous", groups=2), f"m: M = {10**30} is too large"),
+    (dict(m="1:600000000", kind="masked", groups=4), "m: total_rows = 2400000000 is too large"),
+])
+def test_warmup_bounds_m_by_what_the_kernels_address(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cupygemm.warmup([(4096, 7168)], num_sms=132, dry_run=True, **kwargs)
+
+
 def test_explicit_masked_shapes_plan_full_groups():
     """Explicit masked shapes are groups of M rows (expected_m = max_m = M): the plan is the one a call with those
     arrays gets, whose max_m caps the sizes the chooser plans for."""
