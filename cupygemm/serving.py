@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 from .config import (KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, M_CLASS_ROWS, GemmConfig, choose_config,
                      kind_id, m_class, model_rows)
-from .errors import CupygemmError
+from .errors import CupygemmCacheError, CupygemmError
 from .layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
 from .shapes import GROUPED_NK, NORMAL_NK
 from .util import round_up
@@ -270,7 +270,8 @@ def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[
     it: contiguous = total rows of A, masked = expected_m, with ``groups`` groups); ``shapes``: explicit MxNxK /
     GxMxNxK tuples. ``num_sms``: the target GPU's SM count (default: this GPU's). ``jobs``: worker processes
     (default: the CPU count). ``dry_run``: plan and count, build nothing. Returns a :class:`WarmupReport`;
-    raises CupygemmError when kernels fail to build or the disk cache is disabled.
+    raises CupygemmError when kernels fail to build, CupygemmCacheError when the disk cache is disabled or cannot be
+    written (checked before building: a warm-up exists to fill it).
     """
     from .jit import cache
 
@@ -296,8 +297,11 @@ def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[
         if not gpu_available():
             raise ValueError("num_sms: no GPU here; give the target GPU's SM count (132 for H100/H200 SXM)")
         num_sms = get_num_sms()
-    if not cache.cache_enabled() and not dry_run:
-        raise CupygemmError("warm-up fills the disk cache, but CUPYGEMM_DISABLE_CACHE is set")
+    if not dry_run:
+        if not cache.cache_enabled():
+            raise CupygemmCacheError("warm-up fills the disk cache, but CUPYGEMM_DISABLE_CACHE is set: nothing would "
+                                     "be kept")
+        cache.check_writable()
     if progress:
         # a search takes milliseconds: wide ranges plan for a while, which should not look like a hang
         _progress(f"[cupygemm] planning {sum(p.count for p in problems)} problems: {len(problems)} config searches")
@@ -307,15 +311,20 @@ def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[
                           jobs=max(1, jobs if jobs is not None else os.cpu_count() or 1),
                           keys=list(kernels), descriptions=[c.describe() for c in kernels.values()],
                           dry_run=dry_run)
-    missing = [c for key, c in kernels.items() if cache.load(key) is None]
+    missing = {key: c for key, c in kernels.items() if cache.load(key) is None}
     report.cached = report.kernels - len(missing)
     if progress:
         _progress(f"[cupygemm] planned {report.problems} problems -> {report.configs} configs -> {report.kernels} "
                   f"kernels ({report.cached} already cached)"
                   + ("" if dry_run or not missing else f"; building {len(missing)} with {min(report.jobs, len(missing))} processes"))
     if not dry_run and missing:
-        report.build_seconds = build_kernels(missing, report.jobs, progress, report.errors)
+        report.build_seconds = build_kernels(list(missing.values()), report.jobs, progress, report.errors)
         report.built = len(missing) - len(report.errors)
+        # store() falls back to memory (with a warning) where it cannot write, e.g. on a disk that filled up
+        unwritten = sum(not cache.entry_path(key).is_file() for key in missing) - len(report.errors)
+        if unwritten > 0:
+            raise CupygemmCacheError(f"warm-up: {unwritten} of the {report.built} kernels built could not be written "
+                                     f"to the cache in {cache.cache_dir()}")
     report.seconds = time.time() - t0
     if report.errors:
         raise CupygemmError(f"warm-up: {len(report.errors)} of {report.kernels} kernels failed to build:\n"

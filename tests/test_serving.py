@@ -211,6 +211,38 @@ def test_warmup_refuses_a_disabled_cache(monkeypatch):
         cupygemm.warmup([(4096, 7168)], "1", num_sms=132)
 
 
+def test_warmup_fails_when_it_cannot_write_the_cache(tmp_path):
+    """A warm-up exists to fill the disk cache: an unwritable one (here a regular file) fails it (rc 1) before
+    anything is built, instead of building into memory and reporting success."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    env = dict(os.environ, CUPYGEMM_CACHE_DIR=str(blocker))
+    res = subprocess.run([sys.executable, "-m", "cupygemm", "warmup", "--nk", "1024x1024", "--m", "64", "--num-sms",
+                          "132", "--jobs", "1", "--quiet"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    assert res.stderr.startswith(f"cupygemm warmup: cannot write the kernel cache in {blocker}")
+    assert "built" not in res.stdout
+    assert blocker.read_text() == ""
+    dry = subprocess.run([sys.executable, "-m", "cupygemm", "warmup", "--nk", "1024x1024", "--m", "64", "--num-sms",
+                          "132", "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert dry.returncode == 0, dry.stderr  # a dry run writes nothing
+    env = dict(os.environ, CUPYGEMM_DISABLE_CACHE="1")
+    off = subprocess.run([sys.executable, "-m", "cupygemm", "warmup", "--nk", "1024x1024", "--m", "64", "--num-sms",
+                          "132"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert off.returncode == 1 and "CUPYGEMM_DISABLE_CACHE" in off.stderr and "Traceback" not in off.stderr
+
+
+def test_warmup_fails_when_what_it_built_did_not_reach_the_disk(fresh_cache, monkeypatch):
+    """The cache was writable at the start, but the kernels were kept in memory only (as store() does when a write
+    fails, e.g. on a full disk): the warm-up says so instead of reporting them built."""
+    import cupygemm.kernels as K
+
+    monkeypatch.setattr(K, "compile_gemm", lambda cfg: None)  # built, never written
+    with pytest.raises(CupygemmCacheError, match=r"warm-up: \d+ of the \d+ kernels built could not be written"):
+        cupygemm.warmup([(7168, 2048)], "1:64", num_sms=132, jobs=1)
+
+
 # ---- portable cache ---------------------------------------------------------------------------------------------
 
 def _fill(n=3):
