@@ -16,6 +16,10 @@ SM90_MAX_SMEM_PER_BLOCK = 232448
 #: What a "cannot run here" message ends with: the GPU the kernels need.
 HOPPER_NEEDED = "cupygemm's kernels need an NVIDIA Hopper GPU (compute capability 9.0: H100, H200, H800, H20)"
 
+#: The most SMs an SM count may name. Hopper has at most 144 (a full GH100): anything past this is a typo, not a GPU,
+#: and would plan grids no device runs.
+MAX_NUM_SMS = 1024
+
 _lock = threading.Lock()
 _num_sms_override: int | None = None
 
@@ -106,12 +110,19 @@ def require_hopper_or_exit(program: str | None = None) -> DeviceInfo:
         raise SystemExit(2) from None
 
 
-def set_num_sms(num_sms: int) -> None:
-    """Limit the SMs the GEMM kernels use (e.g. to leave SMs for communication kernels)."""
+def check_num_sms(num_sms: object) -> int:
+    """``num_sms`` as an SM count: TypeError unless an int (not a bool), ValueError outside 1..MAX_NUM_SMS."""
     if isinstance(num_sms, bool) or not isinstance(num_sms, int):
         raise TypeError(f"num_sms: expected an int, got {type(num_sms).__name__}")
-    if num_sms < 1:
-        raise ValueError(f"num_sms: expected a positive SM count, got {num_sms}")
+    if not 1 <= num_sms <= MAX_NUM_SMS:
+        raise ValueError(f"num_sms: expected an SM count in 1..{MAX_NUM_SMS}, got {num_sms}")
+    return num_sms
+
+
+def set_num_sms(num_sms: int) -> None:
+    """Limit the SMs the GEMM kernels use (e.g. to leave SMs for communication kernels): at most the device's SMs
+    (without a GPU, at most MAX_NUM_SMS). TypeError/ValueError naming ``num_sms`` otherwise."""
+    check_num_sms(num_sms)
     if gpu_available():
         total = current_device().num_sms
         if num_sms > total:
