@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 
 from .config import (KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, M_CLASS_ROWS, GemmConfig, choose_config,
                      kind_id, m_class, model_rows)
+from .device import check_num_sms
 from .errors import CupygemmCacheError, CupygemmError
 from .layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
 from .shapes import GROUPED_NK, NORMAL_NK
@@ -291,12 +292,15 @@ def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[
     problems += problems_from_shapes(kname, shapes)
     if not problems:
         raise ValueError("warmup: nothing to plan: give nk/preset with m, or shapes")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs: expected a positive int, got {jobs!r}")
     if num_sms is None:
         from .device import get_num_sms, gpu_available
 
         if not gpu_available():
             raise ValueError("num_sms: no GPU here; give the target GPU's SM count (132 for H100/H200 SXM)")
         num_sms = get_num_sms()
+    check_num_sms(num_sms)
     if not dry_run:
         if not cache.cache_enabled():
             raise CupygemmCacheError("warm-up fills the disk cache, but CUPYGEMM_DISABLE_CACHE is set: nothing would "
@@ -308,7 +312,7 @@ def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[
     cfgs = plan(problems, num_sms)
     kernels = kernel_keys(cfgs)
     report = WarmupReport(problems=sum(p.count for p in problems), configs=len(set(cfgs)), kernels=len(kernels),
-                          jobs=max(1, jobs if jobs is not None else os.cpu_count() or 1),
+                          jobs=jobs or os.cpu_count() or 1,
                           keys=list(kernels), descriptions=[c.describe() for c in kernels.values()],
                           dry_run=dry_run)
     missing = {key: c for key, c in kernels.items() if cache.load(key) is None}

@@ -64,3 +64,32 @@ def test_every_variable_is_checked_before_a_command_runs():
 
     names = {v for k, v in vars(env).items() if k.isupper() and isinstance(v, str) and v.startswith("CUPYGEMM_")}
     assert set(env.SETTINGS) == names and set(BAD_VALUES) <= names
+
+
+@pytest.mark.parametrize("args,option", [
+    (["warmup", "--nk", "4096x7168", "--num-sms", "132", "--jobs", "0"], "--jobs"),
+    (["warmup", "--nk", "4096x7168", "--num-sms", "-3"], "--num-sms"),
+    (["warmup", "--nk", "4096x7168", "--num-sms", "1000000000000000000000000000000"], "--num-sms"),
+    (["warmup", "--nk", "4096x7168", "--num-sms", "132", "--groups", "0", "--kind", "masked", "--m", "1"],
+     "--groups"),
+    (["cache", "export", "x.tar.gz", "--num-sms", "0"], "--num-sms"),
+    (["cache", "import", "x.tar.gz", "--num-sms", "-1"], "--num-sms"),
+])
+def test_bad_counts_are_refused_while_parsing(args, option, capsys):
+    from cupygemm.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {option}: " in err, err
+    assert "choose_config" not in err
+
+
+@pytest.mark.parametrize("args", [["warmup", "--nk", "4096x7168", "--dry-run"], ["cache", "export", "k.tar.gz"]])
+def test_a_missing_num_sms_without_a_gpu_is_a_usage_error(args, tmp_path):
+    """One convention for the option that only a GPU can stand in for: argparse's, rc 2."""
+    res = _run(["-m", "cupygemm", *args], env=dict(NO_GPU, CUPYGEMM_CACHE_DIR=str(tmp_path)))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith("usage: ") and f"cupygemm {' '.join(args[:2] if args[0] == 'cache' else args[:1])}: " \
+        "error: --num-sms is required without a GPU" in res.stderr, res.stderr
+    assert not (tmp_path / "k.tar.gz").exists()

@@ -117,10 +117,17 @@ def test_explicit_masked_shapes_plan_full_groups():
     (dict(nk=[(4096, 7168)], groups=0, kind="masked", m="1:2"), "groups: expected a positive int"),
     (dict(), "nothing to plan"),
     (dict(shapes=[(4, 64, 4096, 7168)]), "normal shapes are MxNxK"),
+    (dict(nk=[(4096, 7168)], m="1", jobs=0), "jobs: expected a positive int, got 0"),
 ])
 def test_warmup_rejects_bad_requests(kwargs, match):
     with pytest.raises(ValueError, match=match):
         cupygemm.warmup(num_sms=132, dry_run=True, **kwargs)
+
+
+@pytest.mark.parametrize("num_sms", [-3, 0, 10**30])
+def test_warmup_names_its_own_num_sms(num_sms):
+    with pytest.raises(ValueError, match=f"^num_sms: expected an SM count in 1..[0-9]+, got {num_sms}$"):
+        cupygemm.warmup([(4096, 7168)], "1", num_sms=num_sms, dry_run=True)
 
 
 @pytest.mark.parametrize("kwargs,dims", [
