@@ -248,12 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
                                     "~/.cache/cupygemm. An archive's manifest records the cupygemm version, NVRTC "
                                     "version, architecture, SM count and CUDA-source hash; import refuses a mismatch.")
     csub = sp.add_subparsers(dest="cache_cmd", required=True)
-    for name, what in (("export", "write every cached kernel and a manifest to FILE (.tar.gz)"),
-                       ("import", "verify FILE's manifest and checksums, then add its kernels to the cache")):
+    for name, what, sms in (
+            ("export", "write every cached kernel and a manifest to FILE (.tar.gz)",
+             "the SM count the kernels were warmed for, recorded in the manifest (default: this GPU's; required "
+             "without a GPU)"),
+            ("import", "verify FILE's manifest and checksums, then add its kernels to the cache",
+             "check the archive's SM count against this one and refuse a mismatch (default: this GPU's; without a "
+             "GPU and without this option the SM count is not checked)")):
         cp = csub.add_parser(name, help=what, description=what)
         cp.add_argument("file", metavar="FILE")
-        cp.add_argument("--num-sms", type=_num_sms_arg, default=None,
-                        help="SM count of the target GPU (default: this GPU's; needed for export without a GPU)")
+        cp.add_argument("--num-sms", type=_num_sms_arg, default=None, help=sms)
         cp.set_defaults(func=_cmd_cache, usage_error=cp.error)
     from cupygemm.bench.chain import add_parser as add_chain_parser
     from cupygemm.bench.jax_scan import add_parser as add_jax_scan_parser

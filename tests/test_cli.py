@@ -93,3 +93,35 @@ def test_a_missing_num_sms_without_a_gpu_is_a_usage_error(args, tmp_path):
     assert res.stderr.startswith("usage: ") and f"cupygemm {' '.join(args[:2] if args[0] == 'cache' else args[:1])}: " \
         "error: --num-sms is required without a GPU" in res.stderr, res.stderr
     assert not (tmp_path / "k.tar.gz").exists()
+
+
+def _subparsers(parser, prefix=()):
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield prefix + (name,), sub
+                yield from _subparsers(sub, prefix + (name,))
+
+
+def test_help_texts_are_plain_text():
+    """Help comes from docstrings: shown without their reStructuredText markup."""
+    import re
+
+    from cupygemm.cli import build_parser
+
+    subs = dict(_subparsers(build_parser()))
+    assert {("overhead",), ("chain",), ("jax-scan",), ("cache", "import")} <= set(subs)
+    for name, sub in subs.items():
+        text = sub.format_help()
+        assert "``" not in text and not re.search(r":(func|mod|class|data):`", text), (name, text)
+
+
+def test_cache_import_help_says_what_num_sms_does_for_import():
+    from cupygemm.cli import build_parser
+
+    subs = dict(_subparsers(build_parser()))
+    imp, exp = subs[("cache", "import")].format_help(), subs[("cache", "export")].format_help()
+    assert "export" not in imp.split("--num-sms", 1)[1] and "check" in imp.split("--num-sms", 1)[1]
+    assert "required without a GPU" in " ".join(exp.split("--num-sms", 1)[1].split())
