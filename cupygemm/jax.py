@@ -67,7 +67,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
-import jax
+try:
+    import jax
+except ImportError as e:  # a bare "No module named" does not say that the CUDA build is the one needed
+    raise type(e)('cupygemm.jax needs JAX with CUDA: pip install "jax[cuda12]" (or "jax[cuda13]")', name=e.name) from e
 import jax.numpy as jnp
 import numpy as np
 from jax import lax

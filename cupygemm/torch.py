@@ -33,7 +33,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+try:
+    import torch
+except ImportError as e:  # a bare "No module named" does not say that the CUDA build is the one needed
+    raise type(e)("cupygemm.torch needs PyTorch with CUDA: pip install torch", name=e.name) from e
 
 from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
 from .gemm import same_framework, run

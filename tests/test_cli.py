@@ -125,3 +125,18 @@ def test_cache_import_help_says_what_num_sms_does_for_import():
     imp, exp = subs[("cache", "import")].format_help(), subs[("cache", "export")].format_help()
     assert "export" not in imp.split("--num-sms", 1)[1] and "check" in imp.split("--num-sms", 1)[1]
     assert "required without a GPU" in " ".join(exp.split("--num-sms", 1)[1].split())
+
+
+@pytest.mark.parametrize("module,framework,hint", [("cupygemm.jax", "jax", 'pip install "jax[cuda12]"'),
+                                                   ("cupygemm.torch", "torch", "pip install torch")])
+def test_framework_modules_say_how_to_install_the_framework(module, framework, hint):
+    """Run where the framework is missing (sys.modules[name] = None makes its import fail, installed or not)."""
+    code = (f"import sys; sys.modules[{framework!r}] = None\n"
+            f"try:\n    import {module}\n"
+            "except ImportError as e:\n"
+            "    print(type(e).__name__, '|', e, '|', type(e.__cause__).__name__, '|', e.__cause__)\n")
+    res = _run(["-c", code], env=dict(os.environ))
+    assert res.returncode == 0, res.stderr
+    kind, message, cause, cause_message = res.stdout.strip().split(" | ")
+    assert kind == cause == "ModuleNotFoundError" and hint in message and module in message, res.stdout
+    assert framework in cause_message
