@@ -118,6 +118,36 @@ def parse_nk(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _positive_int(text: str) -> int:
+    """A count option (--jobs, --groups); argparse names the option in its error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _num_sms_arg(text: str) -> int:
+    """--num-sms: refused here, naming the option, rather than deep inside the planner."""
+    from cupygemm.device import MAX_NUM_SMS, check_num_sms
+
+    try:
+        return check_num_sms(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an SM count in 1..{MAX_NUM_SMS}, got {text!r}") from None
+
+
+def _require_num_sms(args: argparse.Namespace) -> None:
+    """Without a GPU nothing stands in for --num-sms: a usage error (rc 2), as argparse gives for a missing required
+    option. Commands that use it must have set ``usage_error`` (their parser's error method)."""
+    from cupygemm.device import gpu_available
+
+    if args.num_sms is None and not gpu_available():
+        args.usage_error("--num-sms is required without a GPU (there is no device to ask; H100/H200 SXM have 132)")
+
+
 def _m_ranges_arg(text: str) -> list[tuple[int, int]]:
     from cupygemm.serving import parse_m_ranges
 
@@ -139,6 +169,7 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
     if not (args.shapes or nk or args.preset):
         print("cupygemm warmup: give SHAPES, or --nk / --preset (with --m)", file=sys.stderr)
         return 2
+    _require_num_sms(args)
     try:
         report = warmup(nk, ranges, kind=args.kind, groups=args.groups, shapes=args.shapes or (),
                         preset=args.preset, num_sms=args.num_sms, jobs=args.jobs, progress=not args.quiet,
@@ -162,6 +193,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     from cupygemm.errors import CupygemmError
     from cupygemm.jit import portable
 
+    if args.cache_cmd == "export":
+        _require_num_sms(args)
     try:
         if args.cache_cmd == "export":
             n = portable.export_cache(args.file, num_sms=args.num_sms)
@@ -197,29 +230,35 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--preset", choices=sorted(PRESET_NAMES), default=None,
                     help="a model's (N, K) pairs for --kind (deepseek-v3 = deepseek-r1: the seed shapes' pairs)")
     sp.add_argument("--m", action="append", type=_m_ranges_arg, metavar="LO:HI[,...]",
-                    help="inclusive M ranges for --nk/--preset (default 1:4096 for normal GEMMs); contiguous: total "
-                         "rows of A (the multiples of 128 in the range), masked: expected_m")
-    sp.add_argument("--groups", type=int, default=1, help="groups of grouped kinds with --nk/--preset (default 1)")
+                    help="inclusive M ranges for --nk/--preset, below 2^31 (default 1:4096 for normal GEMMs); "
+                         "contiguous: total rows of A (the multiples of 128 in the range), masked: expected_m")
+    sp.add_argument("--groups", type=_positive_int, default=1,
+                    help="groups of grouped kinds with --nk/--preset (default 1)")
     sp.add_argument("--arch", default="sm_90a", help="target architecture (only sm_90a)")
-    sp.add_argument("--num-sms", type=int, default=None, help="SM count of the target GPU (needed without a GPU)")
-    sp.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+    sp.add_argument("--num-sms", type=_num_sms_arg, default=None,
+                    help="SM count of the target GPU (required without a GPU)")
+    sp.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1,
                     help="parallel compile processes (default: the CPU count)")
     sp.add_argument("--dry-run", action="store_true", help="plan and count only; build nothing")
     sp.add_argument("--list", action="store_true", help="print one config per kernel")
     sp.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    sp.set_defaults(func=_cmd_warmup)
+    sp.set_defaults(func=_cmd_warmup, usage_error=sp.error)
     sp = sub.add_parser("cache", help="export or import the kernel cache as one file (e.g. to ship to GPU hosts)",
                         description="Cache directory: $CUPYGEMM_CACHE_DIR, else $XDG_CACHE_HOME/cupygemm, else "
                                     "~/.cache/cupygemm. An archive's manifest records the cupygemm version, NVRTC "
                                     "version, architecture, SM count and CUDA-source hash; import refuses a mismatch.")
     csub = sp.add_subparsers(dest="cache_cmd", required=True)
-    for name, what in (("export", "write every cached kernel and a manifest to FILE (.tar.gz)"),
-                       ("import", "verify FILE's manifest and checksums, then add its kernels to the cache")):
+    for name, what, sms in (
+            ("export", "write every cached kernel and a manifest to FILE (.tar.gz)",
+             "the SM count the kernels were warmed for, recorded in the manifest (default: this GPU's; required "
+             "without a GPU)"),
+            ("import", "verify FILE's manifest and checksums, then add its kernels to the cache",
+             "check the archive's SM count against this one and refuse a mismatch (default: this GPU's; without a "
+             "GPU and without this option the SM count is not checked)")):
         cp = csub.add_parser(name, help=what, description=what)
         cp.add_argument("file", metavar="FILE")
-        cp.add_argument("--num-sms", type=int, default=None,
-                        help="SM count of the target GPU (default: this GPU's; needed for export without a GPU)")
-        cp.set_defaults(func=_cmd_cache)
+        cp.add_argument("--num-sms", type=_num_sms_arg, default=None, help=sms)
+        cp.set_defaults(func=_cmd_cache, usage_error=cp.error)
     from cupygemm.bench.chain import add_parser as add_chain_parser
     from cupygemm.bench.jax_scan import add_parser as add_jax_scan_parser
     from cupygemm.bench.options import add_bench_parser
@@ -233,7 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from cupygemm import env
+
     args = build_parser().parse_args(argv)
+    bad = env.invalid_settings()
+    if bad:
+        print("\n".join(f"cupygemm: {line}" for line in bad), file=sys.stderr)
+        return 2
     return int(args.func(args) or 0)
 
 

@@ -10,7 +10,7 @@ Values are read on every call, not at import, so tests and long-running processe
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -144,3 +144,24 @@ def cupti_path() -> str | None:
 def cache_dir_override() -> str | None:
     """``CUPYGEMM_CACHE_DIR``, or None (then the XDG default applies, see cupygemm.jit.cache.cache_dir)."""
     return env_path(CACHE_DIR)
+
+
+#: Every variable and its parser: what :func:`invalid_settings` checks.
+SETTINGS: dict[str, Callable[[], object]] = {
+    CACHE_DIR: cache_dir_override, DISABLE_CACHE: cache_disabled, PRINT_CONFIGS: print_configs,
+    FFMA_INTERLEAVE: ffma_interleave_mode, CUPTI: cupti_path, B_EVICT_FIRST: b_evict_first_mode,
+    CHECK_INPUTS: check_inputs_enabled, PDL: pdl_enabled, L2_SIDES: l2_sides_mode,
+}
+
+
+def invalid_settings() -> list[str]:
+    """One message (variable, value, what is allowed) per variable set to a value its parser rejects. The CLI
+    checks them all before a command starts, so a typo is one line up front, not a traceback half way through a
+    command that happens to read it late (or never, until a GEMM runs)."""
+    bad = []
+    for read in SETTINGS.values():
+        try:
+            read()
+        except ValueError as e:
+            bad.append(str(e))
+    return bad

@@ -69,8 +69,8 @@ from typing import Any, Callable, NamedTuple
 
 try:
     import jax
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError('cupygemm.jax needs JAX with CUDA: pip install "jax[cuda12]" (or "jax[cuda13]")') from e
+except ImportError as e:  # a bare "No module named" does not say that the CUDA build is the one needed
+    raise type(e)('cupygemm.jax needs JAX with CUDA: pip install "jax[cuda12]" (or "jax[cuda13]")', name=e.name) from e
 import jax.numpy as jnp
 import numpy as np
 from jax import lax

@@ -250,16 +250,25 @@ def calc_diff(x: Any, y: Any) -> float:
     """DeepGEMM's error metric: ``1 - 2 * sum(x * y) / sum(x * x + y * y)`` in float64.
 
     Equals ``|x - y|^2 / (|x|^2 + |y|^2)``: 0 for identical inputs, 2 for ``y = -x``, invariant under scaling both.
-    Returns 0.0 when both are all zeros. Accepts NumPy (including ml_dtypes.bfloat16) or CuPy arrays of one shape.
+    Returns 0.0 when both are all zeros. Accepts NumPy (including ml_dtypes.bfloat16) or CuPy arrays of one shape;
+    TypeError for anything that is not numbers (None, strings, objects).
     """
-    x = _host(x, "x").astype(np.float64)
-    y = _host(y, "y").astype(np.float64)
+    x, y = _numbers(x, "x"), _numbers(y, "y")
     if x.shape != y.shape:
         raise ValueError(f"calc_diff: shapes differ: x {x.shape} vs y {y.shape}")
     denominator = float((x * x + y * y).sum())
     if denominator == 0.0:
         return 0.0
     return float(1.0 - 2.0 * float((x * y).sum()) / denominator)
+
+
+def _numbers(x: Any, name: str) -> np.ndarray:
+    """``x`` as float64; TypeError for anything else (None would become an object array whose cast is nan)."""
+    arr = _host(x, name)
+    if arr.dtype.kind not in "biuf" and arr.dtype.type.__module__ != "ml_dtypes":
+        raise TypeError(f"{name}: expected a NumPy or CuPy array of numbers, got {type(x).__name__}"
+                        + (f" of dtype {arr.dtype}" if x is not None else ""))
+    return arr.astype(np.float64)
 
 
 def bf16_to_float32(arr: Any) -> np.ndarray:

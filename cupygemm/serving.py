@@ -16,11 +16,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, GemmConfig, choose_config, kind_id, model_rows
-from .errors import CupygemmError
+from .config import (KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, M_CLASS_ROWS, GemmConfig, choose_config,
+                     kind_id, m_class, model_rows)
+from .device import check_num_sms
+from .errors import CupygemmCacheError, CupygemmError
 from .layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
 from .shapes import GROUPED_NK, NORMAL_NK
 from .util import round_up
+from .validate import check_k_n, check_limits
 
 #: (N, K) pairs per kind of model presets. DeepSeek-V3 and R1 share their GEMM shapes: the seed shapes.
 PRESETS: dict[str, dict[str, tuple[tuple[int, int], ...]]] = {
@@ -34,7 +37,8 @@ DEFAULT_M_RANGE = (1, 4096)
 @dataclass(frozen=True)
 class Problem:
     """One call the chooser is asked about: kind, rows (M, contiguous total rows, or masked expected_m), N, K, G;
-    masked: the groups' max_m where it is known (explicit shapes), which caps the sizes the chooser plans for."""
+    masked: the groups' max_m where it is known (explicit shapes), which caps the sizes the chooser plans for.
+    ``count``: the problems of an M range it stands for, the M of its memo class (which all get its config)."""
 
     kind: int
     m: int
@@ -42,6 +46,7 @@ class Problem:
     k: int
     groups: int = 1
     max_m: int | None = None
+    count: int = 1
 
 
 @dataclass
@@ -88,31 +93,61 @@ def parse_m_ranges(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def _m_values(kind: int, ranges: Sequence[tuple[int, int]]) -> list[int]:
-    """Every M of ``ranges``; for the contiguous layout the total rows, which are whole 128-row groups."""
-    ms: set[int] = set()
-    for lo, hi in ranges:
-        if kind == KIND_CONTIGUOUS:
-            first = round_up(lo, M_ALIGNMENT)
-            ms.update(range(first, hi + 1, M_ALIGNMENT))
+def _m_classes(kind: int, ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(an M, how many M of ``ranges`` share its memo class) per memo class that ``ranges`` reach. The chooser
+    answers alike for a whole class (:func:`~cupygemm.config.m_class`: 64 rows of M; masked: one expected_m), so
+    planning asks once per class and the M of a range are counted, not listed: any range plans in time linear in
+    its classes. Contiguous M are the total rows, whole 128-row groups: the multiples of 128."""
+    merged: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
         else:
-            ms.update(range(lo, hi + 1))
-    return sorted(ms)
+            merged.append([lo, hi])
+    step = M_ALIGNMENT if kind == KIND_CONTIGUOUS else 1
+    rows = 1 if kind == KIND_MASKED else M_CLASS_ROWS
+    out = []
+    for lo, hi in merged:
+        for c in range(m_class(kind, lo), m_class(kind, hi) + 1):
+            first, last = max(lo, (c - 1) * rows + 1), min(hi, c * rows)
+            count = last // step - (first - 1) // step  # multiples of step in [first, last]
+            if count:
+                out.append((last // step * step, count))
+    return out
 
 
 def problems_for(kind: int | str, nk: Iterable[tuple[int, int]], m_ranges: Sequence[tuple[int, int]],
                  groups: int = 1) -> list[Problem]:
-    """Every problem of ``nk`` x the M ranges. M is M (normal), the total rows of A (contiguous: the multiples of
-    128 in the range, groups being padded to 128) or expected_m (masked, with max_m >= expected_m)."""
+    """The problems of ``nk`` x the M ranges, one per memo class of M (its ``count``: the M it stands for). M is M
+    (normal), the total rows of A (contiguous: the multiples of 128 in the range, groups being padded to 128) or
+    expected_m (masked, with max_m >= expected_m); below 2^31, as the kernels need."""
     kid = kind_id(kind)
     if kid == KIND_NORMAL and groups != 1:
         raise ValueError(f"groups: normal GEMMs have 1 group, got {groups}")
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ValueError(f"groups: expected a positive int, got {groups!r}")
-    ms = _m_values(kid, m_ranges)
-    if not ms:
+    for lo, hi in m_ranges:
+        if not 1 <= lo <= hi:
+            raise ValueError(f"m: expected 1 <= LO <= HI, got {lo}:{hi}")
+        if kid == KIND_MASKED:
+            _check_dims("m", expected_m=hi, G=groups, total_rows=groups * hi)
+        else:
+            _check_dims("m", M=hi, G=groups)
+    classes = _m_classes(kid, m_ranges)
+    if not classes:
         raise ValueError(f"m: no M in {m_ranges} (contiguous total rows are multiples of {M_ALIGNMENT})")
-    return [Problem(kid, m, n, k, groups) for n, k in nk for m in ms]
+    return [Problem(kid, m, n, k, groups, count=count) for n, k in nk for m, count in classes]
+
+
+def _check_dims(what: str, **dims: int) -> None:
+    """The GEMMs' own shape rules (:mod:`cupygemm.validate`) for a planned problem: ValueError naming ``what`` (the
+    request) and the rule. ``dims``: name=size as the GEMM names them."""
+    try:
+        check_limits(**dims)
+        if "K" in dims:
+            check_k_n(dims["K"], dims["N"])
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
 
 
 def problems_from_shapes(kind: int | str, shapes: Iterable[Sequence[int]]) -> list[Problem]:
@@ -131,9 +166,17 @@ def problems_from_shapes(kind: int | str, shapes: Iterable[Sequence[int]]) -> li
             if len(s) != 4:
                 raise ValueError(f"shapes: grouped shapes are GxMxNxK (M = rows per group), got {text}")
             g, m, n, k = s
-            if kid == KIND_CONTIGUOUS:
-                m = g * round_up(m, M_ALIGNMENT)
-        out.append(Problem(kid, model_rows(kid, max(m, 1)), n, k, g, max(m, 1) if kid == KIND_MASKED else None))
+        if min(s) < 1:
+            raise ValueError(f"shapes {text}: every dimension must be positive (with M = 0 a GEMM returns at once: "
+                             "no kernel to build)")
+        if kid == KIND_NORMAL:
+            _check_dims(f"shapes {text}", M=m, N=n, K=k)
+        elif kid == KIND_CONTIGUOUS:
+            m = g * round_up(m, M_ALIGNMENT)  # A's rows: the groups, each padded to 128
+            _check_dims(f"shapes {text}", M=m, N=n, K=k, G=g)
+        else:
+            _check_dims(f"shapes {text}", max_m=m, N=n, K=k, G=g, total_rows=g * m)
+        out.append(Problem(kid, model_rows(kid, m), n, k, g, m if kid == KIND_MASKED else None))
     return out
 
 
@@ -213,6 +256,7 @@ def resolve_nk(preset: str | None, kind: str, nk: Iterable[tuple[int, int]] | No
     for n, k in pairs:
         if min(n, k) < 1:
             raise ValueError(f"nk: N and K must be positive, got {n}x{k}")
+        _check_dims(f"nk {n}x{k}", N=n, K=k)
     return list(dict.fromkeys(pairs))
 
 
@@ -227,7 +271,8 @@ def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[
     it: contiguous = total rows of A, masked = expected_m, with ``groups`` groups); ``shapes``: explicit MxNxK /
     GxMxNxK tuples. ``num_sms``: the target GPU's SM count (default: this GPU's). ``jobs``: worker processes
     (default: the CPU count). ``dry_run``: plan and count, build nothing. Returns a :class:`WarmupReport`;
-    raises CupygemmError when kernels fail to build or the disk cache is disabled.
+    raises CupygemmError when kernels fail to build, CupygemmCacheError when the disk cache is disabled or cannot be
+    written (checked before building: a warm-up exists to fill it).
     """
     from .jit import cache
 
@@ -247,29 +292,43 @@ def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[
     problems += problems_from_shapes(kname, shapes)
     if not problems:
         raise ValueError("warmup: nothing to plan: give nk/preset with m, or shapes")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs: expected a positive int, got {jobs!r}")
     if num_sms is None:
         from .device import get_num_sms, gpu_available
 
         if not gpu_available():
             raise ValueError("num_sms: no GPU here; give the target GPU's SM count (132 for H100/H200 SXM)")
         num_sms = get_num_sms()
-    if not cache.cache_enabled() and not dry_run:
-        raise CupygemmError("warm-up fills the disk cache, but CUPYGEMM_DISABLE_CACHE is set")
+    check_num_sms(num_sms)
+    if not dry_run:
+        if not cache.cache_enabled():
+            raise CupygemmCacheError("warm-up fills the disk cache, but CUPYGEMM_DISABLE_CACHE is set: nothing would "
+                                     "be kept")
+        cache.check_writable()
+    if progress:
+        # a search takes milliseconds: wide ranges plan for a while, which should not look like a hang
+        _progress(f"[cupygemm] planning {sum(p.count for p in problems)} problems: {len(problems)} config searches")
     cfgs = plan(problems, num_sms)
     kernels = kernel_keys(cfgs)
-    report = WarmupReport(problems=len(problems), configs=len(set(cfgs)), kernels=len(kernels),
-                          jobs=max(1, jobs if jobs is not None else os.cpu_count() or 1),
+    report = WarmupReport(problems=sum(p.count for p in problems), configs=len(set(cfgs)), kernels=len(kernels),
+                          jobs=jobs or os.cpu_count() or 1,
                           keys=list(kernels), descriptions=[c.describe() for c in kernels.values()],
                           dry_run=dry_run)
-    missing = [c for key, c in kernels.items() if cache.load(key) is None]
+    missing = {key: c for key, c in kernels.items() if cache.load(key) is None}
     report.cached = report.kernels - len(missing)
     if progress:
         _progress(f"[cupygemm] planned {report.problems} problems -> {report.configs} configs -> {report.kernels} "
                   f"kernels ({report.cached} already cached)"
                   + ("" if dry_run or not missing else f"; building {len(missing)} with {min(report.jobs, len(missing))} processes"))
     if not dry_run and missing:
-        report.build_seconds = build_kernels(missing, report.jobs, progress, report.errors)
+        report.build_seconds = build_kernels(list(missing.values()), report.jobs, progress, report.errors)
         report.built = len(missing) - len(report.errors)
+        # store() falls back to memory (with a warning) where it cannot write, e.g. on a disk that filled up
+        unwritten = sum(not cache.entry_path(key).is_file() for key in missing) - len(report.errors)
+        if unwritten > 0:
+            raise CupygemmCacheError(f"warm-up: {unwritten} of the {report.built} kernels built could not be written "
+                                     f"to the cache in {cache.cache_dir()}")
     report.seconds = time.time() - t0
     if report.errors:
         raise CupygemmError(f"warm-up: {len(report.errors)} of {report.kernels} kernels failed to build:\n"

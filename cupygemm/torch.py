@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 try:
     import torch
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("cupygemm.torch needs PyTorch: pip install torch (a CUDA build)") from e
+except ImportError as e:  # a bare "No module named" does not say that the CUDA build is the one needed
+    raise type(e)("cupygemm.torch needs PyTorch with CUDA: pip install torch", name=e.name) from e
 
 from . import frameworks
 from .gemm import run, same_framework

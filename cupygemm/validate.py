@@ -140,12 +140,14 @@ def out_operand(out: View | None, shape: tuple[int, ...], name: str = "out", dty
 
 
 def check_limits(**dims: int) -> None:
+    """ValueError naming the first of ``dims`` (name=size) that the kernels' 32-bit indexing cannot address."""
     for k, v in dims.items():
         if v >= _INT32_LIMIT:
             raise ValueError(f"{k} = {v} is too large: dimensions must be below 2^31")
 
 
 def check_k_n(k: int, n: int) -> None:
+    """ValueError unless K and N give the 16-byte aligned rows TMA needs."""
     if k % 16:
         raise ValueError(f"K must be a multiple of 16 (16-byte aligned FP8 rows for TMA), got K = {k}")
     if n % 8:

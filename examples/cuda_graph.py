@@ -1,9 +1,12 @@
 """Masked grouped GEMM captured once in a CuPy CUDA graph and replayed with new masked_m each step. Hopper GPU."""
-import cupy as cp
-import numpy as np
-
 import cupygemm
-from cupygemm.reference import calc_diff, grouped_masked_reference
+
+cupygemm.device.require_hopper_or_exit()  # one clear line, not CuPy's driver error, where there is no Hopper GPU
+
+import cupy as cp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from cupygemm.reference import calc_diff, grouped_masked_reference  # noqa: E402
 
 g, max_m, n, k = 4, 256, 2048, 2048
 # Everything runs on one non-blocking stream. Work queued on CuPy's default (legacy) stream is not ordered with a

@@ -1,8 +1,11 @@
 """CuPy quick start: quantize, multiply, check against a float64 reference. Run on a Hopper GPU."""
-import cupy as cp
-
 import cupygemm
-from cupygemm.reference import calc_diff, gemm_reference
+
+cupygemm.device.require_hopper_or_exit()  # one clear line, not CuPy's driver error, where there is no Hopper GPU
+
+import cupy as cp  # noqa: E402
+
+from cupygemm.reference import calc_diff, gemm_reference  # noqa: E402
 
 m, n, k = 4096, 2112, 7168
 x = cp.random.standard_normal((m, k), dtype=cp.float32)  # activations

@@ -6,7 +6,11 @@ Small per-layer GEMMs are host-bound without XLA command buffers; run with
 ``XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"`` to replay
 the whole scan as CUDA graphs.
 """
-import os
+import cupygemm
+
+cupygemm.device.require_hopper_or_exit()  # one clear line, not CuPy's driver error, where there is no Hopper GPU
+
+import os  # noqa: E402
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -14,7 +18,6 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import cupygemm  # noqa: E402
 import cupygemm.jax as cj  # noqa: E402
 
 layers, tokens, hidden, ffn = 4, 128, 2048, 4096

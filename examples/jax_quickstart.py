@@ -3,11 +3,13 @@
 Synchronization: cupygemm imports JAX buffers through DLPack, which waits for them to be ready; the result is
 handed back through DLPack on CuPy's stream, so use it as any JAX array.
 """
-import jax
-import jax.numpy as jnp
-import numpy as np
-
 import cupygemm
+
+cupygemm.device.require_hopper_or_exit()  # one clear line, not CuPy's driver error, where there is no Hopper GPU
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 m, n, k = 4096, 4096, 7168
 kx, kw = jax.random.split(jax.random.key(0))

@@ -1,9 +1,12 @@
 """MoE with a toy router: contiguous layout (prefill) and masked layout (decode). CuPy, Hopper GPU."""
-import cupy as cp
-import numpy as np
-
 import cupygemm
-from cupygemm.reference import calc_diff, grouped_contiguous_reference, grouped_masked_reference
+
+cupygemm.device.require_hopper_or_exit()  # one clear line, not CuPy's driver error, where there is no Hopper GPU
+
+import cupy as cp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from cupygemm.reference import calc_diff, grouped_contiguous_reference, grouped_masked_reference  # noqa: E402
 
 experts, tokens, n, k = 8, 3000, 2048, 1024
 rng = np.random.default_rng(0)

@@ -1,7 +1,9 @@
 """PyTorch users: torch tensors in (float8_e4m3fn), a torch bfloat16 tensor out, no copies. Hopper GPU."""
-import torch
-
 import cupygemm
+
+cupygemm.device.require_hopper_or_exit()  # one clear line, not CuPy's driver error, where there is no Hopper GPU
+
+import torch  # noqa: E402
 
 m, n, k = 4096, 7168, 2048
 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

@@ -151,3 +151,20 @@ def test_docs_name_only_result_files_that_exist():
     listed = {name for row in table.splitlines() if row.startswith("| `")
               for name in re.findall(r"`([^`]+)`", row.split("|")[1])}
     assert listed == present, (sorted(listed - present), sorted(present - listed))
+
+
+def test_readme_extras_paragraph_says_what_test_installs():
+    """Every package the test extras add is named in the README's extras paragraph, with its Python marker."""
+    readme = (REPO / "README.md").read_text()
+    start = readme.index("Extras: ")
+    paragraph = " ".join(readme[start:readme.index("\n\n", start)].split())
+    extras = dict(re.findall(r'^(\w+) = (\[.*\])$', _pyproject(), re.MULTILINE))
+    for name in ("test", "test13"):
+        for requirement in eval(extras[name]):
+            package = re.match(r"[\w-]+", requirement).group(0)
+            if package.startswith("nvidia-cuda-"):
+                package = package[len("nvidia-cuda-"):]
+            assert package.lower() in paragraph.lower(), (name, package)
+            marker = re.search(r"python_version\s*>=\s*'([\d.]+)'", requirement)
+            if marker:
+                assert f"Python >= {marker.group(1)}" in paragraph, (name, requirement)

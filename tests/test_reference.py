@@ -375,3 +375,16 @@ def test_bf16_to_float32():
     assert ref.bf16_to_float32(np.array([0x3F80], np.uint16))[0] == 1.0
     with pytest.raises(TypeError, match="bfloat16"):
         ref.bf16_to_float32(np.zeros(2, np.float32))
+
+
+@pytest.mark.parametrize("x,y,name", [(None, None, "x"), (np.ones(3), None, "y"), (["a", "b"], np.ones(2), "x"),
+                                      (np.ones(2), np.array([object(), object()]), "y")])
+def test_calc_diff_refuses_what_is_not_numbers(x, y, name):
+    """None would become an object array whose float64 cast is nan: a metric that silently passes no gate."""
+    with pytest.raises(TypeError, match=f"^{name}: expected"):
+        ref.calc_diff(x, y)
+
+
+def test_calc_diff_takes_bfloat16_and_ints():
+    bf = np.arange(4, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    assert ref.calc_diff(bf, np.arange(4)) == 0.0

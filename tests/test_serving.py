@@ -64,6 +64,39 @@ def test_warmup_preset_and_shapes(fresh_cache):
     assert serving.PRESETS["deepseek-r1"] == serving.PRESETS["deepseek-v3"]
 
 
+@pytest.mark.parametrize("kind,m,groups", [("normal", "1:20000,100:300,30000,20001:20100", 1),
+                                            ("contiguous", "1:20000,5000:30000", 2), ("masked", "1:100,90:110", 4)])
+def test_warmup_asks_the_chooser_once_per_memo_class(monkeypatch, kind, m, groups):
+    """Planning costs one search per memo class (config.m_class), not one per M, and the counts stay those of
+    every M in the ranges."""
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return C.choose_config(*args, **kwargs)
+
+    monkeypatch.setattr(serving, "choose_config", spy)
+    rep = cupygemm.warmup([(4096, 7168)], m, kind=kind, groups=groups, num_sms=132, dry_run=True)
+    kid = C.kind_id(kind)
+    ms = {v for r in serving.parse_m_ranges(m) for v in range(r[0], r[1] + 1)
+          if kid != C.KIND_CONTIGUOUS or v % 128 == 0}
+    assert rep.problems == len(ms)
+    assert len(calls) == len({C.m_class(kid, v) for v in ms})
+    cfgs = {C.choose_config(kid, v, 4096, 7168, groups, 132) for v in ms}
+    assert rep.configs == len(cfgs) and set(rep.keys) == set(serving.kernel_keys(cfgs))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(m="1:2147483648"), "m: M = 2147483648 is too large: dimensions must be below 2.31"),
+    (dict(m="100000000000"), "m: M = 100000000000 is too large"),
+    (dict(m=[(1, 10**30)], kind="contiguous", groups=2), f"m: M = {10**30} is too large"),
+    (dict(m="1:600000000", kind="masked", groups=4), "m: total_rows = 2400000000 is too large"),
+])
+def test_warmup_bounds_m_by_what_the_kernels_address(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cupygemm.warmup([(4096, 7168)], num_sms=132, dry_run=True, **kwargs)
+
+
 def test_explicit_masked_shapes_plan_full_groups():
     """Explicit masked shapes are groups of M rows (expected_m = max_m = M): the plan is the one a call with those
     arrays gets, whose max_m caps the sizes the chooser plans for."""
@@ -84,10 +117,56 @@ def test_explicit_masked_shapes_plan_full_groups():
     (dict(nk=[(4096, 7168)], groups=0, kind="masked", m="1:2"), "groups: expected a positive int"),
     (dict(), "nothing to plan"),
     (dict(shapes=[(4, 64, 4096, 7168)]), "normal shapes are MxNxK"),
+    (dict(nk=[(4096, 7168)], m="1", jobs=0), "jobs: expected a positive int, got 0"),
 ])
 def test_warmup_rejects_bad_requests(kwargs, match):
     with pytest.raises(ValueError, match=match):
         cupygemm.warmup(num_sms=132, dry_run=True, **kwargs)
+
+
+@pytest.mark.parametrize("num_sms", [-3, 0, 10**30])
+def test_warmup_names_its_own_num_sms(num_sms):
+    with pytest.raises(ValueError, match=f"^num_sms: expected an SM count in 1..[0-9]+, got {num_sms}$"):
+        cupygemm.warmup([(4096, 7168)], "1", num_sms=num_sms, dry_run=True)
+
+
+@pytest.mark.parametrize("kwargs,dims", [
+    (dict(nk=[(4096, 7167)], m="1:64"), dict(n=4096, k=7167)),
+    (dict(nk=[(4095, 7168)], m="1:64"), dict(n=4095, k=7168)),
+    (dict(shapes=[(64, 4095, 7168)]), dict(n=4095, k=7168)),
+    (dict(shapes=[(2, 64, 4096, 7160)], kind="masked"), dict(n=4096, k=7160)),
+])
+def test_warmup_applies_the_gemms_shape_rules(kwargs, dims):
+    """A kernel the GEMMs would refuse to run is not built: the same check (validate.py), naming the request."""
+    from cupygemm import validate
+
+    with pytest.raises(ValueError) as gemm:
+        validate.check_k_n(**dims)
+    with pytest.raises(ValueError) as warm:
+        cupygemm.warmup(num_sms=132, dry_run=True, **kwargs)
+    assert str(gemm.value) in str(warm.value)
+    assert str(warm.value).startswith("nk " if "nk" in kwargs else "shapes ")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(shapes=[(0, 4096, 7168)]), "shapes 0x4096x7168: .*positive"),
+    (dict(shapes=[(2, 0, 4096, 7168)], kind="masked"), "shapes 2x0x4096x7168: .*positive"),
+    (dict(shapes=[(99999999999999999999, 4096, 7168)]), "M = 99999999999999999999 is too large"),
+    (dict(shapes=[(2, 2**30, 4096, 7168)], kind="contiguous"), f"M = {2**31} is too large"),
+    (dict(shapes=[(4, 2**29, 4096, 7168)], kind="masked"), f"total_rows = {2**31} is too large"),
+])
+def test_warmup_refuses_shapes_no_gemm_can_have(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cupygemm.warmup(num_sms=132, dry_run=True, **kwargs)
+
+
+@pytest.mark.parametrize("args", [["--nk", "4096x7167"], ["64x4095x7168"], ["0x4096x7168"],
+                                  ["99999999999999999999x4096x7168"]])
+def test_warmup_cli_refuses_what_bench_refuses(args):
+    res = subprocess.run([sys.executable, "-m", "cupygemm", "warmup", *args, "--num-sms", "132", "--dry-run"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    assert res.stderr.startswith("cupygemm warmup: ") and res.stdout == ""
 
 
 def test_warmup_builds_only_what_is_missing(fresh_cache, monkeypatch):
@@ -137,6 +216,38 @@ def test_warmup_refuses_a_disabled_cache(monkeypatch):
     monkeypatch.setenv("CUPYGEMM_DISABLE_CACHE", "1")
     with pytest.raises(CupygemmError, match="CUPYGEMM_DISABLE_CACHE"):
         cupygemm.warmup([(4096, 7168)], "1", num_sms=132)
+
+
+def test_warmup_fails_when_it_cannot_write_the_cache(tmp_path):
+    """A warm-up exists to fill the disk cache: an unwritable one (here a regular file) fails it (rc 1) before
+    anything is built, instead of building into memory and reporting success."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    env = dict(os.environ, CUPYGEMM_CACHE_DIR=str(blocker))
+    res = subprocess.run([sys.executable, "-m", "cupygemm", "warmup", "--nk", "1024x1024", "--m", "64", "--num-sms",
+                          "132", "--jobs", "1", "--quiet"], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    assert res.stderr.startswith(f"cupygemm warmup: cannot write the kernel cache in {blocker}")
+    assert "built" not in res.stdout
+    assert blocker.read_text() == ""
+    dry = subprocess.run([sys.executable, "-m", "cupygemm", "warmup", "--nk", "1024x1024", "--m", "64", "--num-sms",
+                          "132", "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert dry.returncode == 0, dry.stderr  # a dry run writes nothing
+    env = dict(os.environ, CUPYGEMM_DISABLE_CACHE="1")
+    off = subprocess.run([sys.executable, "-m", "cupygemm", "warmup", "--nk", "1024x1024", "--m", "64", "--num-sms",
+                          "132"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert off.returncode == 1 and "CUPYGEMM_DISABLE_CACHE" in off.stderr and "Traceback" not in off.stderr
+
+
+def test_warmup_fails_when_what_it_built_did_not_reach_the_disk(fresh_cache, monkeypatch):
+    """The cache was writable at the start, but the kernels were kept in memory only (as store() does when a write
+    fails, e.g. on a full disk): the warm-up says so instead of reporting them built."""
+    import cupygemm.kernels as K
+
+    monkeypatch.setattr(K, "compile_gemm", lambda cfg: None)  # built, never written
+    with pytest.raises(CupygemmCacheError, match=r"warm-up: \d+ of the \d+ kernels built could not be written"):
+        cupygemm.warmup([(7168, 2048)], "1:64", num_sms=132, jobs=1)
 
 
 # ---- portable cache ---------------------------------------------------------------------------------------------
@@ -250,3 +361,24 @@ def test_cache_cli_round_trip_and_refusal(tmp_path):
                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and "imported 1 kernels" in ok.stdout, ok.stderr
     assert (tmp_path / "b" / "ab" / f"{'ab' * 32}.cubin").is_file()
+
+
+def test_import_of_a_truncated_archive_is_refused_cleanly(tmp_path):
+    """A download cut short: gzip's EOFError becomes the cache's own error (rc 1 from the CLI), and nothing is
+    written."""
+    env = dict(os.environ, CUPYGEMM_CACHE_DIR=str(tmp_path / "a"))
+    subprocess.run([sys.executable, "-c", "from cupygemm.jit import cache; cache.store('ab' * 32, __import__('os')"
+                    ".urandom(1 << 16))"], env=env, check=True, timeout=120)
+    archive, cut = tmp_path / "k.tar.gz", tmp_path / "cut.tar.gz"
+    subprocess.run([sys.executable, "-m", "cupygemm", "cache", "export", str(archive), "--num-sms", "132"], cwd=REPO,
+                   env=env, check=True, capture_output=True, timeout=120)
+    data = archive.read_bytes()
+    cut.write_bytes(data[:len(data) // 2])
+    with pytest.raises(CupygemmCacheError, match="truncated or damaged"):
+        portable.read_archive(cut)
+    env["CUPYGEMM_CACHE_DIR"] = str(tmp_path / "b")
+    res = subprocess.run([sys.executable, "-m", "cupygemm", "cache", "import", str(cut), "--num-sms", "132"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.startswith(f"cupygemm cache import: {cut}: truncated or damaged archive"), res.stderr
+    assert not (tmp_path / "b").exists()

@@ -169,3 +169,16 @@ def test_set_num_sms_validation():
         cupygemm.set_num_sms(1.5)
     with pytest.raises(ValueError):
         cupygemm.set_num_sms(0)
+
+
+@pytest.mark.parametrize("value,error", [(10**30, ValueError), (2**31, ValueError), (-3, ValueError),
+                                         (True, TypeError), ("132", TypeError), (132.0, TypeError)])
+def test_set_num_sms_refuses_what_no_gpu_has(value, error):
+    """Without a GPU there is no device count to check against, but no GPU has 10^30 SMs either."""
+    try:
+        with pytest.raises(error, match="num_sms"):
+            cupygemm.set_num_sms(value)
+        cupygemm.set_num_sms(8)  # a real count still works, GPU or not
+        assert cupygemm.device.num_sms_override() == 8
+    finally:
+        cupygemm.reset_num_sms()

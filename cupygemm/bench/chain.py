@@ -18,8 +18,10 @@ import statistics
 import sys
 from typing import Any
 
+from ..device import require_hopper_or_exit
 from ..env import PDL
 from .overhead import environment, shape_arg
+from .options import help_text
 from .timing import capture_graph, stream_event_us
 
 DECODE_CHAIN = ((64, 2112, 7168), (64, 24576, 1536), (64, 32768, 512), (64, 7168, 16384))
@@ -68,6 +70,8 @@ def measure(shapes: list[tuple[int, int, int]], chains: int, rounds: int, pdl: b
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
+    require_hopper_or_exit("cupygemm chain")
+
     shapes = [tuple(s) for s in args.shapes] if args.shapes else list(DECODE_CHAIN)
     rows = [measure(shapes, args.chains, args.rounds, pdl) for pdl in (False, True)]
     same = all(np.array_equal(x, y) for x, y in zip(rows[0].pop("_outs"), rows[1].pop("_outs")))
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     sp = sub.add_parser("chain", help="a decode sequence of GEMMs back to back, with and without programmatic "
-                        "dependent launch, eager and in a CUDA graph", description=__doc__,
+                        "dependent launch, eager and in a CUDA graph", description=help_text(__doc__),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("shapes", nargs="*", type=shape_arg,
                     help="MxNxK in chain order (default: DeepSeek-V3 decode at M=64)")

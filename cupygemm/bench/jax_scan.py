@@ -42,6 +42,8 @@ import sys
 import time
 from typing import Any
 
+from ..device import require_hopper_or_exit
+from .options import help_text
 from .timing import capture_graph, open_cupti_timer, stream_event_us
 
 CB_FLAGS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
@@ -255,7 +257,8 @@ def _cell(us: float | None) -> str:
 
 def add_parser(sub: Any) -> None:
     sp = sub.add_parser("jax-scan", help="cupygemm.jax inside jax.jit: a lax.scan of decode GEMMs, with and "
-                        "without XLA command buffers, against jnp.dot and JAX's FP8 dot", description=__doc__,
+                        "without XLA command buffers, against jnp.dot and JAX's FP8 dot",
+                        description=help_text(__doc__),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     _options(sp)
     sp.set_defaults(func=run)
@@ -269,7 +272,7 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The child processes' entry (``python -m cupygemm.bench.jax_scan --child``): one XLA flag set each."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=help_text(__doc__.split("\n")[0]))
     _options(p)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--with-cupy", action="store_true", help=argparse.SUPPRESS)
@@ -282,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_hopper_or_exit("cupygemm jax-scan")  # here: each child would otherwise print CuPy's traceback
     runs = {}
     # (A fully unrolled scan was tried too: XLA merges identical steps of the baselines, and stacking the results
     # to keep every step alive moves their addresses on every run, so it re-records all steps: benchmarks/NOTES.md.)

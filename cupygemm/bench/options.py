@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Any
 
 DEFAULT_ITERS = 30
@@ -14,6 +15,12 @@ def run_bench(args: argparse.Namespace) -> int:
     from .run import run_bench as run
 
     return run(args)
+
+
+def help_text(doc: str) -> str:
+    """A module docstring as a command's --help text: reStructuredText's inline literals and roles shown as the plain
+    text they mark."""
+    return re.sub(r"(?::\w+:)?``?~?([^`]+?)``?", r"\1", doc)
 
 
 def _int_at_least(lowest: int, what: str):

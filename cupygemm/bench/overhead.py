@@ -17,6 +17,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..device import require_hopper_or_exit
+from .options import help_text
 from .timing import capture_graph
 
 DECODE_SHAPES = ((64, 2112, 7168), (128, 7168, 2048), (64, 7168, 2048), (128, 2112, 7168))
@@ -221,7 +223,7 @@ def environment() -> dict[str, Any]:
 
 def add_parser(sub: Any) -> None:
     sp = sub.add_parser("overhead", help="host time per GEMM call (CuPy, torch, JAX callers; torch and DeepGEMM "
-                        "peers) and per call inside a CUDA graph", description=__doc__,
+                        "peers) and per call inside a CUDA graph", description=help_text(__doc__),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("shapes", nargs="*", type=shape_arg, help="MxNxK (default: four decode shapes)")
     sp.add_argument("--calls", type=int, default=300, help="calls per timed loop (default 300)")
@@ -241,6 +243,7 @@ def shape_arg(text: str) -> tuple[int, int, int]:
 
 
 def main(args: argparse.Namespace) -> int:
+    require_hopper_or_exit("cupygemm overhead")
     shapes = [tuple(s) for s in args.shapes] if args.shapes else list(DECODE_SHAPES)
     rows = run(shapes, args.calls, args.rounds)
     if args.markdown:

@@ -8,8 +8,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from ..device import get_num_sms, gpu_available, require_hopper
-from ..errors import CupygemmDeviceError
+from ..device import get_num_sms, require_hopper_or_exit
 from ..serving import build_kernels, kernel_keys
 from .cases import (BenchUsageError, Shape, Sizes, parse_kinds, parse_shape_texts, select_shapes, shape_config,
                     shape_sizes)
@@ -152,7 +151,8 @@ def _print_header(meta: dict[str, Any], peers: dict[str, Any], notes: Sequence[s
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """The ``cupygemm bench`` command; returns the exit code (0 ok, 1 a cupygemm result failed, 2 usage/setup)."""
+    """The ``cupygemm bench`` command; returns the exit code (0 ok, 1 a cupygemm result failed, 2 usage/setup;
+    without a usable Hopper GPU it exits with 2, see :func:`~cupygemm.device.require_hopper_or_exit`)."""
     try:
         shapes = select_shapes(parse_kinds(args.kinds), parse_shape_texts(args.shapes))
         peer_names, peers_required = parse_peers(args.peers)
@@ -167,19 +167,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.plot and not plot_available():
         print(f"cupygemm bench: {MATPLOTLIB_HINT}", file=sys.stderr)
         return 2
-    try:
-        __import__("cupy")
-    except ImportError:
-        print("cupygemm bench: CuPy is not installed: pip install 'cupygemm[cuda12]' (or '[cuda13]')", file=sys.stderr)
-        return 2
-    if not gpu_available():
-        print("cupygemm bench: no CUDA GPU visible", file=sys.stderr)
-        return 2
-    try:
-        info = require_hopper()
-    except CupygemmDeviceError as e:
-        print(f"cupygemm bench: {e}", file=sys.stderr)
-        return 2
+    info = require_hopper_or_exit("cupygemm bench")
     peers, notes = load_peers(peer_names, args.deepergemm_sideaware)
     if peers_required and len(peers) < len(peer_names):
         print("cupygemm bench: a requested peer cannot run:\n  " + "\n  ".join(notes), file=sys.stderr)

@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 from ..env import cache_dir_override, cache_disabled
+from ..errors import CupygemmCacheError
 
 _MAGIC = b"CUPYGEMM-CUBIN-1\n"
 _lock = threading.Lock()
@@ -110,6 +111,20 @@ def store(key: str, cubin: bytes) -> None:
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+
+def check_writable() -> None:
+    """CupygemmCacheError naming the directory when the disk cache cannot take a new entry. For callers whose point
+    is the disk cache (warm-up): store() itself falls back to memory, which would leave them with nothing."""
+    root = cache_dir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise CupygemmCacheError(f"cannot write the kernel cache in {root} ({e}); set CUPYGEMM_CACHE_DIR to a "
+                                 "writable directory") from None
 
 
 def clear_memory() -> None:

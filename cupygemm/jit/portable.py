@@ -17,6 +17,7 @@ import os
 import re
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,7 +115,16 @@ class ImportResult:
 
 def read_archive(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
     """(manifest, {key: cubin}) of an archive, every member checked against the manifest; CupygemmCacheError if
-    the archive is damaged or was altered."""
+    the archive is damaged (also cut short) or was altered."""
+    try:
+        return _read_archive(path)
+    except (EOFError, zlib.error, tarfile.TarError, OSError) as e:
+        # gzip and tarfile meet a cut-short download only as they read on: while listing or reading members
+        raise CupygemmCacheError(f"{path}: truncated or damaged archive ({type(e).__name__}: {e}); copy it "
+                                 "again") from None
+
+
+def _read_archive(path: str | os.PathLike) -> tuple[dict, dict[str, bytes]]:
     try:
         tar = tarfile.open(path, mode="r:gz")
     except (tarfile.TarError, OSError) as e:
