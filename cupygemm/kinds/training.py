@@ -25,13 +25,15 @@ K_ALIGN = 16
 def _row_scales(sf: View, rows: int, kb: int, name: str) -> tuple[View, bool, int, tuple[int, int, int] | None]:
     """1x128 scales of ``rows`` rows as the 1D1D kernel reads them: [kb][rows_pad] (M- or N-major, TMA-aligned).
 
-    Takes DeepGEMM's two forms: [kb, rows], the transposed stack (read as such first, as DeepGEMM does, also when
-    rows == kb; used in place when contiguous with rows % 4 == 0), or [rows, kb] in any layout (row-major from the
-    casts: copied per call; already rows-major and aligned, as ``get_col_major_tma_aligned_tensor`` makes it: used
-    in place). Returns the [rows, kb] View, whether it is used in place, the padded stride and the copy strides."""
+    Takes DeepGEMM's two forms: [rows, kb] in any layout (row-major from the casts: copied per call; already
+    rows-major and aligned, as ``get_col_major_tma_aligned_tensor`` makes it: used in place), or [kb, rows], the
+    transposed stack (used in place when contiguous with rows % 4 == 0). A square array (rows == kb) is read as
+    [rows, kb]: the casts' row-major scales are the common case (DeepGEMM 03d0be3 reads it as the stack, which
+    misreads the casts' scales). Returns the [rows, kb] View, whether it is used in place, the padded stride and the
+    copy strides."""
     if sf.dtype != F32:
         raise TypeError(f"{name}: expected float32 scales, got {sf.dtype}")
-    if sf.ndim == 2 and tuple(sf.shape) == (kb, rows):
+    if sf.ndim == 2 and tuple(sf.shape) == (kb, rows) and rows != kb:
         sf = View(sf.ptr, (rows, kb), (sf.strides[1], sf.strides[0]), sf.dtype, sf.device, sf.obj)
     validate.f32(sf, name, (rows, kb))
     pad = get_tma_aligned_size(rows, 4)
