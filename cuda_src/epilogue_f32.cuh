@@ -26,9 +26,14 @@ template <uint32_t kSwizzleBytes> __device__ __forceinline__ uint32_t f32_slab_o
 template <class T> struct EpilogueF32 {
   const TmaDescriptor& tmap_d;  // D [G][M][ld_d] float32 as (N, M, G), boxes of kSlabCols x 64 x 1
   const MathThread& th;
+  uint32_t shape_m;
 
   __device__ __forceinline__ void store(const float (&out)[T::kAcc], const WgradTile& tile) const {
-    const int row0 = static_cast<int>(tile.m_block * T::BLOCK_M + th.wg_row0);
+    const uint32_t first_row = tile.m_block * T::BLOCK_M + th.wg_row0;
+    // A warpgroup's rows wholly past M (M < 128, or the second tile of a multicast pair over an odd block count)
+    // or a tile wholly past N: nothing to add, and no TMA box wholly outside the tensor.
+    if (first_row >= (T::kKGrouped ? T::SHAPE_M : shape_m) || tile.n_block * T::BLOCK_N >= T::SHAPE_N) return;
+    const int row0 = static_cast<int>(first_row);
     const int n0 = static_cast<int>(tile.n_block * T::BLOCK_N);
     const int group = static_cast<int>(tile.group);
     const uint32_t staging = smem_u32(th.smem_d);

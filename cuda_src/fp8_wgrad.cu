@@ -60,7 +60,7 @@ __device__ __forceinline__ void fp8_wgrad(const TmaDescriptor& tmap_a, const Tma
   if constexpr (T::kNumMathWG > 1) regs_alloc<T::kMathRegs>();
   WgradScheduler<T, true> scheduler(shape_m, ws);
   const MathThread th = make_wgrad_thread<T>(warpgroup, smem);
-  const EpilogueF32<T> epilogue{tmap_d, th};
+  const EpilogueF32<T> epilogue{tmap_d, th, shape_m};
   Mainloop1D1D<T> mainloop(smem, th);
   typename Mainloop1D1D<T>::Acc wgmma_acc;  // one wgmma batch's result, promoted into sums
   typename Mainloop1D1D<T>::Sums sums;

@@ -25,7 +25,9 @@ struct PrepCounts {
   uint32_t active;   // groups computed
   uint32_t invalid;  // groups skipped for bad sizes
 
-  __device__ __forceinline__ void add(const PrepCounts& o) { k += o.k, kb += o.kb, active += o.active, invalid += o.invalid; }
+  __device__ __forceinline__ void add(const PrepCounts& o) {
+    k += o.k, kb += o.kb, active += o.active, invalid += o.invalid;
+  }
 };
 
 __device__ __forceinline__ PrepCounts shfl_up_counts(const PrepCounts& v, uint32_t d) {

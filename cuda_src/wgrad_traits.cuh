@@ -85,6 +85,8 @@ struct WgradTraits {
   // costs BLOCK_N / 2 registers: up to 128 columns with one math warpgroup (255 registers), 96 with two (232).
   static_assert(!kTwoAccSets || BLOCK_N <= (kNumMathWG == 1 ? 128u : 96u),
                 "two accumulator sets: at most 128 columns on one math warpgroup, 96 on two");
+  // Block j + 1's stage must fill while block j's is still held.
+  static_assert(!kTwoAccSets || kNumStages >= 2, "two accumulator sets: at least two stages");
 };
 
 // Where the parts of dynamic shared memory start: the FP32 output staging slabs, the pipeline's A, B, A-scale and

@@ -196,9 +196,12 @@ class WgradConfig:
         if self.multicast not in (0, 1, 2):
             raise ValueError(f"multicast: 0, 1 (share A) or 2 (share B), got {self.multicast}")
         if self.swizzle not in (32, 64, 128) or (self.block_n * 4) % self.swizzle:
-            raise ValueError(f"swizzle: 32, 64 or 128 bytes dividing block_n * 4 = {self.block_n * 4}, got {self.swizzle}")
+            raise ValueError(f"swizzle: 32, 64 or 128 bytes dividing block_n * 4 = {self.block_n * 4}, "
+                             f"got {self.swizzle}")
         if not 0 <= self.staged_slabs <= self.num_slabs:
             raise ValueError(f"staged_slabs: 0 (all) to {self.num_slabs}, got {self.staged_slabs}")
+        if self.two_acc_sets and self.num_stages < 2:
+            raise ValueError("two accumulator sets need at least two stages")
         if self.raster < 1:
             raise ValueError(f"raster must be positive, got {self.raster}")
         if self.num_sms < self.cluster_size or self.num_sms % self.cluster_size:
@@ -206,7 +209,8 @@ class WgradConfig:
                              f"{self.cluster_size}")
         if self.num_stages < 1 or self.smem_bytes + STATIC_SMEM > SMEM_LIMIT:
             raise ValueError(f"{self.block_m}x{self.block_n} with {self.num_stages} stages and {self.staged}-slab "
-                             f"staging needs {self.smem_bytes + STATIC_SMEM} B of shared memory, more than {SMEM_LIMIT}")
+                             f"staging needs {self.smem_bytes + STATIC_SMEM} B of shared memory, more than "
+                             f"{SMEM_LIMIT}")
 
     @property
     def num_math_wg(self) -> int:
@@ -374,14 +378,16 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
 
     A first heuristic, to be replaced by a measured cost model: tile candidates 128 x {64 ... 144} (two math
     warpgroups) and 64 x {64 ... 160} (one, with two accumulator sets up to 128 wide), multicast of the operand whose
-    partner dimension has at least two blocks (dense); each candidate's time is the rounds of tiles over the SMs
-    times a tile's cycles (max of the wgmma and L2-load rates per K block plus a fixed cost, and an epilogue), the fastest wins (ties:
-    fewer, larger tiles). Stages: as many as fit, up to 8, with the whole tile staged when 4 or more stages remain.
+    partner dimension has an even number of blocks (dense); each candidate's time is the rounds of tiles over the SMs
+    times a tile's cycles (max of the wgmma and L2-load rates per K block plus a fixed cost, and an epilogue); the
+    fastest wins (ties: fewer, larger tiles). Stages: as many as fit, up to 8, with the whole tile staged when 4 or
+    more stages remain.
     """
     if kind not in KIND_IDS:
         raise ValueError(f"kind: expected one of {list(KIND_IDS)}, got {kind!r}")
     if min(m, n, k_or_expected, num_groups, num_sms) <= 0:
-        raise ValueError(f"m, n, k, num_groups and num_sms must be positive, got {(m, n, k_or_expected, num_groups, num_sms)}")
+        raise ValueError(f"m, n, k, num_groups and num_sms must be positive, got "
+                         f"{(m, n, k_or_expected, num_groups, num_sms)}")
     num_kb = ceil_div(k_or_expected, BLOCK_K)
     groups = num_groups if kind == KIND_K_GROUPED else 1
     best = None
@@ -391,10 +397,12 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
             two = wg == 1 and block_n <= MAX_BLOCK_N[(1, True)]
             m_blocks, n_blocks = ceil_div(m, block_m), ceil_div(n, block_n)
             options = [0]
+            # Pairs over an even block count only: the kernel runs a pair's second tile past the last block
+            # correctly (zero-filled loads, no writes), but that is work for nothing.
             if kind == KIND_WGRAD and num_sms >= 2:
-                if n_blocks >= 2:
+                if n_blocks >= 2 and n_blocks % 2 == 0:
                     options.append(1)
-                if m_blocks >= 2:
+                if m_blocks >= 2 and m_blocks % 2 == 0:
                     options.append(2)
             for mc in options:
                 sms = num_sms - num_sms % 2 if mc else num_sms
