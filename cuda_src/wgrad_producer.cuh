@@ -41,8 +41,15 @@ template <class T> struct WgradProducer {
           tensormap_acquire(map_b);
         }
       }
-      const int m0 = static_cast<int>(tile.m_block * T::BLOCK_M);
-      const int n0 = static_cast<int>(tile.n_block * T::BLOCK_N);
+      // A multicast pair over an odd block count runs a second tile past the last block (wgrad_traits.cuh). Its own
+      // operand (B with A multicast, A with B multicast) loads from the last block instead, so that no TMA box lies
+      // wholly outside its tensor; the tile's sums are never stored (epilogue_f32.cuh), and its half of the shared
+      // operand is the peer's real data.
+      uint32_t m_block = tile.m_block, n_block = tile.n_block;
+      if constexpr (T::kMulticast == 1) n_block = cmin(n_block, T::kNumNBlocks - 1);
+      if constexpr (T::kMulticast == 2) m_block = cmin(m_block, ceil_div(shape_m, T::BLOCK_M) - 1);
+      const int m0 = static_cast<int>(m_block * T::BLOCK_M);
+      const int n0 = static_cast<int>(n_block * T::BLOCK_N);
       // Multicast: this CTA's half of the shared operand, into the same offset of both CTAs.
       const uint32_t a_half = T::kMulticast == 1 ? scheduler.rank : 0u;
       const uint32_t b_half = T::kMulticast == 2 ? scheduler.rank : 0u;

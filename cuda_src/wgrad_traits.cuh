@@ -48,7 +48,8 @@ struct WgradTraits {
   // ---- operand loads ----
   // Multicast (dense only): 1 = 2-CTA clusters on neighbouring n blocks, each CTA loads half of the A tile into
   // both; 2 = on neighbouring m blocks, sharing B halves. A pair whose second block lies past the last one still
-  // runs it: its loads are zero-filled and its TMA reductions write nothing, so odd block counts stay correct.
+  // runs it (the peer needs its half of the shared operand), loading its own operand from the last block and
+  // storing nothing, so odd block counts stay correct (the host pairs even counts only: the extra tile is waste).
   static_assert(kMulticast >= 0 && kMulticast <= 2 && (kMulticast == 0 || !kKGrouped), "multicast: dense only");
   static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
   static constexpr uint32_t A_BOX_M = kMulticast == 1 ? BLOCK_M / 2 : BLOCK_M;

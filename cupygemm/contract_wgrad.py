@@ -398,7 +398,7 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
             m_blocks, n_blocks = ceil_div(m, block_m), ceil_div(n, block_n)
             options = [0]
             # Pairs over an even block count only: the kernel runs a pair's second tile past the last block
-            # correctly (zero-filled loads, no writes), but that is work for nothing.
+            # correctly (loads from the last block, no writes), but that is work for nothing.
             if kind == KIND_WGRAD and num_sms >= 2:
                 if n_blocks >= 2 and n_blocks % 2 == 0:
                     options.append(1)

@@ -3,8 +3,9 @@ D += A . B^T with 1x128 scales on both operands, FP32 D accumulated in place, ag
 
 Every result is checked twice: against the float64 product of the dequantized operands (each element within the
 tensor cores' FP8 accumulation allowance, FP8_ACCUM_EPS of the sum of |products| and |D|, and the product part's
-relative Frobenius error below 1e-4), and, where the inputs came from unquantized BF16 data, DeepGEMM's calc_diff
-against the float64 product of that data (< 1e-3). Configs other than the chooser's run on a few SMs, so each CTA
+relative Frobenius error below REL_LIMIT), and, where the inputs came from unquantized BF16 data, DeepGEMM's
+calc_diff against the float64 product of that data (< 1e-3). The relative errors are printed (pytest -s): with FP32
+output they show the tensor cores' accumulation error alone (expected 1e-5 to a few 1e-4). Configs other than the chooser's run on a few SMs, so each CTA
 computes several tiles (the persistent loop, the stage ring's phases and the staging buffer's reuse)."""
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ from cupygemm.wgrad_launch import (k_grouped_wgrad_fp8_fp8_fp32_nt, wgrad_fp8_fp
 from gpu_helpers import FP8_ACCUM_EPS, bf16_to_f64, calc_diff, dequant_rows, randn_bf16, rel_fro  # noqa: E402
 
 PAD = 12345.0  # D padding (ld_d > N, gaps between groups): must stay untouched
+# The product part's relative Frobenius error against the dequantized float64 product. Hopper's FP8 wgmma keeps about
+# 14 bits while it accumulates a K block (the BF16 forward GEMM differs from the rounded reference by one ulp in ~10 %
+# of elements: a few 1e-4 relative), so a correct kernel stays well below 1e-3, while a wrong scale, row or K block
+# costs 1e-2 or more.
+REL_LIMIT = 1e-3
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -84,11 +90,14 @@ def check(got, c, da, db, x=None, y=None):
     tol = FP8_ACCUM_EPS * mag + 2.0**-20 * cp.abs(want) + 1e-30
     beyond = int((err > tol).sum())
     rel = rel_fro(got64 - c64, prod) if float(cp.linalg.norm(prod)) else float(cp.abs(got64 - c64).max())
-    assert beyond == 0 and rel < 1e-4, (beyond, rel, float(err.max()))
+    diff = None
     if x is not None and x.shape[1]:
         ref = c64 + bf16_to_f64(x) @ bf16_to_f64(y).T
         diff = calc_diff(got64, ref)
-        assert diff < 1e-3, diff
+    print(f"  {tuple(got.shape)}: rel_fro {rel:.2e}, max err / allowance {float((err / tol).max()):.3f}, "
+          f"calc_diff {diff if diff is None else f'{diff:.2e}'}")
+    assert beyond == 0 and rel < REL_LIMIT, (beyond, rel, float(err.max()))
+    assert diff is None or diff < 1e-3, diff
     return rel
 
 
@@ -117,7 +126,7 @@ def test_dense_strided_out():
 
 
 DENSE_VARIANTS = {
-    # Multicast pairs over an odd block count: the last pair's second tile lies past N (M), loads zeros, writes nothing.
+    # Multicast pairs over an odd block count: the last pair's second tile lies past N (M), writes nothing.
     "128x128-mcA-odd-n": dict(bm=128, bn=128, multicast=1, num_sms=8, n=600),  # 5 n blocks
     "128x128-mcB-odd-m": dict(bm=128, bn=128, multicast=2, num_sms=8, m=850),  # 7 m blocks
     "128x144-2stages": dict(bm=128, bn=144, num_stages=2, num_sms=6),
