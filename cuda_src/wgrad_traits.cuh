@@ -79,8 +79,9 @@ struct WgradTraits {
 
   // ---- the K loop ----
   // Dense tiles run the K loop over compile-time bounds, unrolled so that the next block's barrier wait and
-  // operand setup overlap this block's promotion; k-grouped tiles over their group's K blocks at run time.
-  static constexpr uint32_t kKLoopUnroll = kKGrouped ? 1 : 4;
+  // operand setup overlap this block's promotion; k-grouped tiles over their group's K blocks at run time, unrolled
+  // twice (with a remainder): no spills up to the widest tiles.
+  static constexpr uint32_t kKLoopUnroll = kKGrouped ? 2 : 4;
   // Two accumulator sets: block j + 1's wgmmas run while block j is promoted. A one-warpgroup tile needs it to keep
   // the tensor cores busy; with two warpgroups the other warpgroup's wgmmas fill the promotion. The second set
   // costs BLOCK_N / 2 registers: up to 128 columns with one math warpgroup (255 registers), 96 with two (232).
