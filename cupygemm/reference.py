@@ -40,6 +40,8 @@ __all__ = [
     "gemm_reference",
     "grouped_contiguous_reference",
     "grouped_masked_reference",
+    "wgrad_reference",
+    "k_grouped_wgrad_reference",
     "calc_diff",
     "bf16_to_float32",
 ]
@@ -243,6 +245,69 @@ def grouped_masked_reference(a_q: Any, sfa: Any, b_q: Any, sfb: Any, masked_m: A
     for g in range(num_groups):
         rows = int(mm[g])
         out[g, :rows] = a[g, :rows] @ b[g].T
+    return out
+
+
+def wgrad_reference(a_bits: Any, sfa: Any, b_bits: Any, sfb: Any, c: Any) -> np.ndarray:
+    """Weight-gradient GEMM reference (both operands 1x128-scaled along K, accumulated): ``c + dequant(A) @
+    dequant(B).T`` in float64.
+
+    ``a_bits`` [m, k] and ``b_bits`` [n, k] e4m3fn bits (uint8) or float8_e4m3fn; ``sfa`` [m, ceil(k/128)] and ``sfb``
+    [n, ceil(k/128)] per-token scales (the casts' layout; the kernel's M-major [ceil(k/128), m] is ``sfa.T``); ``c``
+    [m, n], the accumulator's value before the GEMM. ``k`` need not be a multiple of 128 and may be 0 (returns ``c``).
+    Returns float64 [m, n].
+    """
+    a_bits, b_bits = _host(a_bits, "a_bits"), _host(b_bits, "b_bits")
+    _check_ndim(a_bits, 2, "a_bits", "[m, k]")
+    _check_ndim(b_bits, 2, "b_bits", "[n, k]")
+    m, k = a_bits.shape
+    n = b_bits.shape[0]
+    if b_bits.shape[1] != k:
+        raise ValueError(f"b_bits: expected k = {k} columns (like a_bits), got shape {b_bits.shape}")
+    c = _host(c, "c").astype(np.float64)
+    if c.shape != (m, n):
+        raise ValueError(f"c: expected shape ({m}, {n}), got {c.shape}")
+    a = dequantize_per_token(a_bits, sfa)
+    b = dequantize_per_token(b_bits, sfb)
+    return c + a @ b.T
+
+
+def k_grouped_wgrad_reference(a_flat: Any, sfa: Any, b_flat: Any, sfb: Any, c: Any, batch_sizes: Any) -> np.ndarray:
+    """K-grouped weight-gradient GEMM reference: ``out[g] = c[g] + dequant(A_g) @ dequant(B_g).T`` in float64.
+
+    Group g (K = ``batch_sizes[g]`` >= 0 tokens) has A_g [m, k_g] at byte ``m * sum_{h<g} k_h`` of the flat e4m3 bits
+    ``a_flat`` and B_g [n, k_g] at ``n * sum_{h<g} k_h`` of ``b_flat``; the scales are stacked M-major (DeepGEMM's
+    layout): ``sfa`` [rows, m], group g's K blocks in rows ``sum_{h<g} ceil(k_h/128)`` onwards (``sfb`` [rows, n]
+    likewise; columns past m or n, e.g. padding to a multiple of 4, are ignored). ``c`` [G, m, n]. Groups with
+    k_g = 0 keep ``c[g]``. Returns float64 [G, m, n].
+    """
+    a_flat, b_flat = _host(a_flat, "a_flat").reshape(-1), _host(b_flat, "b_flat").reshape(-1)
+    sfa, sfb = _host(sfa, "sfa"), _host(sfb, "sfb")
+    sizes = [int(s) for s in _host(batch_sizes, "batch_sizes").reshape(-1)]
+    c = _host(c, "c").astype(np.float64)
+    _check_ndim(c, 3, "c", "[G, m, n]")
+    num_groups, m, n = c.shape
+    if len(sizes) != num_groups or min(sizes, default=0) < 0:
+        raise ValueError(f"batch_sizes: expected {num_groups} non-negative sizes, got {sizes}")
+    total = sum(sizes)
+    if a_flat.size < m * total or b_flat.size < n * total:
+        raise ValueError(f"a_flat/b_flat: need {m * total} and {n * total} elements, got {a_flat.size}, {b_flat.size}")
+    rows = sum(ceil_div(k, GROUP) for k in sizes)
+    if sfa.ndim != 2 or sfb.ndim != 2 or sfa.shape[0] < rows or sfb.shape[0] < rows or sfa.shape[1] < m or \
+            sfb.shape[1] < n:
+        raise ValueError(f"sfa/sfb: expected [>= {rows}, >= {m}] and [>= {rows}, >= {n}], got {sfa.shape}, {sfb.shape}")
+    out = c.copy()
+    k0 = row0 = 0
+    for g, k in enumerate(sizes):
+        kb = ceil_div(k, GROUP)
+        if k:
+            a_g = a_flat[m * k0:m * (k0 + k)].reshape(m, k)
+            b_g = b_flat[n * k0:n * (k0 + k)].reshape(n, k)
+            a = dequantize_per_token(a_g, sfa[row0:row0 + kb, :m].T)
+            b = dequantize_per_token(b_g, sfb[row0:row0 + kb, :n].T)
+            out[g] += a @ b.T
+        k0 += k
+        row0 += kb
     return out
 
 

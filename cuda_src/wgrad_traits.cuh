@@ -1,0 +1,129 @@
+// The 1D1D (wgrad) kernel's compile-time constants: those the host chooses (rendered from cupygemm/contract_wgrad.py
+// as CUPYGEMM_* macros) and what follows from them, with the rules that tie them together as static_asserts, and
+// the kernel's shared-memory layout. Both operands are scaled per 1x128 along K and the FP32 output is accumulated
+// in place, so this kernel has its own traits rather than a kind inside KernelTraits; it reuses the pipeline
+// position, the math thread's fragment place and the named barriers of kernel_traits.cuh.
+#pragma once
+#include "kernel_traits.cuh"
+#include "ptx_common.cuh"
+
+namespace cupygemm {
+
+enum WgradKind : int { kWgradDense = 0, kWgradKGrouped = 1 };
+
+template <int kKind_, uint32_t SHAPE_M_, uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_,
+          uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
+          uint32_t kSwizzleD_, uint32_t kStagedSlabs_, uint32_t kRasterN_, int kMulticast_, bool kTwoAccSets_>
+struct WgradTraits {
+  static constexpr int kKind = kKind_;
+  static constexpr bool kKGrouped = kKind == kWgradKGrouped;
+  // Dense: N and K are compile-time (the K loop has constant bounds), M is a launch argument. K-grouped: M and N are
+  // compile-time (every group has the same D shape), each group's K comes from the device at run time.
+  static constexpr uint32_t SHAPE_M = SHAPE_M_, SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_;
+  static constexpr uint32_t BLOCK_M = BLOCK_M_, BLOCK_N = BLOCK_N_, kNumStages = kNumStages_;
+  static constexpr uint32_t kNumMathWG = kNumMathWG_, kMathRegs = kMathRegs_, kProducerRegs = kProducerRegs_;
+  static constexpr uint32_t kSwizzleD = kSwizzleD_, kStagedSlabs = kStagedSlabs_, kRasterN = kRasterN_;
+  static constexpr int kMulticast = kMulticast_;
+  static constexpr bool kTwoAccSets = kTwoAccSets_;
+  static_assert(kKGrouped ? (SHAPE_M > 0 && SHAPE_K == 0) : (SHAPE_M == 0 && SHAPE_K > 0),
+                "dense: SHAPE_K given, M at run time; k-grouped: SHAPE_M given, K per group at run time");
+
+  // ---- threads: the math warpgroups, then the producer warpgroup ----
+  static constexpr uint32_t kNumMathThreads = kNumMathWG * 128;
+  static_assert(kNumMathWG == 1 || kNumMathWG == 2, "one or two math warpgroups");
+  static_assert(kNumMathWG == 1 || kProducerRegs * 128 + kMathRegs * kNumMathThreads <= 64 * 1024,
+                "setmaxnreg budget exceeds the register file");
+
+  // ---- the math warpgroup's tile: 64 rows (one m64 wgmma row block), all BLOCK_N columns in one wgmma batch ----
+  // Per thread: BLOCK_N / 2 sums, BLOCK_N / 2 wgmma accumulators (twice with two sets), BLOCK_N / 4 B scales.
+  static constexpr uint32_t WG_M = BLOCK_M / kNumMathWG;
+  static_assert(WG_M == 64, "each math warpgroup owns 64 rows");
+  static_assert(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= 256, "BLOCK_N: a multiple of 16 up to 256");
+  static constexpr uint32_t kAcc = BLOCK_N / 2;
+  static constexpr uint32_t kNumNGroups = BLOCK_N / 8;  // 8-column groups: one float2 of B scales each
+  static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, kBlockK);  // dense
+  static constexpr uint32_t kNumMBlocksGrouped = ceil_div(SHAPE_M, BLOCK_M);  // k-grouped
+  static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
+
+  // ---- operand loads ----
+  // Multicast (dense only): 1 = 2-CTA clusters on neighbouring n blocks, each CTA loads half of the A tile into
+  // both; 2 = on neighbouring m blocks, sharing B halves. A pair whose second block lies past the last one still
+  // runs it (the peer needs its half of the shared operand), loading its own operand from the last block and
+  // storing nothing, so odd block counts stay correct (the host pairs even counts only: the extra tile is waste).
+  static_assert(kMulticast >= 0 && kMulticast <= 2 && (kMulticast == 0 || !kKGrouped), "multicast: dense only");
+  static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
+  static constexpr uint32_t A_BOX_M = kMulticast == 1 ? BLOCK_M / 2 : BLOCK_M;
+  static constexpr uint32_t B_BOX_N = kMulticast == 2 ? BLOCK_N / 2 : BLOCK_N;
+
+  // ---- FP32 output staging: per math warpgroup, kStagedSlabs slabs of 64 rows x kSlabCols floats ----
+  // A slab is one TMA reduce box; its rows are kSwizzleD bytes, swizzled as the D map says. BLOCK_N / kSlabCols
+  // slabs make the tile; with fewer staged slabs than that the epilogue reuses them in rounds (less shared memory
+  // for stages, a wait for the previous round's reads).
+  static_assert(kSwizzleD == 128 || kSwizzleD == 64 || kSwizzleD == 32, "D staging rows: a swizzle span");
+  static constexpr uint32_t kSlabCols = kSwizzleD / 4;
+  static_assert(BLOCK_N % kSlabCols == 0, "D slabs tile BLOCK_N (a partial slab would add into the next tile)");
+  static constexpr uint32_t kNumSlabs = BLOCK_N / kSlabCols;
+  static_assert(kStagedSlabs >= 1 && kStagedSlabs <= kNumSlabs, "staged slabs: 1 .. BLOCK_N / slab columns");
+  static constexpr uint32_t kSlabBytes = WG_M * kSwizzleD;
+  static constexpr uint32_t kRounds = ceil_div(kNumSlabs, kStagedSlabs);
+
+  // ---- shared memory, in this order (cupygemm/contract_wgrad.py smem_bytes adds the same parts up) ----
+  static constexpr uint32_t SMEM_D = round_up(kNumMathWG * kStagedSlabs * kSlabBytes, 1024u);
+  static constexpr uint32_t SMEM_A = BLOCK_M * kBlockK;
+  static constexpr uint32_t SMEM_B = BLOCK_N * kBlockK;
+  static constexpr uint32_t SMEM_SFA = round_up(BLOCK_M * 4u, 128u);
+  static constexpr uint32_t SMEM_SFB = round_up(BLOCK_N * 4u, 128u);
+  static_assert(SMEM_A % 1024 == 0 && SMEM_B % 1024 == 0, "stages keep the 1024-byte swizzle-atom alignment");
+  // Every box counts whole towards the stage's transaction bytes, zero-filled rows past the tensor included.
+  static constexpr uint32_t kStageTxBytes = SMEM_A + SMEM_B + BLOCK_M * 4 + BLOCK_N * 4;
+
+  // ---- the K loop ----
+  // Dense tiles run the K loop over compile-time bounds, unrolled so that the next block's barrier wait and
+  // operand setup overlap this block's promotion; k-grouped tiles over their group's K blocks at run time, unrolled
+  // twice (with a remainder): no spills up to the widest tiles.
+  static constexpr uint32_t kKLoopUnroll = kKGrouped ? 2 : 4;
+  // Two accumulator sets: block j + 1's wgmmas run while block j is promoted. A one-warpgroup tile needs it to keep
+  // the tensor cores busy; with two warpgroups the other warpgroup's wgmmas fill the promotion. The second set
+  // costs BLOCK_N / 2 registers: up to 128 columns with one math warpgroup (255 registers), 96 with two (232).
+  static_assert(!kTwoAccSets || BLOCK_N <= (kNumMathWG == 1 ? 128u : 96u),
+                "two accumulator sets: at most 128 columns on one math warpgroup, 96 on two");
+  // Block j + 1's stage must fill while block j's is still held.
+  static_assert(!kTwoAccSets || kNumStages >= 2, "two accumulator sets: at least two stages");
+};
+
+// Where the parts of dynamic shared memory start: the FP32 output staging slabs, the pipeline's A, B, A-scale and
+// B-scale stages, then the stages' full and empty barriers.
+template <class T> struct WgradSmem {
+  uint8_t* d;
+  uint8_t* a;
+  uint8_t* b;
+  float* sfa;
+  float* sfb;
+  uint64_t* full_bar;
+  uint64_t* empty_bar;
+
+  __device__ __forceinline__ explicit WgradSmem(uint8_t* base)
+      : d(base), a(base + T::SMEM_D), b(a + T::kNumStages * T::SMEM_A),
+        sfa(reinterpret_cast<float*>(b + T::kNumStages * T::SMEM_B)),
+        sfb(reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(sfa) + T::kNumStages * T::SMEM_SFA)),
+        full_bar(reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(sfb) + T::kNumStages * T::SMEM_SFB)),
+        empty_bar(full_bar + T::kNumStages) {}
+};
+
+// A math thread's place (kernel_traits.cuh, MathThread) in this kernel's layout: its warpgroup's 64 rows and its
+// staging slabs.
+template <class T>
+__device__ __forceinline__ MathThread make_wgrad_thread(uint32_t warpgroup, const WgradSmem<T>& smem) {
+  MathThread th;
+  th.warpgroup = warpgroup;
+  th.tid = threadIdx.x % 128;
+  th.lane = th.tid % 32;
+  th.row_in_sub = (th.tid / 32) * 16 + th.lane / 4;
+  th.col_in_group = (th.lane % 4) * 2;
+  th.wg_row0 = warpgroup * T::WG_M;
+  th.smem_d = smem.d + warpgroup * (T::kStagedSlabs * T::kSlabBytes);
+  th.barrier = NamedBarrier::warpgroup(warpgroup);
+  return th;
+}
+
+}  // namespace cupygemm
