@@ -255,6 +255,6 @@ def _pack_kernel(layout: PackedLayout) -> Any:
     key = (cupy.cuda.runtime.getDevice(), layout.n, layout.k)
     k = _pack_kernels.get(key)
     if k is None:
-        k = _pack_kernels[key] = load_kernel(render("l2_probe.cu", "cupygemm_pack_b",
+        k = _pack_kernels[key] = load_kernel(render("pack_b.cu", "cupygemm_pack_b",
                                                     {"CUPYGEMM_PACK_N": layout.n, "CUPYGEMM_PACK_K": layout.k}))
     return k
