@@ -57,12 +57,15 @@ def _launcher(device: int) -> Launcher:
     return entry[1]
 
 
-def to_m_major(problem: Problem, sfa_ptr: int, sfa: Any, stream: int, framework: Framework) -> tuple[int, Any]:
+def to_m_major(problem: Problem, sfa_ptr: int, sfa: Any, stream: int, framework: Framework,
+               capturing: bool | None = None) -> tuple[int, Any]:
     """SFA (the caller's tensor, or its View, ``sfa`` at ``sfa_ptr``) of ``problem`` copied on ``stream`` into
-    [G][ceil(K/128)][m_pad]; returns its pointer and the buffer's owner, to keep alive until the GEMM is queued."""
+    [G][ceil(K/128)][m_pad]; returns its pointer and the buffer's owner, to keep alive until the GEMM is queued.
+    ``capturing``: whether ``stream`` is being captured, where the caller knows it already
+    (:func:`cupygemm.workspace.sfa_buffer`)."""
     g = problem.num_groups if problem.kind == KIND_MASKED else 1
     kb, m, m_pad, device = ceil_div(problem.k, 128), problem.m, problem.sfa_m_pad, problem.device
-    ptr, owner = sfa_buffer(g * kb * m_pad, device, stream, framework)
+    ptr, owner = sfa_buffer(g * kb * m_pad, device, stream, framework, capturing)
     strides = problem.sfa_strides
     if strides is None:
         view = sfa if isinstance(sfa, View) else read(sfa, "lhs[1] (A scales)")
