@@ -194,14 +194,13 @@ def test_torch_cuda_graph_capture_and_replay(kind):
 def _forget_loaded_kernels() -> None:
     """Drop cupygemm's in-process memos of loaded modules and plans (the disk cache stays): the next call of any
     shape loads its module again, as a process's first call does."""
-    from cupygemm import gemm, kernels, plan, quantization
+    from cupygemm import gemm, kernels, plan
     from cupygemm.jit import loader
 
     gemm._calls.clear()
     plan.clear()
     kernels._by_config.clear()
-    quantization._kernels.clear()
-    loader.clear()  # the SFA copy's (every small kernel's) and the per-source memo
+    loader.clear()  # the casts', the SFA copy's (every small kernel's) and the per-source memo
 
 
 def test_torch_graph_capture_of_first_call_and_casts():

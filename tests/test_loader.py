@@ -195,3 +195,18 @@ def test_launchers_take_a_grid_of_three_dimensions(monkeypatch):
     assert [type(a) for a in args] == [np.uint64, np.int64, np.uint32] and int(args[1]) == -5
     fallback.launch_grid(args, (10, 3, 1), 512, 0, 11)
     assert seen == [((10, 3, 1), (512,), args, ("stream", 11))]
+
+
+def test_ensure_context_once_per_thread_and_device(monkeypatch):
+    import threading
+
+    calls = []
+    monkeypatch.setattr(cupy.cuda.runtime, "memGetInfo", lambda: calls.append(threading.get_ident()) or (0, 0))
+    monkeypatch.setattr(loader, "_threads", threading.local())
+    for device in (0, 0, 1, 1):
+        loader.ensure_context(device)
+    assert len(calls) == 2
+    worker = threading.Thread(target=lambda: [loader.ensure_context(0) for _ in range(3)])
+    worker.start()
+    worker.join()
+    assert len(calls) == 3 and calls[2] != calls[0]

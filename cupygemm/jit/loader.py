@@ -140,6 +140,26 @@ class PackedParams:
         return len(self._sets)
 
 
+_threads = threading.local()
+
+
+def ensure_context(device: int) -> None:
+    """Bind ``device``'s context to this host thread if no launch from it has yet (``device`` must be current). The
+    CUDA runtime binds a context to a thread at the thread's first runtime call that needs one, and a driver launch
+    finds none on a thread that made no such call. CuPy's own launches ensure it first (its ``_ensure_context``, a
+    ``cudaMemGetInfo`` per thread and device); launches that replace one of those do the same, at the cost of a
+    thread-local set lookup once done."""
+    try:
+        if device in _threads.devices:
+            return
+    except AttributeError:
+        _threads.devices = set()
+    import cupy
+
+    cupy.cuda.runtime.memGetInfo()
+    _threads.devices.add(device)
+
+
 def clear() -> None:
     """Forget the loaded kernels: every small kernel's and the per-source memo (tests, and tools that clear the
     cache), so that the next use loads its module again. A module stays loaded while something still holds its
