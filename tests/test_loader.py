@@ -1,5 +1,6 @@
 """The kernel loader (cupygemm.jit.loader) on CPU: what is loaded once per device and source, what runs in relaxed
-capture mode, how the small kernels launch.
+capture mode, how the small kernels launch; and that every small kernel's declared parameter kinds match the layout
+NVRTC compiles (so the packed launches pass the arguments the CuPy launches of before did, type for type).
 
 The GPU parts (module loads, the driver's parameter layout, launches) are stand-ins that record what they were asked:
 the loader's own logic and memos are real."""
@@ -15,10 +16,14 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
+from cupygemm import l2, packing, quantization, sfa_layout  # noqa: E402
 from cupygemm.jit import build, loader  # noqa: E402
+from cupygemm.jit.build import build_cubin  # noqa: E402
 from cupygemm.jit.loader import PackedParams, SmallKernel, load  # noqa: E402
 from cupygemm.jit.source import KernelSource  # noqa: E402
-from cupygemm.launch import I64, PTR, U32, PackedLauncher  # noqa: E402
+from cupygemm.launch import I64, PTR, U32, U64, PackedLauncher  # noqa: E402
+from cupygemm.tensors import BF16  # noqa: E402
+from sass_tools.elf import Cubin  # noqa: E402
 
 RELAXED = build._CAPTURE_MODE_RELAXED
 
@@ -170,6 +175,57 @@ def test_packed_params_keep_the_newest():
     for i in range(4):
         assert p.put(i, f"params {i}") == f"params {i}"
     assert len(p) == 3 and p.get(0) is None and p.get(3) == "params 3"
+
+
+# ---- the declarations against what NVRTC compiles --------------------------------------------------------------
+
+def _param_layout(cubin: bytes, entry: str) -> list[tuple[int, int]]:
+    """(offset, size) of each parameter, from the cubin's EIATTR_KPARAM_INFO records (what cuFuncGetParamInfo
+    reports on the GPU)."""
+    params = {}
+    for a in Cubin.from_bytes(cubin).kernel(entry).attributes:
+        if a.name == "EIATTR_KPARAM_INFO":
+            _, ordinal, offset, flags = struct.unpack("<IHHI", a.payload)
+            params[ordinal] = (offset, (flags >> 18) & 0x3FFF)
+    return [params[i] for i in range(len(params))]
+
+
+# Each small kernel, a variant, sample values and the NumPy types its CuPy launch passed them as before.
+_DECLARED = [
+    (quantization._CASTS, (BF16, "per_token_cast_to_fp8"), (0x7F0000001000, 0x7F0000100000, 0x7F0000200000, 257,
+                                                            7168, -7168, 56), [np.uint64] * 3 + [np.int64] * 4),
+    (quantization._CASTS, (np.dtype(np.float32), "per_block_cast_to_fp8"),
+     (0x7F0000001000, 0x7F0000100000, 0x7F0000200000, 3, 300, 1 << 40, 3), [np.uint64] * 3 + [np.int64] * 4),
+    (sfa_layout._COPY, (), (0x7F0000001000, 0x7F0000100000, 1 << 33, 56, 1, 257, 56, 272, 4),
+     [np.uint64] * 5 + [np.uint32] * 4),
+    (packing._PACK, (1000, 384), (0x7F0000001000, 384, 384000, 0x7F0000200000, 0x1F000, 0xB3000),
+     [np.uint64] * 4 + [np.uint32] * 2),
+    (l2._PROBE, (), (0x7F0000001000, 32, 192, 0x7F0000100000, 0x7F0000200000),
+     [np.uint64, np.uint32, np.uint32, np.uint64, np.uint64]),
+]
+
+
+@pytest.mark.parametrize("kernel,variant,values,old_types", _DECLARED,
+                         ids=["cast-token", "cast-block", "sfa-copy", "pack-b", "l2-probe"])
+def test_declared_kinds_match_the_compiled_parameters(kernel, variant, values, old_types):
+    src = kernel.source(*variant)
+    layout = _param_layout(build_cubin(src, post_process=kernel.post_process)[1], src.entry)
+    launcher = PackedLauncher(0, kernel.kinds, layout)  # refuses kinds whose sizes differ from the layout's
+    packed = bytes(launcher.pack(values))
+    want = bytearray(launcher.param_bytes)
+    for (offset, size), t, v in zip(layout, old_types, values):
+        want[offset:offset + size] = t(v).tobytes()
+    assert packed == bytes(want)
+
+
+def test_declarations_keep_their_build_options():
+    # The SASS pass decision is part of the cache key: as each kernel was loaded before the loader.
+    assert not quantization._CASTS.post_process and not sfa_layout._COPY.post_process
+    assert packing._PACK.post_process and l2._PROBE.post_process
+    assert l2._PROBE.dynamic_smem == l2._BLOCK_SMEM
+    assert {k.source(*v).name for k, v, _, _ in _DECLARED} == {"quantize.cu", "sfa_layout.cu", "pack_b.cu",
+                                                               "l2_probe.cu"}
+    assert struct.calcsize("<" + I64) == 8 and U64 == PTR  # long long; unsigned long long packs as a pointer
 
 
 def test_launchers_take_a_grid_of_three_dimensions(monkeypatch):
