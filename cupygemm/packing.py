@@ -188,8 +188,8 @@ def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
         g_stride = view.strides[0] if len(shape) == 3 else 0
         params = _PACK.pack(device, (view.ptr, view.strides[-2], g_stride, base, base_low, info.hash_bits),
                             layout.n, layout.k)
-        _PACK.launch(device, launch_stream, (layout.k_blocks * layout.pairs, groups, 1), 512, 0, params, layout.n,
-                     layout.k)
+        _PACK.launch_grid(device, launch_stream, (layout.k_blocks * layout.pairs, groups, 1), 512, 0, params,
+                          layout.n, layout.k)
         if framework is Framework.JAX:  # XLA's streams know nothing of ours
             cupy.cuda.Stream.null.synchronize()
     return PackedWeights(data, sfb, shape, True, base_low, info.hash_bits, data_offset,

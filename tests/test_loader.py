@@ -133,7 +133,7 @@ def test_small_kernel_loads_once_per_device_and_variant(gpu):
     assert len(gpu.loads) == 3 and len(gpu.attrs) == 3
     assert sk.pack(0, (0x100, 7), 5) == ("packed", (0x100, 7))
     sk.launch(0, 11, 132, 256, 0, "params", 5)
-    sk.launch(0, 11, (8, 2, 1), 512, 64 * 1024, "params", 5)
+    sk.launch_grid(0, 11, (8, 2, 1), 512, 64 * 1024, "params", 5)
     assert k.launcher.calls == [("launch", "params", 132, 256, 0, 11),
                                 ("launch_grid", "params", (8, 2, 1), 512, 64 * 1024, 11)]
     sk.launch(1, 12, 4, 32, 0, "p1", 5)  # each device's own function

@@ -20,7 +20,7 @@ loads it per device on first use and keeps it::
         params = _params.put(key, _COPY.pack(device, (src, dst, n)))
     _COPY.launch(device, stream, grid, block, smem, params)  # the current device must be ``device``
 
-Packed parameters depend only on the kinds, so one set serves every device and variant of a small kernel.
+(``launch_grid`` takes a grid of (x, y, z) blocks.) Packed parameters depend only on the kinds, so one set serves every device and variant of a small kernel.
 """
 from __future__ import annotations
 
@@ -77,32 +77,40 @@ class SmallKernel:
         self.post_process = post_process
         self.dynamic_smem = dynamic_smem
         self.check = check
-        self._on: dict[tuple, LoadedKernel] = {}  # (device, *variant) -> the loaded kernel (it holds the module)
+        self._on: dict[Hashable, LoadedKernel] = {}  # _key(device, variant) -> the kernel (it holds the module)
         with _lock:
             _declared.append(self)
 
     def get(self, device: int, *variant: Hashable) -> LoadedKernel:
         """The kernel (of ``variant``) loaded on ``device``: loaded on first use, then one dict lookup."""
-        k = self._on.get((device,) + variant)
+        k = self._on.get((device,) + variant if variant else device)
         if k is None:
             k = self._load(device, variant)
         return k
 
     def pack(self, device: int, values: Sequence[object], *variant: Hashable) -> Any:
         """``values`` (one per parameter kind) packed for a launch."""
-        return self.get(device, *variant).launcher.pack(values)
-
-    def launch(self, device: int, stream: int, grid: int | tuple[int, int, int], block: int, smem: int, params: Any,
-               *variant: Hashable) -> None:
-        """Launch on ``stream`` over ``grid`` blocks, or (x, y, z) blocks, of ``block`` threads, with ``smem`` bytes
-        of dynamic shared memory and packed ``params``. ``device`` must be the current device."""
-        k = self._on.get((device,) + variant)
+        k = self._on.get((device,) + variant if variant else device)
         if k is None:
             k = self._load(device, variant)
-        if isinstance(grid, tuple):
-            k.launcher.launch_grid(params, grid, block, smem, stream)
-        else:
-            k.launcher.launch(params, grid, block, smem, stream)
+        return k.launcher.pack(values)
+
+    def launch(self, device: int, stream: int, grid: int, block: int, smem: int, params: Any,
+               *variant: Hashable) -> None:
+        """Launch on ``stream`` over ``grid`` blocks of ``block`` threads, with ``smem`` bytes of dynamic shared
+        memory and packed ``params``. ``device`` must be the current device. (On a hot path: one dict lookup.)"""
+        k = self._on.get((device,) + variant if variant else device)
+        if k is None:
+            k = self._load(device, variant)
+        k.launcher.launch(params, grid, block, smem, stream)
+
+    def launch_grid(self, device: int, stream: int, grid: tuple[int, int, int], block: int, smem: int, params: Any,
+                    *variant: Hashable) -> None:
+        """As :meth:`launch`, over a grid of (x, y, z) blocks."""
+        k = self._on.get((device,) + variant if variant else device)
+        if k is None:
+            k = self._load(device, variant)
+        k.launcher.launch_grid(params, grid, block, smem, stream)
 
     def _load(self, device: int, variant: tuple) -> LoadedKernel:
         if self.check is not None:
@@ -110,11 +118,11 @@ class SmallKernel:
         k = load(device, self.source(*variant), self.kinds, post_process=self.post_process,
                  dynamic_smem=self.dynamic_smem)
         with _lock:
-            return self._on.setdefault((device,) + variant, k)
+            return self._on.setdefault((device,) + variant if variant else device, k)
 
     def loaded(self) -> dict[tuple, LoadedKernel]:
-        """What is loaded: {(device, *variant): kernel} (a copy)."""
-        return dict(self._on)
+        """What is loaded: {(device, *variant): kernel}."""
+        return {key if isinstance(key, tuple) else (key,): k for key, k in self._on.items()}
 
 
 class PackedParams:
@@ -124,16 +132,18 @@ class PackedParams:
     def __init__(self, limit: int = 256):
         self._sets: dict[Hashable, Any] = {}
         self._limit = limit
-        self._lock = threading.Lock()
         self.get = self._sets.get
 
     def put(self, key: Hashable, params: Any) -> Any:
         """Keep ``params`` under ``key`` (the oldest set goes when full: a cache cleared whenever it was full would
         miss on every launch of a longer cycle) and return them."""
-        with self._lock:
-            if len(self._sets) >= self._limit:
-                del self._sets[next(iter(self._sets))]
-            self._sets[key] = params
+        sets = self._sets
+        if len(sets) >= self._limit:
+            try:
+                del sets[next(iter(sets))]
+            except (KeyError, RuntimeError):  # another thread changed the dict meanwhile: it stays about as large
+                pass
+        sets[key] = params
         return params
 
     def __len__(self) -> int:
