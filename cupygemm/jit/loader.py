@@ -77,7 +77,8 @@ class SmallKernel:
         self.post_process = post_process
         self.dynamic_smem = dynamic_smem
         self.check = check
-        self._on: dict[Hashable, LoadedKernel] = {}  # _key(device, variant) -> the kernel (it holds the module)
+        # (device, *variant), or the device alone for a kernel without variants -> the kernel (it holds the module)
+        self._on: dict[Hashable, LoadedKernel] = {}
         with _lock:
             _declared.append(self)
 
