@@ -24,7 +24,7 @@ from .frameworks import adapter
 from .packing import PackedWeights
 from .plan import NO_PAGE_SIDES, GemmPlan, plan_gemm
 from .sfa_layout import to_m_major
-from .streams import cupy_stream, resolve, torch_stream
+from .streams import cupy_stream, is_capturing, resolve, torch_stream
 from .tensors import _framework_by_type as _frameworks
 from .tensors import BF16, Framework, View, cupy_view, empty, export_like, framework_of, gpu_device_of, read, read_cupy, \
     read_torch
@@ -149,17 +149,20 @@ def run(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
             _zero(read(result, "out"), launch_stream)
         return result if out is not None else export_like(result, framework)
     keep = None  # what must live until the launch is queued: the framework's allocator frees in stream order
+    capturing = None  # whether a torch call's stream is being captured: asked once for both per-stream buffers
     if problem.sfa_m_major:
         sfa_ptr = ptrs[1]
     else:
-        sfa_ptr, keep = to_m_major(problem, ptrs[1], sfa if views is None else views[1], launch_stream, framework)
+        capturing = framework is Framework.TORCH and is_capturing(launch_stream)
+        sfa_ptr, keep = to_m_major(problem, ptrs[1], sfa if views is None else views[1], launch_stream, framework,
+                                   capturing)
     if layout is not None and validate.check_inputs_enabled():
         _check_layout_on_host(problem, views[5] if views is not None else read(layout, kind.layout),
                               launch_stream)
     partials = counters = 0
     if plan.scratch_counters:
         partials, counters, keep2 = scratch(plan.scratch_floats, plan.scratch_counters, problem.device,
-                                            launch_stream, framework)
+                                            launch_stream, framework, capturing)
     page_sides = NO_PAGE_SIDES if packed is None else packed.launch_sides
     if single_gpu():
         plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], ptrs[3], d_ptr, ptrs[5], partials, counters,

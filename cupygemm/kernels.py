@@ -7,9 +7,9 @@ import threading
 from . import contract
 from .config import GemmConfig
 from .env import pdl_enabled
-from .jit.build import LoadedKernel, build_cubin, load_kernel, relaxed_capture
+from .jit.build import LoadedKernel, build_cubin, relaxed_capture
+from .jit.loader import load
 from .jit.source import KernelSource, render
-from .launch import make_launcher
 
 _lock = threading.Lock()
 _by_config: dict[tuple[int, GemmConfig, bool], LoadedKernel] = {}
@@ -60,15 +60,13 @@ def get_gemm_kernel(cfg: GemmConfig, device_id: int, pdl: bool = False) -> Loade
     """The loaded kernel for ``cfg`` on ``device_id`` (the current device); memoized in-process. ``pdl``: the
     variant for programmatic dependent launch (:func:`cupygemm.contract.defines`).
 
-    Configs differing only in grid size share one kernel (load_kernel memoizes by source).
+    Configs differing only in grid size share one kernel (:func:`cupygemm.jit.loader.load` memoizes by source).
     """
     key = (device_id, cfg, pdl)
     k = _by_config.get(key)
     if k is None:
-        k = load_kernel(gemm_source(cfg, pdl), config=cfg)
-        k.ensure_dynamic_smem(cfg.smem_bytes)
-        if k.launcher is None:
-            k.launcher = make_launcher(k.function, contract.GEMM_PARAMS_SIDES if cfg.sides else contract.GEMM_PARAMS)
+        k = load(device_id, gemm_source(cfg, pdl), contract.GEMM_PARAMS_SIDES if cfg.sides else contract.GEMM_PARAMS,
+                 config=cfg, dynamic_smem=cfg.smem_bytes)
         if contract.cluster_size(cfg) > 1 and not k.max_clusters:
             with relaxed_capture():
                 k.max_clusters = max_active_clusters(k, cfg) or cfg.num_sms // contract.cluster_size(cfg)

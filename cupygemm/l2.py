@@ -27,6 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .env import L2_SIDES, l2_sides_mode
+from .jit.loader import SmallKernel
+from .jit.source import KernelSource, render
+from .launch import PTR, U32
 
 PAGE = 2 << 20  # within a page, virtual and physical address bits agree
 CHUNK = 4096  # the granularity of the side hash
@@ -131,13 +134,13 @@ def unavailable_reason(device: int) -> str | None:
     return _why.get(device)
 
 
-def _kernel():
-    from .jit.build import load_kernel
-    from .jit.source import render
+def probe_source() -> KernelSource:
+    """The rendered ``l2_probe.cu`` (compiles without a GPU)."""
+    return render("l2_probe.cu", "cupygemm_l2_latency", {})
 
-    k = load_kernel(render("l2_probe.cu", "cupygemm_l2_latency", {}))
-    k.ensure_dynamic_smem(_BLOCK_SMEM)
-    return k
+
+# addresses, their count, items, latencies, SM of each item
+_PROBE = SmallKernel(probe_source, (PTR, U32, U32, PTR, PTR), post_process=True, dynamic_smem=_BLOCK_SMEM)
 
 
 def time_chains(addrs: np.ndarray, votes: int, num_sms: int) -> tuple[np.ndarray, np.ndarray]:
@@ -145,14 +148,15 @@ def time_chains(addrs: np.ndarray, votes: int, num_sms: int) -> tuple[np.ndarray
     current CuPy stream, which this synchronizes."""
     import cupy
 
-    k = _kernel()
+    device = cupy.cuda.runtime.getDevice()
     n = len(addrs)
     items = n * votes
     d_addrs = cupy.asarray(np.asarray(addrs, dtype=np.uint64))
     cycles = cupy.zeros(items, dtype=cupy.uint32)
     sms = cupy.zeros(items, dtype=cupy.uint32)
     grid = min(items, 2 * num_sms)
-    k.function((grid,), (32,), (d_addrs, np.uint32(n), np.uint32(items), cycles, sms), shared_mem=_BLOCK_SMEM)
+    params = _PROBE.pack(device, (d_addrs.data.ptr, n, items, cycles.data.ptr, sms.data.ptr))
+    _PROBE.launch(device, cupy.cuda.get_current_stream().ptr, grid, 32, _BLOCK_SMEM, params)
     return cycles.get(), sms.get()
 
 

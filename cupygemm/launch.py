@@ -18,10 +18,12 @@ import numpy as np
 from .errors import CupygemmDeviceError
 from .tma import driver
 
-# Parameter kinds: a by-value 128-byte TMA descriptor, a 64-bit device pointer, a 32-bit unsigned int, and the
-# 32-byte SM side map of side-aware kernels (cuda_src/l2_sides.cuh).
-DESC, PTR, U32, SIDE_MAP = "128s", "Q", "I", "32s"
-_SIZES = {DESC: 128, PTR: 8, U32: 4, SIDE_MAP: 32}
+# Parameter kinds: a by-value 128-byte TMA descriptor, a 64-bit device pointer, a 32-bit unsigned int, a 64-bit signed
+# int (``long long``), and the 32-byte SM side map of side-aware kernels (cuda_src/l2_sides.cuh). A 64-bit unsigned
+# int (``unsigned long long``, ``uint64_t``) is packed as a pointer is: U64 is PTR.
+DESC, PTR, U32, I64, SIDE_MAP = "128s", "Q", "I", "q", "32s"
+U64 = PTR
+_SIZES = {DESC: 128, PTR: 8, U32: 4, I64: 8, SIDE_MAP: 32}
 _CU_LAUNCH_PARAM_END, _CU_LAUNCH_PARAM_BUFFER_POINTER, _CU_LAUNCH_PARAM_BUFFER_SIZE = 0, 1, 2
 
 
@@ -29,6 +31,8 @@ class Launcher(Protocol):
     def pack(self, values: Sequence[object]) -> Any: ...
 
     def launch(self, params: Any, grid: int, block: int, smem: int, stream: int) -> None: ...
+
+    def launch_grid(self, params: Any, grid: tuple[int, int, int], block: int, smem: int, stream: int) -> None: ...
 
 
 def _param_layout(func_ptr: int, count: int) -> list[tuple[int, int]] | None:
@@ -106,7 +110,7 @@ def _launch_ex():
 
 
 class PackedLauncher:
-    """Launches one kernel function with parameters of the given kinds (see DESC, PTR, U32)."""
+    """Launches one kernel function with parameters of the given kinds (see DESC, PTR, U32, I64)."""
 
     def __init__(self, func_ptr: int, kinds: Sequence[str], layout: list[tuple[int, int]]):
         if [s for _, s in layout] != [_SIZES[k] for k in kinds]:
@@ -133,6 +137,14 @@ class PackedLauncher:
     def launch(self, params: _Packed, grid: int, block: int, smem: int, stream: int) -> None:
         try:
             self._launch_kernel(self._func, grid, 1, 1, block, 1, 1, smem, stream, 0, params.extra_ptr)
+        except self._error as e:
+            raise CupygemmDeviceError(f"cuLaunchKernel failed ({e}) for grid {grid}, block {block}, "
+                                      f"{smem} B of shared memory") from e
+
+    def launch_grid(self, params: _Packed, grid: tuple[int, int, int], block: int, smem: int, stream: int) -> None:
+        """As :meth:`launch`, on a grid of (x, y, z) blocks."""
+        try:
+            self._launch_kernel(self._func, grid[0], grid[1], grid[2], block, 1, 1, smem, stream, 0, params.extra_ptr)
         except self._error as e:
             raise CupygemmDeviceError(f"cuLaunchKernel failed ({e}) for grid {grid}, block {block}, "
                                       f"{smem} B of shared memory") from e
@@ -166,7 +178,7 @@ class CupyLauncher:
         self._device = cupy.cuda.runtime.getDevice()
 
     def pack(self, values: Sequence[object]) -> tuple:
-        conv = {DESC: lambda v: np.frombuffer(v, "V128"), PTR: np.uint64, U32: np.uint32,
+        conv = {DESC: lambda v: np.frombuffer(v, "V128"), PTR: np.uint64, U32: np.uint32, I64: np.int64,
                 SIDE_MAP: lambda v: np.frombuffer(v, "V32")}
         return tuple(conv[k](v) for k, v in zip(self._kinds, values))
 
@@ -174,6 +186,11 @@ class CupyLauncher:
         from .streams import cupy_stream
 
         self._function((grid,), (block,), params, shared_mem=smem, stream=cupy_stream(stream, self._device))
+
+    def launch_grid(self, params: tuple, grid: tuple[int, int, int], block: int, smem: int, stream: int) -> None:
+        from .streams import cupy_stream
+
+        self._function(tuple(grid), (block,), params, shared_mem=smem, stream=cupy_stream(stream, self._device))
 
 
 def make_launcher(function: Any, kinds: Sequence[str]) -> Launcher:

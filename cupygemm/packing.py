@@ -20,6 +20,9 @@ from typing import Any
 import numpy as np
 
 from . import l2
+from .jit.loader import SmallKernel
+from .jit.source import KernelSource, render
+from .launch import PTR, U32, U64
 from .streams import cupy_stream, resolve
 from .tensors import FP8_E4M3, U8, Framework, View, framework_of, gpu_device_of, read
 from .util import ceil_div
@@ -183,9 +186,10 @@ def pack_weights(b: Any, sfb: Any, *, stream: Any = None) -> PackedWeights:
         dev = cupy.ndarray((longest,), dtype=cupy.uint8, memptr=raw)
         dev[data_bytes:data_bytes + words.nbytes] = cupy.asarray(words.view(np.uint8))
         g_stride = view.strides[0] if len(shape) == 3 else 0
-        _pack_kernel(layout).function((layout.k_blocks * layout.pairs, groups), (512,),
-                                      (np.uint64(view.ptr), np.uint64(view.strides[-2]), np.uint64(g_stride),
-                                       np.uint64(base), np.uint32(base_low), np.uint32(info.hash_bits)))
+        params = _PACK.pack(device, (view.ptr, view.strides[-2], g_stride, base, base_low, info.hash_bits),
+                            layout.n, layout.k)
+        _PACK.launch_grid(device, launch_stream, (layout.k_blocks * layout.pairs, groups, 1), 512, 0, params,
+                          layout.n, layout.k)
         if framework is Framework.JAX:  # XLA's streams know nothing of ours
             cupy.cuda.Stream.null.synchronize()
     return PackedWeights(data, sfb, shape, True, base_low, info.hash_bits, data_offset,
@@ -243,18 +247,10 @@ def _alloc(framework: Framework, nbytes: int, device: int, stream: int) -> tuple
     return owner, data.data.ptr, data
 
 
-_pack_kernels: dict[tuple[int, int, int], Any] = {}
+def pack_source(n: int, k: int) -> KernelSource:
+    """The rendered ``pack_b.cu`` for B of [N, K] (compiles without a GPU)."""
+    return render("pack_b.cu", "cupygemm_pack_b", {"CUPYGEMM_PACK_N": n, "CUPYGEMM_PACK_K": k})
 
 
-def _pack_kernel(layout: PackedLayout) -> Any:
-    import cupy
-
-    from .jit.build import load_kernel
-    from .jit.source import render
-
-    key = (cupy.cuda.runtime.getDevice(), layout.n, layout.k)
-    k = _pack_kernels.get(key)
-    if k is None:
-        k = _pack_kernels[key] = load_kernel(render("l2_probe.cu", "cupygemm_pack_b",
-                                                    {"CUPYGEMM_PACK_N": layout.n, "CUPYGEMM_PACK_K": layout.k}))
-    return k
+# B, its row and group strides (bytes), the packed buffer, base_low, hash_bits; one build per (N, K)
+_PACK = SmallKernel(pack_source, (PTR, U64, U64, PTR, U32, U32), post_process=True)

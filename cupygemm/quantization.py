@@ -24,7 +24,6 @@ Results are ``(q, s)``, made by the caller's framework:
 from __future__ import annotations
 
 import sys
-import threading
 from typing import Any
 
 import numpy as np
@@ -32,7 +31,9 @@ import numpy as np
 from .device import on_device
 from .errors import CupygemmDeviceError
 from .frameworks import adapter
-from .streams import cupy_stream, resolve
+from .jit.loader import PackedParams, SmallKernel, ensure_context
+from .launch import I64, PTR
+from .streams import resolve
 from .tensors import BF16, F16, F32, FP8_E4M3, Framework, View, empty, framework_of, gpu_device_of, \
     is_torch_tensor, read, require_cupy
 from .util import ceil_div
@@ -46,8 +47,6 @@ _IN_KINDS = {F32: 0, BF16: 1, F16: 2}
 # Entry point -> CUPYGEMM_QUANT_KERNEL.
 _ENTRIES = {"per_token_cast_to_fp8": 0, "per_block_cast_to_fp8": 1}
 
-_lock = threading.Lock()
-_kernels: dict[tuple[int, int, str], Any] = {}  # (device, input kind, entry) -> cupy Function
 _checked_devices: set[int] = set()
 
 
@@ -76,19 +75,15 @@ def _check_device(cupy: Any, dev: int) -> None:
     _checked_devices.add(dev)
 
 
-def _get_kernel(dtype: np.dtype, entry: str, dev: int) -> Any:
-    key = (dev, _IN_KINDS[dtype], entry)
-    fn = _kernels.get(key)
-    if fn is None:
-        cupy = require_cupy()
-        _check_device(cupy, dev)
-        from .jit.build import load_kernel
+# x, q, s, m, n, ld_x, num_groups / num_col_blocks (long long); one build per (input dtype, entry point)
+_CASTS = SmallKernel(_kernel_source, (PTR, PTR, PTR, I64, I64, I64, I64),
+                     check=lambda dev: _check_device(require_cupy(), dev))
+_params = PackedParams()  # the values above -> packed parameters (callers' buffers come back: the allocators reuse)
 
-        with cupy.cuda.Device(dev):
-            loaded = load_kernel(_kernel_source(dtype, entry), post_process=False)
-        with _lock:
-            fn = _kernels.setdefault(key, loaded.function)
-    return fn
+
+def _get_kernel(dtype: np.dtype, entry: str, dev: int) -> Any:
+    """The cast kernel for ``dtype`` (an input dtype) and ``entry`` loaded on ``dev`` (a LoadedKernel)."""
+    return _CASTS.get(dev, dtype, entry)
 
 
 def _prepare(x: Any, name: str = "x") -> tuple[View, int, int, int]:
@@ -148,10 +143,13 @@ def launch_cast(entry: str, dtype: np.dtype, x: int, q: int, s: int, m: int, n: 
     if not items:
         return
     grid = ceil_div(items, _THREADS // 32) if entry == "per_token_cast_to_fp8" else items
-    fn = _get_kernel(dtype, entry, device)
+    values = (x, q, s, m, n, ld, nb)
+    params = _params.get(values)
+    if params is None:
+        params = _params.put(values, _CASTS.pack(device, values, dtype, entry))
     with on_device(device):
-        fn((grid,), (_THREADS,), (np.uint64(x), np.uint64(q), np.uint64(s), np.int64(m), np.int64(n), np.int64(ld),
-                                  np.int64(nb)), stream=cupy_stream(stream, device))
+        ensure_context(device)  # as CuPy's launches did: this may be the thread's first CUDA work
+        _CASTS.launch(device, stream, grid, _THREADS, 0, params, dtype, entry)
 
 
 def _ptr(x: Any) -> int:

@@ -10,11 +10,12 @@ before, cost the call 20-25 us of host time (benchmarks/NOTES.md 35). SFA with s
 """
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from .device import on_device, single_gpu
-from .launch import PTR, U32, Launcher, make_launcher
+from .jit.loader import PackedParams, SmallKernel
+from .jit.source import KernelSource, render
+from .launch import PTR, U32, U64
 from .streams import cupy_stream, torch_stream
 from .tensors import Framework, View, cupy_view, read
 from .util import ceil_div
@@ -23,64 +24,42 @@ from .workspace import sfa_buffer
 
 _THREADS = 256
 _MAX_BLOCKS = 1024  # enough to fill the GPU; a larger SFA loops inside the kernel
-# src, dst, group / row / column strides (elements, 64-bit), m, kb, m_pad, groups
-_KINDS = (PTR, PTR, PTR, PTR, PTR, U32, U32, U32, U32)
-_PACKED_LIMIT = 256
-
-_lock = threading.Lock()
-# device -> the loaded kernel (it holds the module, which a launcher's bare function handle does not) and its
-# launcher
-_launchers: dict[int, tuple[Any, Launcher]] = {}
-_packed: dict[tuple, Any] = {}  # (device, src, dst, strides, m, kb, m_pad, groups) -> packed parameters
 
 
-def kernel_source():
+def kernel_source() -> KernelSource:
     """The rendered ``sfa_layout.cu`` (compiles without a GPU)."""
-    from .jit.source import render
-
     return render("sfa_layout.cu", "sfa_to_m_major", {})
 
 
-def _launcher(device: int) -> Launcher:
-    entry = _launchers.get(device)
-    if entry is None:
-        import cupy
-
-        from .jit.build import load_kernel
-
-        with cupy.cuda.Device(device):
-            loaded = load_kernel(kernel_source(), post_process=False)
-            made = (loaded, make_launcher(loaded.function, _KINDS))
-        with _lock:
-            entry = _launchers.setdefault(device, made)
-    return entry[1]
+# src, dst, group / row / column strides (elements, 64-bit), m, kb, m_pad, groups
+_COPY = SmallKernel(kernel_source, (PTR, PTR, U64, U64, U64, U32, U32, U32, U32))
+_params = PackedParams()  # (device, src, dst, strides, m, kb, m_pad, groups) -> packed parameters
 
 
-def to_m_major(problem: Problem, sfa_ptr: int, sfa: Any, stream: int, framework: Framework) -> tuple[int, Any]:
+def to_m_major(problem: Problem, sfa_ptr: int, sfa: Any, stream: int, framework: Framework,
+               capturing: bool | None = None) -> tuple[int, Any]:
     """SFA (the caller's tensor, or its View, ``sfa`` at ``sfa_ptr``) of ``problem`` copied on ``stream`` into
-    [G][ceil(K/128)][m_pad]; returns its pointer and the buffer's owner, to keep alive until the GEMM is queued."""
+    [G][ceil(K/128)][m_pad]; returns its pointer and the buffer's owner, to keep alive until the GEMM is queued.
+    ``capturing``: whether ``stream`` is being captured, where the caller knows it already
+    (:func:`cupygemm.workspace.sfa_buffer`)."""
     g = problem.num_groups if problem.kind.a_dims[0] == "G" else 1  # A's groups: its scales' too
     kb, m, m_pad, device = ceil_div(problem.k, 128), problem.m, problem.sfa_m_pad, problem.device
-    ptr, owner = sfa_buffer(g * kb * m_pad, device, stream, framework)
+    ptr, owner = sfa_buffer(g * kb * m_pad, device, stream, framework, capturing)
     strides = problem.sfa_strides
     if strides is None:
         view = sfa if isinstance(sfa, View) else read(sfa, "lhs[1] (A scales)")
         _framework_copy(view, ptr, owner, g, m, kb, m_pad, stream, framework, device)
         return ptr, owner
     key = (device, sfa_ptr, ptr, strides, m, kb, m_pad, g)
-    params = _packed.get(key)
-    launcher = _launcher(device)
+    params = _params.get(key)
     if params is None:
-        params = launcher.pack((sfa_ptr, ptr, *strides, m, kb, m_pad, g))
-        if len(_packed) >= _PACKED_LIMIT:
-            del _packed[next(iter(_packed))]
-        _packed[key] = params
+        params = _params.put(key, _COPY.pack(device, (sfa_ptr, ptr, *strides, m, kb, m_pad, g)))
     grid = min(ceil_div(g * kb * m, _THREADS), _MAX_BLOCKS)
     if single_gpu():
-        launcher.launch(params, grid, _THREADS, 0, stream)
+        _COPY.launch(device, stream, grid, _THREADS, 0, params)
     else:
         with on_device(device):
-            launcher.launch(params, grid, _THREADS, 0, stream)
+            _COPY.launch(device, stream, grid, _THREADS, 0, params)
     return ptr, owner
 
 

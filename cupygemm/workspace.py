@@ -1,8 +1,8 @@
-"""Scratch memory of split-K across CTAs (``GemmConfig.split_k > 1``) and of the stream-K tail
-(``GemmConfig.stream_k``): FP32 partial tiles and arrival counters, per (device, stream) on which the kernel runs.
-The sizes a launch needs are the kernel contract's (:func:`cupygemm.contract.scratch_sizes`). Also per stream, and
-under the same rules: the buffer that A's scales are copied into when a call's SFA is not in the kernels' layout
-(:func:`sfa_buffer`, :mod:`cupygemm.sfa_layout`).
+"""Per-stream buffers: the scratch memory of split-K across CTAs (``GemmConfig.split_k > 1``) and of the stream-K tail
+(``GemmConfig.stream_k``), FP32 partial tiles and arrival counters (:func:`scratch`; the sizes a launch needs are the
+kernel contract's, :func:`cupygemm.contract.scratch_sizes`), and the buffer that A's scales are copied into when a
+call's SFA is not in the kernels' layout (:func:`sfa_buffer`, :mod:`cupygemm.sfa_layout`). Each kind is a
+:class:`Registry` of buffer sets per (memory's framework, device, stream), all under the rules below.
 
 Kernels on one stream run in order, so they can share a set; kernels on different streams may overlap, so each
 stream gets its own. The counters start at zero and every kernel leaves them at zero (the last CTA of a tile
@@ -16,13 +16,16 @@ The memory comes from the caller's framework, allocated in the stream's order:
   since a CUDA graph captured on its stream may hold its addresses (checking for a capture on every call would
   cost a microsecond of the call's host time); CuPy callers must run a call once before capturing it, so that
   nothing is allocated during capture.
+
+A set grows with headroom (a quarter more than asked for, or than it had), so a few larger problems do not each
+reallocate; each kind keeps at most ``MAX_SETS`` sets, the oldest (made or grown longest ago) going first.
 """
 from __future__ import annotations
 
 import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .streams import cupy_stream, is_capturing, torch_stream
@@ -31,119 +34,105 @@ from .tensors import Framework
 MAX_SETS = 64
 
 
-@dataclass
-class _Scratch:
-    partials: Any  # float32 array (CuPy or torch)
-    counters: Any  # uint32 (CuPy) or int32 (torch) array, all zero between kernels
-    ptrs: tuple[int, int]
-    floats: int  # sizes of partials and counters (read on every call: cheaper than the arrays' shapes)
+@dataclass(slots=True)
+class BufferSet:
+    """One stream's buffers of one kind: ``data``, FP32, and for kinds with counters ``counters``, uint32 (CuPy) or
+    int32 (torch), all zero between kernels."""
+
+    data: Any  # float32 array (CuPy or torch)
+    counters: Any  # the counters' array, or None
+    ptrs: tuple[int, int]  # data's and the counters' device pointers (0: none)
+    floats: int  # sizes of data and counters (read on every call: cheaper than the arrays' shapes)
     num_counters: int
-    pinned: bool = False  # may be captured into a CUDA graph: never freed
-    outgrown: list = field(default_factory=list)  # pinned arrays this set has replaced
+    pinned: bool  # CuPy memory: may be captured into a CUDA graph, so never freed
 
 
-_lock = threading.Lock()
-_sets: OrderedDict[tuple[str, int, int], _Scratch] = OrderedDict()
-_pinned: list[_Scratch] = []  # evicted pinned sets, kept alive
+class Registry:
+    """The buffer sets of one kind, per (torch memory or not, device, stream), under the module's rules.
+
+    The lookup on the hot path is the caller's (one dict lookup and a size compare on :attr:`sets`); it calls
+    :meth:`grow` when the set is missing or too small, and :meth:`fresh` for a launch inside a torch capture."""
+
+    def __init__(self, name: str, counters: bool):
+        self.name = name
+        self.has_counters = counters
+        self.sets: OrderedDict[tuple[bool, int, int], BufferSet] = OrderedDict()
+        self.pinned: list[BufferSet] = []  # CuPy sets outgrown or evicted: kept alive for the process's life
+        self._lock = threading.Lock()
+
+    def fresh(self, floats: int, counters: int, device: int, stream: int) -> BufferSet:
+        """A torch set of these sizes for one launch on ``stream`` while it is being captured: from the graph's
+        pool, owned by the graph (not kept here)."""
+        return self._alloc(True, floats, counters, device, stream)
+
+    def grow(self, key: tuple[bool, int, int], floats: int, counters: int) -> BufferSet:
+        """The set of ``key`` (torch memory or not, device, stream), made or replaced by one of at least ``floats``
+        and ``counters``, with headroom; evicts the oldest sets beyond MAX_SETS."""
+        torch_memory, device, stream = key
+        with self._lock:
+            old = self.sets.get(key)
+            if old is not None and old.floats >= floats and old.num_counters >= counters:
+                return old  # another thread grew it meanwhile
+            new = self._alloc(torch_memory, max(floats, old.floats if old else 0) * 5 // 4,
+                              max(counters, old.num_counters if old else 0) * 5 // 4, device, stream)
+            if old is not None:
+                del self.sets[key]
+                if old.pinned:
+                    self.pinned.append(old)
+            self.sets[key] = new
+            while len(self.sets) > MAX_SETS:  # the oldest set goes first
+                _, evicted = self.sets.popitem(last=False)
+                if evicted.pinned:
+                    self.pinned.append(evicted)
+            return new
+
+    def _alloc(self, torch_memory: bool, floats: int, counters: int, device: int, stream: int) -> BufferSet:
+        if torch_memory:
+            torch = sys.modules["torch"]
+            dev = torch.device("cuda", device)
+            with torch_stream(stream, device):
+                data = torch.empty(floats, dtype=torch.float32, device=dev)
+                c = torch.zeros(counters, dtype=torch.int32, device=dev) if self.has_counters else None
+            return BufferSet(data, c, (data.data_ptr(), 0 if c is None else c.data_ptr()), floats, counters, False)
+        import cupy
+
+        with cupy.cuda.Device(device), cupy_stream(stream, device):
+            data = cupy.empty(floats, dtype=cupy.float32)
+            c = cupy.zeros(counters, dtype=cupy.uint32) if self.has_counters else None
+        return BufferSet(data, c, (data.data.ptr, 0 if c is None else c.data.ptr), floats, counters, True)
 
 
-def _alloc_torch(floats: int, counters: int, device: int, stream: int) -> _Scratch:
-    torch = sys.modules["torch"]
-    dev = torch.device("cuda", device)
-    with torch_stream(stream, device):
-        p = torch.empty(floats, dtype=torch.float32, device=dev)
-        c = torch.zeros(counters, dtype=torch.int32, device=dev)
-    return _Scratch(p, c, (p.data_ptr(), c.data_ptr()), floats, counters)
+_SCRATCH = Registry("split-K and stream-K scratch", counters=True)
+_SFA = Registry("A scales in the kernels' layout", counters=False)
 
 
-def _alloc_cupy(floats: int, counters: int, device: int, stream: int) -> _Scratch:
-    import cupy
-
-    with cupy.cuda.Device(device), cupy_stream(stream, device):
-        p = cupy.empty(floats, dtype=cupy.float32)
-        c = cupy.zeros(counters, dtype=cupy.uint32)
-    return _Scratch(p, c, (p.data.ptr, c.data.ptr), floats, counters)
-
-
-def scratch(floats: int, counters: int, device: int, stream: int, framework: Framework) -> tuple[int, int, Any]:
+def scratch(floats: int, counters: int, device: int, stream: int, framework: Framework,
+            capturing: bool | None = None) -> tuple[int, int, Any]:
     """Device pointers (partials, counters) of at least ``floats`` FP32 partials and ``counters`` zeroed counters
-    for a launch on ``stream``, and an object to keep alive until the launch is queued."""
+    for a launch on ``stream``, and an object to keep alive until the launch is queued. ``capturing``: whether
+    ``stream`` is being captured, where the caller knows already (None: asked here, for torch memory only)."""
     torch_memory = framework is Framework.TORCH
-    if torch_memory:
-        capturing = is_capturing(stream)
-        if capturing:
-            s = _alloc_torch(floats, counters, device, stream)
-            return s.ptrs[0], s.ptrs[1], s
+    if torch_memory and (is_capturing(stream) if capturing is None else capturing):
+        s = _SCRATCH.fresh(floats, counters, device, stream)
+        return s.ptrs[0], s.ptrs[1], s
     key = (torch_memory, device, stream)
-    s = _sets.get(key)
+    s = _SCRATCH.sets.get(key)
     if s is None or s.floats < floats or s.num_counters < counters:
-        s = _grow(key, floats, counters, torch_memory)
+        s = _SCRATCH.grow(key, floats, counters)
     return s.ptrs[0], s.ptrs[1], s
 
 
-def _grow(key: tuple[bool, int, int], floats: int, counters: int, torch_memory: bool) -> _Scratch:
-    _, device, stream = key
-    with _lock:
-        s = _sets.get(key)
-        # Grow with headroom so a few larger problems do not each reallocate.
-        new = (_alloc_torch if torch_memory else _alloc_cupy)(
-            max(floats, s.floats if s else 0) * 5 // 4, max(counters, s.num_counters if s else 0) * 5 // 4,
-            device, stream)
-        new.pinned = not torch_memory  # see the module docstring
-        if s is not None and s.pinned:
-            new.outgrown = s.outgrown + [s.partials, s.counters]
-        _sets.pop(key, None)
-        _sets[key] = new
-        while len(_sets) > MAX_SETS:  # the oldest set goes first
-            _, old = _sets.popitem(last=False)
-            if old.pinned:
-                _pinned.append(old)
-        return new
-
-
-_sfa: OrderedDict[tuple[bool, int, int], tuple[int, int, Any]] = OrderedDict()  # key -> (floats, pointer, array)
-_sfa_pinned: list = []  # CuPy buffers outgrown or evicted: kept, as scratch sets are
-
-
-def sfa_buffer(floats: int, device: int, stream: int, framework: Framework) -> tuple[int, Any]:
+def sfa_buffer(floats: int, device: int, stream: int, framework: Framework,
+               capturing: bool | None = None) -> tuple[int, Any]:
     """The device pointer of at least ``floats`` FP32 for a call's A scales in the kernels' layout, written and
-    read on ``stream`` (so one buffer serves every call there), and the object owning it."""
+    read on ``stream`` (so one buffer serves every call there), and the array owning it. ``capturing`` as for
+    :func:`scratch`."""
     torch_memory = framework is Framework.TORCH
-    if torch_memory and is_capturing(stream):
-        t = _alloc_torch_floats(floats, device, stream)
-        return t.data_ptr(), t
+    if torch_memory and (is_capturing(stream) if capturing is None else capturing):
+        s = _SFA.fresh(floats, 0, device, stream)
+        return s.ptrs[0], s.data
     key = (torch_memory, device, stream)
-    got = _sfa.get(key)
-    if got is None or got[0] < floats:
-        got = _grow_sfa(key, floats, torch_memory)
-    return got[1], got[2]
-
-
-def _alloc_torch_floats(floats: int, device: int, stream: int) -> Any:
-    torch = sys.modules["torch"]
-    with torch_stream(stream, device):
-        return torch.empty(floats, dtype=torch.float32, device=torch.device("cuda", device))
-
-
-def _grow_sfa(key: tuple[bool, int, int], floats: int, torch_memory: bool) -> tuple[int, int, Any]:
-    _, device, stream = key
-    with _lock:
-        old = _sfa.pop(key, None)
-        floats = max(floats, old[0] if old else 0) * 5 // 4
-        if torch_memory:
-            t = _alloc_torch_floats(floats, device, stream)
-            new = (floats, t.data_ptr(), t)
-        else:
-            import cupy
-
-            with cupy.cuda.Device(device), cupy_stream(stream, device):
-                arr = cupy.empty(floats, dtype=cupy.float32)
-            new = (floats, arr.data.ptr, arr)
-            if old is not None:
-                _sfa_pinned.append(old[2])
-        _sfa[key] = new
-        while len(_sfa) > MAX_SETS:
-            (evicted_torch, _, _), (_, _, arr) = _sfa.popitem(last=False)
-            if not evicted_torch:
-                _sfa_pinned.append(arr)
-        return new
+    s = _SFA.sets.get(key)
+    if s is None or s.floats < floats:
+        s = _SFA.grow(key, floats, 0)
+    return s.ptrs[0], s.data

@@ -229,7 +229,7 @@ def test_dlpack_operands_are_exported_once_per_call(recorder, monkeypatch):
            _DLPackProducer(0x18000000, (m, n), (n, 1), 4, 16)]           # out: bfloat16
     copied = []
 
-    def sfa_copy(problem, sfa_ptr, view, stream, framework):
+    def sfa_copy(problem, sfa_ptr, view, stream, framework, capturing=None):
         copied.append(view)
         return 0x1C000000, None
 
@@ -310,3 +310,28 @@ def test_out_next_to_its_inputs_is_fine():
     a, sfa, b, sfb = 0x10000000, 0x20000000, 0x30000000, 0x40000000
     plan._check_out_overlap(a, sfa, b, sfb, a + m * k, 0)  # right after A
     plan._check_out_overlap(a, sfa, b, sfb, sfb - m * n * 2, 0)  # right before SFB
+
+
+def test_per_stream_buffers_get_the_capture_answer_from_the_call(recorder, monkeypatch):
+    """A call that copies SFA and uses split-K scratch hands both per-stream buffers one answer to "is the stream
+    being captured?" (torch calls ask it once; CuPy calls never need it)."""
+    asked, got = [], []
+
+    class ScratchPlan(_Plan):
+        scratch_floats, scratch_counters = 4096, 16
+
+    monkeypatch.setattr(gemm_mod, "plan_gemm", lambda *a, **kw: ScratchPlan(recorder))
+    monkeypatch.setattr(gemm_mod, "is_capturing", lambda stream: asked.append(stream) or False)
+    monkeypatch.setattr(gemm_mod, "to_m_major", lambda problem, sfa_ptr, view, stream, framework, capturing=None:
+                        got.append(("sfa", capturing)) or (0x1C000000, None))
+    monkeypatch.setattr(gemm_mod, "scratch", lambda floats, counters, device, stream, framework, capturing=None:
+                        got.append(("scratch", capturing)) or (0x1D000000, 0x1E000000, None))
+    (a, _), rhs, out = _operands()
+    row_major_sfa = _fake((64, 4), np.float32, 1 << 26)
+    cupygemm.gemm_fp8_fp8_bf16_nt((a, row_major_sfa), rhs, out)
+    assert got == [("sfa", False), ("scratch", False)] and asked == []
+    assert recorder[-1] == ("launch", a.data.ptr, 0x1C000000, rhs[0].data.ptr, out.data.ptr)
+    got.clear()
+    (a, sfa), rhs, out = _operands()  # M-major SFA: used in place, and the scratch asks for itself (if torch)
+    cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), rhs, out)
+    assert got == [("scratch", None)] and asked == []

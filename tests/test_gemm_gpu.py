@@ -159,7 +159,7 @@ def test_split_k_variants(bm, bn, ks, extra, m, k):
     n = 1280
     check_with_override(m, n, k, dict(block_m=bm, block_n=bn, split_k=ks, **extra), bm + bn + ks,
                         f"{bm}x{bn} K over {ks} CTAs {extra} M={m} K={k}")
-    for s in workspace._sets.values():  # every kernel leaves its tile counters at zero for the next one
+    for s in workspace._SCRATCH.sets.values():  # every kernel leaves its tile counters at zero for the next one
         assert int(s.counters.sum()) == 0
 
 
@@ -176,7 +176,7 @@ def test_stream_k_tail_variants(bm, bn, extra, m, n, k):
 
     check_with_override(m, n, k, dict(block_m=bm, block_n=bn, stream_k=True, num_sms=16, **extra), bm + m + k,
                         f"{bm}x{bn} stream-K {extra} M={m} K={k}")
-    for s in workspace._sets.values():
+    for s in workspace._SCRATCH.sets.values():
         assert int(s.counters.sum()) == 0
 
 

@@ -173,7 +173,7 @@ def test_masked_stream_k_tail(bm, bn, mc, serial, n_blocks, masked, k):
         assert (again.view(cp.uint16) == out.view(cp.uint16)).all(), "repeated run differs"
     finally:
         C.override_config("masked", n, k)
-    for s in workspace._sets.values():
+    for s in workspace._SCRATCH.sets.values():
         assert int(s.counters.sum()) == 0
 
 

@@ -81,6 +81,40 @@ def test_kernel_source_rejects_unknown():
         quant._kernel_source(np.float32, "nope")
 
 
+def test_launch_cast_packs_once_per_argument_set(monkeypatch):
+    """The casts launch through their small kernel (one build per input dtype and entry point) with the values
+    packed once per argument set: x, q, s as 64-bit pointers, m, n, ld and the groups as 64-bit signed ints."""
+    import contextlib
+
+    from cupygemm.jit.loader import PackedParams
+
+    packs, launches = [], []
+
+    class Casts:
+        def pack(self, device, values, *variant):
+            packs.append((device, values, variant))
+            return ("packed", values)
+
+        def launch(self, device, stream, grid, block, smem, params, *variant):
+            launches.append((device, stream, grid, block, smem, params, variant))
+
+    monkeypatch.setattr(quant, "_CASTS", Casts())
+    monkeypatch.setattr(quant, "_params", PackedParams())
+    monkeypatch.setattr(quant, "on_device", lambda device: contextlib.nullcontext())
+    contexts = []
+    monkeypatch.setattr(quant, "ensure_context", contexts.append)
+    token, block = ENTRIES
+    for _ in range(2):
+        quant.launch_cast(token, BF16, 0x1000, 0x2000, 0x3000, 257, 300, -300, 11, 2)
+    quant.launch_cast(block, BF16, 0x1000, 0x2000, 0x3000, 257, 300, 300, 11, 2)
+    quant.launch_cast(token, BF16, 0x1000, 0x2000, 0x3000, 0, 300, 300, 11, 2)  # nothing to do: no launch
+    token_values, block_values = (0x1000, 0x2000, 0x3000, 257, 300, -300, 3), (0x1000, 0x2000, 0x3000, 257, 300, 300, 3)
+    assert packs == [(2, token_values, (BF16, token)), (2, block_values, (BF16, block))]
+    assert launches == [(2, 11, 97, 256, 0, ("packed", token_values), (BF16, token))] * 2 + [
+        (2, 11, 9, 256, 0, ("packed", block_values), (BF16, block))]  # 257 x 3 groups over 8 warps; 3 x 3 blocks
+    assert contexts == [2, 2, 2]  # before each launch, as CuPy's launches did
+
+
 # ---- CPU: argument validation ------------------------------------------------------------------------------------
 
 class _HostDLPack:

@@ -42,3 +42,36 @@ def test_copy_strides(shape, strides, want):
 
 def test_m_major_sfa_is_not_copied():
     assert validate.sfa_copy_strides(_view((300, 12), (4, 1216)), True) is None
+
+
+def test_copy_launch_packs_once_per_pointer_set(monkeypatch):
+    """The copy's parameters are packed once per (device, pointers, strides, sizes) and launched through its small
+    kernel; the capture answer the call has goes on to the per-stream buffer."""
+    from types import SimpleNamespace
+
+    from cupygemm.config import KIND_MASKED
+    from cupygemm.jit.loader import PackedParams
+    from cupygemm.tensors import Framework
+
+    packs, launches, buffers = [], [], []
+
+    class Copy:
+        def pack(self, device, values):
+            packs.append((device, values))
+            return ("packed", values)
+
+        def launch(self, device, stream, grid, block, smem, params):
+            launches.append((device, stream, grid, block, smem, params))
+
+    monkeypatch.setattr(sfa_layout, "_COPY", Copy())
+    monkeypatch.setattr(sfa_layout, "_params", PackedParams())
+    monkeypatch.setattr(sfa_layout, "single_gpu", lambda: True)
+    monkeypatch.setattr(sfa_layout, "sfa_buffer", lambda floats, device, stream, framework, capturing=None:
+                        buffers.append((floats, capturing)) or (0x2000, "owner"))
+    problem = SimpleNamespace(kind=KIND_MASKED, num_groups=3, k=1000, m=200, sfa_m_pad=208, device=1,
+                              sfa_strides=(1600, 8, 1))
+    for capturing in (None, False, True):
+        assert sfa_layout.to_m_major(problem, 0x1000, None, 7, Framework.TORCH, capturing) == (0x2000, "owner")
+    assert buffers == [(3 * 8 * 208, None), (3 * 8 * 208, False), (3 * 8 * 208, True)]
+    assert packs == [(1, (0x1000, 0x2000, 1600, 8, 1, 200, 8, 208, 3))]
+    assert launches == [(1, 7, 19, 256, 0, ("packed", packs[0][1]))] * 3  # ceil(3 * 8 * 200 / 256) blocks

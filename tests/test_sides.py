@@ -14,6 +14,7 @@ from cupygemm.jit.source import render
 from cupygemm.kernels import compile_gemm
 from cupygemm.packing import PackedLayout
 from cupygemm.util import ceil_div
+from sass_tools.elf import Cubin
 
 
 def test_packed_layout_sizes():
@@ -222,10 +223,11 @@ def test_side_aware_kernels_compile(kind, n, k, bm, bn, kw):
 
 
 def test_probe_and_pack_kernels_compile():
-    for entry, defines in (("cupygemm_l2_latency", {}),
-                           ("cupygemm_pack_b", {"CUPYGEMM_PACK_N": 1000, "CUPYGEMM_PACK_K": 384})):
-        _, cubin = build_cubin(render("l2_probe.cu", entry, defines))
+    for file, entry, defines in (("l2_probe.cu", "cupygemm_l2_latency", {}),
+                                 ("pack_b.cu", "cupygemm_pack_b", {"CUPYGEMM_PACK_N": 1000, "CUPYGEMM_PACK_K": 384})):
+        _, cubin = build_cubin(render(file, entry, defines))
         assert cubin[:4] == b"\x7fELF"
+        assert [k.name for k in Cubin.from_bytes(cubin).kernels] == [entry]  # one kernel per file
 
 
 def test_info_lists_sm_ranges():

@@ -105,14 +105,17 @@ def _exchange_capture_mode():
 
 @dataclass
 class LoadedKernel:
-    """A kernel loaded into one device's context."""
+    """A kernel loaded into one device's context. It holds its module: while it lives, so does the function (a
+    launcher's bare function handle does not keep the module loaded). :func:`cupygemm.jit.loader.load` gives it a
+    launcher for its parameter kinds."""
 
     module: object
     function: object
     key: str
     max_dynamic_smem: int = 0
     max_clusters: int = 0  # co-resident 2-CTA clusters (clustered kernels only)
-    launcher: object = None  # a cupygemm.launch.Launcher, when the caller set one up
+    launcher: object = None  # a cupygemm.launch.Launcher for ``kinds``
+    kinds: tuple[str, ...] = ()
 
     def ensure_dynamic_smem(self, nbytes: int) -> None:
         if nbytes > 48 * 1024 and nbytes > self.max_dynamic_smem:
