@@ -49,7 +49,7 @@ def test_copy_launch_packs_once_per_pointer_set(monkeypatch):
     kernel; the capture answer the call has goes on to the per-stream buffer."""
     from types import SimpleNamespace
 
-    from cupygemm.config import KIND_MASKED
+    from cupygemm.kinds.forward import MASKED
     from cupygemm.jit.loader import PackedParams
     from cupygemm.tensors import Framework
 
@@ -68,7 +68,7 @@ def test_copy_launch_packs_once_per_pointer_set(monkeypatch):
     monkeypatch.setattr(sfa_layout, "single_gpu", lambda: True)
     monkeypatch.setattr(sfa_layout, "sfa_buffer", lambda floats, device, stream, framework, capturing=None:
                         buffers.append((floats, capturing)) or (0x2000, "owner"))
-    problem = SimpleNamespace(kind=KIND_MASKED, num_groups=3, k=1000, m=200, sfa_m_pad=208, device=1,
+    problem = SimpleNamespace(kind=MASKED, num_groups=3, k=1000, m=200, sfa_m_pad=208, device=1,
                               sfa_strides=(1600, 8, 1))
     for capturing in (None, False, True):
         assert sfa_layout.to_m_major(problem, 0x1000, None, 7, Framework.TORCH, capturing) == (0x2000, "owner")
