@@ -27,6 +27,7 @@ from cupygemm import reference as ref
 cupy = pytest.importorskip("cupy")
 
 import cuda_emu  # noqa: E402
+from cast_helpers import assert_equal as _assert_equal, expected, make_input as _make_input  # noqa: E402
 from cupygemm import quantization as quant  # noqa: E402
 from cupygemm.jit.build import build_cubin  # noqa: E402
 from cupygemm.util import ceil_div, round_up  # noqa: E402
@@ -164,7 +165,7 @@ class _Buffer:
 
 
 def _garbage(dtype) -> float:
-    """Larger than any value _make_input makes: an amax that read it would differ."""
+    """Larger than any value make_input makes: an amax that read it would differ."""
     return 65000.0 if dtype == F16 else 1e30
 
 
@@ -212,48 +213,6 @@ def emulate(kernel, entry: str, x: np.ndarray, m_major: bool = False, offsets: d
             np.testing.assert_array_equal(b.array[:, o.shape[0]:].view(np.uint32), 0)
             results.append(b.array[:, :o.shape[0]].T)
     return results
-
-
-def _make_input(shape, dtype, seed=0):
-    """Magnitudes varying by row and by column; an all-zero row and column, tiny ones (below the 1e-4 clamp), exact
-    e4m3 rounding ties and subnormals (in groups whose amax is 448, so that the factor is exactly 1)."""
-    rng = np.random.default_rng(seed)
-    m, n = shape
-    x = rng.standard_normal(shape, dtype=np.float32)
-    x *= np.exp2(rng.uniform(-6, 6, (m, 1))).astype(np.float32) * np.exp2(rng.uniform(-6, 6, (1, n))).astype(np.float32)
-    special = np.array([448.0, 1.0625, -1.1875, 3 * 2.0 ** -10, 2.0 ** -10, -2.0 ** -10, 0.0, -0.0], np.float32)
-    if m >= 8 and n >= 8:
-        x[:8, 0] = special  # column 0's first group: ties for the transposed casts
-        x[0, :8] = special  # row 0's first group: ties for the row-wise ones
-    if m > 3 and n > 3:
-        x[2] = 0.0
-        x[:, 2] = 0.0
-        x[3] *= np.float32(1e-7)
-        x[:, 3] *= np.float32(1e-7)
-    if dtype == F16:
-        x = np.clip(x, -60000, 60000)
-    return x.astype(dtype)
-
-
-def _bits(a) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    return a.view(np.uint32) if a.dtype == np.float32 else a.view(np.uint8)
-
-
-def _assert_equal(got, want):
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape
-        np.testing.assert_array_equal(_bits(g), _bits(w))
-
-
-def expected(entry: str, x: np.ndarray):
-    """The compositions of the NumPy references each fused cast must equal."""
-    if entry == quant.TRANSPOSED:
-        return ref.per_token_cast_to_fp8_reference(x.T)
-    if entry == quant.TRANSPOSED_ROWWISE:
-        return ref.per_token_cast_to_fp8_reference(x.T) + ref.per_token_cast_to_fp8_reference(x)
-    return ref.per_block_cast_to_fp8_reference(x) + ref.per_block_cast_to_fp8_reference(x.T)
 
 
 SHAPES = [(1, 1), (1, 128), (128, 1), (7, 200), (127, 129), (129, 127), (128, 128), (256, 384), (300, 200),
