@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
 # Usage (from the repo root on the GPU machine):
-#   bash scripts/device_check.sh [tests] [bench] [peers] [decode] [masked-full] [overhead] [chain] [jax] [timers] [sanitize] [pytest args...]
+#   bash scripts/device_check.sh [tests] [bench] [peers] [decode] [masked-full] [overhead] [chain] [casts] [jax] [timers] [sanitize] [pytest args...]
 # peers: set up DeepGEMM and DeeperGEMM from a carried .peers/ folder (benchmarks/README.md, Peers); decode: the
 # M = 64 and 128 seed shapes against every peer, cupygemm with packed (L2-side-aware) weights too.
 set -uo pipefail
@@ -44,6 +44,8 @@ for s in "${steps[@]}"; do
         2>&1 | tee "$OUT/masked_full.log" ;;
     overhead) python3 -m cupygemm overhead --markdown --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
     chain) python3 -m cupygemm chain --json "$OUT/chain.json" 2>&1 | tee "$OUT/chain.log" ;;
+    casts)  # the FP8 casts (fused transpose casts too) at DeepSeek-V3 training sizes, against a D2D copy
+      python3 -m cupygemm cast-bench --json "$OUT/casts.json" 2>&1 | tee "$OUT/casts.log" ;;
     jax)  # cupygemm.jax in a lax.scan, with and without XLA command buffers; the FP8 MLP example
       XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m cupygemm jax-scan --json "$OUT/jax_scan.json" 2>&1 \
         | tee "$OUT/jax_scan.log"

@@ -25,6 +25,18 @@ IN_DTYPES = [BF16, np.dtype(np.float32), np.dtype(np.float16)]
 FUSED = [quant.TRANSPOSED, quant.TRANSPOSED_ROWWISE, quant.BLOCK_WITH_TRANSPOSE]
 
 
+def randn_bf16(shape, seed):
+    """A CuPy BF16 array (CuPy has no bfloat16 arithmetic: made as bits, viewed)."""
+    from cupygemm.bench.inputs import randn_bf16 as make
+
+    return make(shape, cp.random.default_rng(seed))
+
+
+def transposed_copy(x):
+    """x.T.copy() of a CuPy BF16 array, through its bits."""
+    return x.view(cp.uint16).T.copy().view(x.dtype)
+
+
 def cast(entry: str, x, **kw):
     if entry == quant.BLOCK_WITH_TRANSPOSE:
         return cupygemm.per_block_cast_to_fp8(x, with_transpose=True, **kw)
@@ -52,16 +64,17 @@ def test_bitwise(dtype, entry, shape):
 @pytest.mark.parametrize("t,d", [(4096, 7168), (4096, 2112), (4096, 512)])
 def test_deepseek_sizes_match_the_unfused_casts(t, d):
     """At the recipe's sizes, against the existing GPU casts of x.T.copy() (themselves bit-exact with the reference)."""
-    x = (cp.random.default_rng(t + d).standard_normal((t, d), dtype=cp.float32) * 3).astype(BF16)
+    x = randn_bf16((t, d), t + d)
     q_t, s_t, q, s = cupygemm.per_token_cast_to_fp8_transposed(x, rowwise=True)
-    want_t = cupygemm.per_token_cast_to_fp8(x.T.copy())
+    want_t = cupygemm.per_token_cast_to_fp8(transposed_copy(x))
     want = cupygemm.per_token_cast_to_fp8(x)
     for got, ref in zip((q_t, s_t, q, s), want_t + want):
         assert got.shape == ref.shape and bool((got.view(cp.uint8) == ref.view(cp.uint8)).all())
-    # the weights of the same pair, [N, K], with their transposed copy
-    w = x[:, : min(d, 2048)].T.copy()
+    # weights [N, K] of the same size, with their transposed copy
+    w = transposed_copy(x[:, : min(d, 2048)])
     q, s, q_t, s_t = cupygemm.per_block_cast_to_fp8(w, with_transpose=True)
-    for got, ref in zip((q, s, q_t, s_t), cupygemm.per_block_cast_to_fp8(w) + cupygemm.per_block_cast_to_fp8(w.T.copy())):
+    for got, ref in zip((q, s, q_t, s_t),
+                        cupygemm.per_block_cast_to_fp8(w) + cupygemm.per_block_cast_to_fp8(transposed_copy(w))):
         assert got.shape == ref.shape and bool((got.view(cp.uint8) == ref.view(cp.uint8)).all())
 
 
@@ -106,8 +119,8 @@ def test_gemm_reads_m_major_scales_without_a_copy(monkeypatch):
     from cupygemm import gemm as gemm_module
 
     t, d, n = 1008, 384, 256
-    x = (cp.random.default_rng(1).standard_normal((t, d), dtype=cp.float32)).astype(BF16)
-    w = (cp.random.default_rng(2).standard_normal((n, t), dtype=cp.float32)).astype(BF16)
+    x = randn_bf16((t, d), 1)
+    w = randn_bf16((n, t), 2)
     b, sfb = cupygemm.per_block_cast_to_fp8(w)
     q_t, s_row = cupygemm.per_token_cast_to_fp8_transposed(x)
     want = cupygemm.gemm_fp8_fp8_bf16_nt((q_t, s_row), (b, sfb))
@@ -140,17 +153,17 @@ def test_runs_on_the_given_stream(entry, how):
     """x is written by a slow kernel on a non-blocking stream; a cast ordered on that stream sees the data, one on
     any other stream would read the zeros that are there before."""
     x = make_input((520, 700), BF16, seed=4)
-    src = cp.asarray(x)
-    dst = cp.zeros_like(src)
+    src = cp.asarray(x.view(np.uint16))
+    dst = cp.zeros(src.shape, cp.uint16)
     cp.cuda.Device().synchronize()
     spin = cp.RawKernel(_SPIN, "spin_then_copy")
     stream = cp.cuda.Stream(non_blocking=True)
     spin((1,), (256,), (src, dst, np.int64(src.nbytes), np.int64(100_000_000)), stream=stream)  # ~50 ms
     if how == "argument":
-        got = cast(entry, dst, stream=stream)
+        got = cast(entry, dst.view(BF16), stream=stream)
     else:
         with stream:
-            got = cast(entry, dst)
+            got = cast(entry, dst.view(BF16))
     results = tuple(r.get(stream=stream) for r in got)
     stream.synchronize()
     assert_equal(results, expected(entry, x))
