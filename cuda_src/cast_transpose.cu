@@ -25,8 +25,9 @@
 //   - a column's 128 rows are one warp's: its amax is a 3-step shuffle butterfly (lanes ^4, ^8, ^16),
 //   - a row's 128 columns span all warps: per-warp partials (lanes ^1, ^2) meet in shared memory, and one thread
 //     per row makes the row's factor and scale (mode 1); mode 2 reduces the whole tile the same way.
-// Tiles wholly inside x with 16-byte aligned rows take the vector path; the others (edges, odd sizes or strides)
-// load and store element by element with bounds checks, zeros standing in for what lies past the end.
+// With 16-byte aligned rows (x's, q_t's, and q's kVec-byte rows), loads and stores are vectors, predicated off past
+// the edges of x (zeros are loaded instead); odd sizes, strides or addresses take element-wise paths with bounds
+// checks. Either way, elements past the end count as zeros.
 #include "quant_common.cuh"
 
 #ifndef CUPYGEMM_CT_MODE
@@ -222,27 +223,31 @@ CUPYGEMM_CT_ENTRY(const void* __restrict__ x_ptr, uint8_t* __restrict__ q_t, flo
   const long long tile = blockIdx.x;
   const long long tb = tile / col_tiles, db = tile % col_tiles;  // row block, column block
   const long long m0 = tb * kTile, n0 = db * kTile;
-  const bool full = m0 + kTile <= m && n0 + kTile <= n;
+  const long long row0 = m0 + r0, col0 = n0 + c0;  // the piece's first row and column in x
 
   // ---- load the thread's 16 x kVec piece (raw bits: 16 bytes a row) ----
   uint32_t w[kRows][4];
   const bits_t* x = static_cast<const bits_t*>(x_ptr);
-  if (full && reinterpret_cast<uptr>(x_ptr) % 16 == 0 && (ld_x * kInBytes) % 16 == 0) {
-    const bits_t* p = x + (m0 + r0) * ld_x + (n0 + c0);
+  // 16-byte loads where x's rows are 16-byte aligned, unless the piece's columns straddle the end of the rows
+  // (only when n % kVec != 0): then, like for unaligned x, element by element.
+  if (reinterpret_cast<uptr>(x_ptr) % 16 == 0 && (ld_x * kInBytes) % 16 == 0 && !(col0 < n && n < col0 + kVec)) {
+    const bool cols_in = col0 < n;  // all kVec columns, or none
+    const bits_t* p = x + row0 * ld_x + col0;
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
-      const uint4 v = ld_stream_v4(p + i * ld_x);
+      uint4 v = {0u, 0u, 0u, 0u};
+      if (cols_in && row0 + i < m) v = ld_stream_v4(p + i * ld_x);
       w[i][0] = v.x, w[i][1] = v.y, w[i][2] = v.z, w[i][3] = v.w;
     }
   } else {
 #pragma unroll
     for (int i = 0; i < kRows; ++i) {
-      const long long row = m0 + r0 + i;
+      const long long row = row0 + i;
 #pragma unroll
       for (int k = 0; k < 4; ++k) w[i][k] = 0u;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const long long col = n0 + c0 + j;
+        const long long col = col0 + j;
         if (row < m && col < n) {
           const uint32_t b = static_cast<uint32_t>(x[row * ld_x + col]);
           if constexpr (kInBytes == 4) w[i][j] = b;
@@ -265,7 +270,7 @@ CUPYGEMM_CT_ENTRY(const void* __restrict__ x_ptr, uint8_t* __restrict__ q_t, flo
     const float clamped = clamp_amax(mine);
     const float factor = quant_factor(clamped);
     if (rl < kVec) {
-      const long long c = n0 + c0 + rl;  // a row of x^T
+      const long long c = col0 + rl;  // a row of x^T
       if (c < st_rows) s_t[c * st_row_stride + tb * st_col_stride] = c < n ? quant_scale(clamped) : 0.0f;
     }
 #pragma unroll
@@ -323,50 +328,58 @@ CUPYGEMM_CT_ENTRY(const void* __restrict__ x_ptr, uint8_t* __restrict__ q_t, flo
     for (int i = 0; i < kRows; ++i) row_factor[i] = factor;
   }
 
-  // ---- q_t: column j of the piece is 16 consecutive bytes of row n0 + c0 + j of q_t ----
-  if (full && m % 16 == 0 && reinterpret_cast<uptr>(q_t) % 16 == 0) {
-    uint8_t* dst = q_t + (n0 + c0) * m + (m0 + r0);
+  // ---- q_t: column j of the piece is 16 consecutive bytes of row col0 + j of q_t ----
+  // 16-byte stores where q_t's rows are 16-byte aligned (m % 16 == 0: then a piece's 16 rows are all in x or all
+  // past its end); byte by byte otherwise.
+  if (m % 16 == 0 && reinterpret_cast<uptr>(q_t) % 16 == 0) {
+    const bool rows_in = row0 < m;
+    uint8_t* dst = q_t + col0 * m + row0;
     static_for<0, kVec>([&](auto jc) {
       constexpr int j = decltype(jc)::value;
       uint32_t o[4];
       column_bytes<j>(w, col_factor[j], o);
-      st_v4(dst + j * m, o[0], o[1], o[2], o[3]);
+      if (rows_in && col0 + j < n) st_v4(dst + j * m, o[0], o[1], o[2], o[3]);
     });
   } else {
     static_for<0, kVec>([&](auto jc) {
       constexpr int j = decltype(jc)::value;
       uint32_t o[4];
       column_bytes<j>(w, col_factor[j], o);
-      const long long c = n0 + c0 + j;
+      const long long c = col0 + j;
       if (c < n) {
 #pragma unroll
         for (int i = 0; i < kRows; ++i)
-          if (m0 + r0 + i < m) q_t[c * m + (m0 + r0 + i)] = static_cast<uint8_t>(o[i / 4] >> (8 * (i % 4)));
+          if (row0 + i < m) q_t[c * m + (row0 + i)] = static_cast<uint8_t>(o[i / 4] >> (8 * (i % 4)));
       }
     });
   }
 
-  // ---- q: row i of the piece is kVec consecutive bytes of row m0 + r0 + i of q ----
+  // ---- q: row i of the piece is kVec consecutive bytes of row row0 + i of q ----
+  // kVec-byte stores where q's rows are kVec-byte aligned (n % kVec == 0: then a piece's columns are all in x or all
+  // past the end of its rows); byte by byte otherwise.
   if constexpr (kStoreQ) {
-    if (full && n % kVec == 0 && reinterpret_cast<uptr>(q) % kVec == 0) {
-      uint8_t* dst = q + (m0 + r0) * n + (n0 + c0);
+    if (n % kVec == 0 && reinterpret_cast<uptr>(q) % kVec == 0) {
+      const bool cols_in = col0 < n;
+      uint8_t* dst = q + row0 * n + col0;
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
         uint32_t o[kVec / 4];
         row_bytes(w[i], row_factor[i], o);
-        if constexpr (kVec == 8) st_v2(dst + i * n, o[0], o[1]);
-        else st_u32(dst + i * n, o[0]);
+        if (cols_in && row0 + i < m) {
+          if constexpr (kVec == 8) st_v2(dst + i * n, o[0], o[1]);
+          else st_u32(dst + i * n, o[0]);
+        }
       }
     } else {
 #pragma unroll
       for (int i = 0; i < kRows; ++i) {
         uint32_t o[kVec / 4];
         row_bytes(w[i], row_factor[i], o);
-        const long long row = m0 + r0 + i;
+        const long long row = row0 + i;
         if (row < m) {
 #pragma unroll
           for (int j = 0; j < kVec; ++j)
-            if (n0 + c0 + j < n) q[row * n + (n0 + c0 + j)] = static_cast<uint8_t>(o[j / 4] >> (8 * (j % 4)));
+            if (col0 + j < n) q[row * n + (col0 + j)] = static_cast<uint8_t>(o[j / 4] >> (8 * (j % 4)));
         }
       }
     }

@@ -38,6 +38,7 @@ _SHIM = r"""
 #include <ucontext.h>
 #include <cmath>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #define __global__
@@ -76,9 +77,17 @@ static uint32_t xchg[2][1024];
 static int xphase[1024];
 static const char* error = nullptr;
 static constexpr size_t kStack = 256 * 1024;
+static std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // the memory a launch may touch: [lo, hi)
 
 inline void fail(const char* what) {
   if (!error) error = what;
+}
+// Vector loads and stores must lie inside one registered buffer (so a wrong predicate cannot write far away).
+inline void check_range(const void* p, size_t n, const char* what) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (const auto& r : ranges)
+    if (a >= r.first && a + n <= r.second) return;
+  fail(what);
 }
 inline void entry() {
   body();
@@ -195,22 +204,29 @@ inline uint16_t f32x2_to_e4m3x2(float lo, float hi) {
 }
 inline uint4 ld_stream_v4(const void* p) {
   if (reinterpret_cast<uintptr_t>(p) % 16) emu::fail("a misaligned 16-byte load");
+  emu::check_range(p, 16, "a 16-byte load outside the input");
   uint4 v;
   memcpy(&v, p, 16);
   return v;
 }
 inline void st_v4(void* p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   if (reinterpret_cast<uintptr_t>(p) % 16) emu::fail("a misaligned 16-byte store");
+  emu::check_range(p, 16, "a 16-byte store outside the outputs");
+  if (emu::error) return;
   const uint32_t v[4] = {a, b, c, d};
   memcpy(p, v, 16);
 }
 inline void st_v2(void* p, uint32_t a, uint32_t b) {
   if (reinterpret_cast<uintptr_t>(p) % 8) emu::fail("a misaligned 8-byte store");
+  emu::check_range(p, 8, "an 8-byte store outside the outputs");
+  if (emu::error) return;
   const uint32_t v[2] = {a, b};
   memcpy(p, v, 8);
 }
 inline void st_u32(void* p, uint32_t a) {
   if (reinterpret_cast<uintptr_t>(p) % 4) emu::fail("a misaligned 4-byte store");
+  emu::check_range(p, 4, "a 4-byte store outside the outputs");
+  if (emu::error) return;
   memcpy(p, &a, 4);
 }
 #if CUPYGEMM_QUANT_IN_KIND != 0
@@ -241,6 +257,10 @@ inline uint32_t max_x2(uint32_t a, uint32_t b) {  // per half: a NaN loses to a 
 extern "C" int emu_threads() { return cupygemm::cast_t::kThreads; }
 extern "C" uint8_t emu_e4m3_of(float f) { return emu_e4m3(f); }
 extern "C" const char* emu_error() { return emu::error; }
+extern "C" void emu_clear_ranges() { emu::ranges.clear(); }
+extern "C" void emu_add_range(const void* p, unsigned long long n) {
+  emu::ranges.emplace_back(reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + n);
+}
 
 // One launch of the kernel over `grid` CTAs, run one after another.
 extern "C" int emu_launch(unsigned grid, const void* x, uint8_t* q_t, float* s_t, uint8_t* q, float* s, long long m,
@@ -269,10 +289,17 @@ class EmulatedKernel:
         self.lib.emu_error.restype = ctypes.c_char_p
         self.lib.emu_e4m3_of.restype = ctypes.c_uint8
         self.lib.emu_e4m3_of.argtypes = [ctypes.c_float]
+        self.lib.emu_add_range.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong]
         self.threads = self.lib.emu_threads()
 
     def launch(self, grid: int, x: int, q_t: int, s_t: int, q: int, s: int, m: int, n: int, ld: int,
-               st_row_stride: int, st_col_stride: int, st_rows: int) -> None:
+               st_row_stride: int, st_col_stride: int, st_rows: int,
+               ranges: list[tuple[int, int]] | None = None) -> None:
+        """One launch; ``ranges``: (address, bytes) of the buffers its vector loads and stores may touch (the
+        input's whole allocation and each output's); a vector access outside all of them fails the launch."""
+        self.lib.emu_clear_ranges()
+        for ptr, size in ranges or []:
+            self.lib.emu_add_range(ptr, size)
         rc = self.lib.emu_launch(grid, x, q_t, s_t, q, s, m, n, ld, st_row_stride, st_col_stride, st_rows)
         if rc:
             raise AssertionError(f"emulated kernel: {self.lib.emu_error().decode()}")
