@@ -175,7 +175,8 @@ __device__ __forceinline__ void piece_amax(const uint32_t (&w)[kRows][4], float 
 }
 
 // The 16 q_t bytes of column j of a piece: its rows 0..15 times factor f, row 0 in the low byte of o[0].
-template <int j> __device__ __forceinline__ void column_bytes(const uint32_t (&w)[kRows][4], float f, uint32_t (&o)[4]) {
+template <int j>
+__device__ __forceinline__ void column_bytes(const uint32_t (&w)[kRows][4], float f, uint32_t (&o)[4]) {
   const uint32_t dep = __float_as_uint(f) >> 31;
 #pragma unroll
   for (int k = 0; k < 4; ++k)

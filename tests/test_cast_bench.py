@@ -46,7 +46,8 @@ def test_cast_bytes():
 def test_report():
     rows = [{"tensor": "act", "name": "x", "shape": [4096, 512], "dtype": "bfloat16", "method": m, "us": us,
              "bytes": 1000, "gbs": 1000 / us / 1e3, "copy_us": 8.0, "copy_ratio": 8.0 / us, "peak_ratio": 0.5,
-             "check": c} for m, us, c in (("per_token", 10.0, None), ("transposed", 8.0, True), ("unfused", 40.0, True))]
+             "check": c}
+            for m, us, c in (("per_token", 10.0, None), ("transposed", 8.0, True), ("unfused", 40.0, True))]
     s = casts.summary(rows)
     assert s["transposed"]["copy_ratio"] == pytest.approx(1.0) and s["unfused"]["copy_ratio"] == pytest.approx(0.2)
     text = casts.markdown(rows, 3000.0)

@@ -48,8 +48,10 @@ def _sass(cubin: bytes, tmp_path) -> tuple[str, str]:
     f = tmp_path / "k.cubin"
     f.write_bytes(cubin)
     cuobjdump = require_tool("cuobjdump")
-    run = lambda *a: subprocess.run([cuobjdump, *a, str(f)], capture_output=True, text=True, env=tool_env(),  # noqa: E731
-                                    check=True).stdout
+    def run(*args: str) -> str:
+        return subprocess.run([cuobjdump, *args, str(f)], capture_output=True, text=True, env=tool_env(),
+                              check=True).stdout
+
     return run("-sass"), run("-res-usage")
 
 

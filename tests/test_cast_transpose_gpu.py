@@ -95,8 +95,8 @@ def test_strided_inputs(dtype, entry):
 @pytest.mark.parametrize("shape", [(4096, 7168), (300, 130), (1000, 4097), (1, 1)], ids=lambda s: f"{s[0]}x{s[1]}")
 def test_m_major_scales(shape, rowwise):
     t, d = shape
-    x = make_input(shape, BF16, seed=11)
-    xg = cp.asarray(x)
+    x = make_input(shape, BF16, seed=11) if t * d <= 1 << 22 else None
+    xg = cp.asarray(x) if x is not None else randn_bf16(shape, 11)
     got = cupygemm.per_token_cast_to_fp8_transposed(xg, rowwise=rowwise, m_major_scales=True)
     s_t = got[1]
     kb, d_pad = ceil_div(t, 128), round_up(d, 4)
@@ -110,7 +110,9 @@ def test_m_major_scales(shape, rowwise):
     # the buffer's padding columns are zeros, as in the helper's
     buf = cp.ndarray((kb, d_pad), cp.float32, s_t.data)
     assert bool((buf[:, d:] == 0).all())
-    assert_equal(host(got), expected(quant.TRANSPOSED_ROWWISE if rowwise else quant.TRANSPOSED, x))
+    if t * d <= 1 << 22:  # the big shape's values: test_deepseek_sizes_match_the_unfused_casts (no slow host reference)
+        assert_equal(host(got), expected(quant.TRANSPOSED_ROWWISE if rowwise else quant.TRANSPOSED, x))
+    assert_equal(host(got[:1] + got[2:]), host(row_major[:1] + row_major[2:]))
 
 
 def test_gemm_reads_m_major_scales_without_a_copy(monkeypatch):
