@@ -261,7 +261,7 @@ CUPYGEMM_CT_ENTRY(const void* __restrict__ x_ptr, uint8_t* __restrict__ q_t, flo
   float camax[kVec], ramax[kRows], tamax;
   piece_amax(w, camax, ramax, tamax);
 
-  float col_factor[kVec];  // per-token modes: each column's factor; per-block: the tile's, in col_factor[0]
+  float col_factor[kVec];  // each column's factor (per-block: the tile's in every entry)
   float row_factor[kRows];
   if constexpr (!kBlock) {
     // Lane rl makes column rl's factor and scale (rl < kVec), then every lane takes its kVec factors.
