@@ -1,63 +1,19 @@
 // FP8 (e4m3fn) quantization kernels: per-token (1x128 groups) and per-block (128x128 tiles).
 //
-// Bit-exact with cupygemm.reference (DeepGEMM 03d0be3 casts):
-//   amax   = max |x| over the group, in FP32, clamped below at 1e-4
-//   factor = 448 / amax          (IEEE division, round to nearest)
-//   q      = e4m3(x * factor)    (FP32 multiply, round to nearest even, saturate to +-448)
-//   scale  = amax / 448          (IEEE division, round to nearest)
-// Elements past the end of the tensor count as zeros (the reference pads with zeros) and are not stored.
+// The arithmetic (bit-exact with cupygemm.reference, the DeepGEMM 03d0be3 casts) is quant_common.cuh's, shared with
+// the fused transpose casts of cast_transpose.cu. Elements past the end of the tensor count as zeros (the reference
+// pads with zeros) and are not stored.
 //
 // The renderer defines CUPYGEMM_QUANT_IN_KIND: 0 = float32, 1 = bfloat16, 2 = float16, and may define
 // CUPYGEMM_QUANT_KERNEL (0 = per-token only, 1 = per-block only; both entry points when undefined), so that
 // each rendered source, and so each cache entry, holds exactly the kernel it is loaded for.
-// 16-bit inputs are read as raw bits and widened exactly to FP32 here (no cuda_bf16.h / cuda_fp16.h under NVRTC).
 //
 // Layouts: x is [m, n] with unit inner stride and a row stride of `ld_x` elements;
 // q is uint8 [m, n] row-major (dense); scales are float32 row-major.
-#include "ptx_common.cuh"
-
-#ifndef CUPYGEMM_QUANT_IN_KIND
-#error "CUPYGEMM_QUANT_IN_KIND must be defined (0 = float32, 1 = bfloat16, 2 = float16)"
-#endif
+#include "quant_common.cuh"
 
 namespace cupygemm {
 namespace quant {
-
-constexpr int kGroup = 128;           // quantization group width (and block height)
-constexpr float kFp8Max = 448.0f;     // largest finite e4m3fn value
-constexpr float kMinAmax = 1e-4f;     // amax clamp
-
-#if CUPYGEMM_QUANT_IN_KIND == 0
-typedef float in_t;
-__device__ __forceinline__ float to_f32(in_t v) { return v; }
-#elif CUPYGEMM_QUANT_IN_KIND == 1
-typedef uint16_t in_t;
-__device__ __forceinline__ float to_f32(in_t v) {
-  return __uint_as_float(static_cast<uint32_t>(v) << 16);  // bf16 -> f32 is exact
-}
-#elif CUPYGEMM_QUANT_IN_KIND == 2
-typedef uint16_t in_t;
-__device__ __forceinline__ float to_f32(in_t v) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;\n" : "=f"(f) : "h"(v));  // f16 -> f32 is exact
-  return f;
-}
-#else
-#error "unsupported CUPYGEMM_QUANT_IN_KIND"
-#endif
-
-// Two FP32 values -> two e4m3fn bytes (RNE, saturating); `lo` lands in the low byte.
-__device__ __forceinline__ uint16_t f32x2_to_e4m3x2(float lo, float hi) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
 
 // Quantize 4 consecutive values of one row starting at column `col0`, storing only columns < n.
 __device__ __forceinline__ void store_q4(uint8_t* q_row, long long col0, long long n, const float (&v)[4], float factor) {

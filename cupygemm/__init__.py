@@ -43,7 +43,7 @@ from .layout import (
     get_tma_aligned_size,
 )
 from .packing import PackedWeights, pack_weights
-from .quantization import per_block_cast_to_fp8, per_token_cast_to_fp8
+from .quantization import per_block_cast_to_fp8, per_token_cast_to_fp8, per_token_cast_to_fp8_transposed
 from .reference import calc_diff
 from .serving import WarmupReport, warmup
 
@@ -62,6 +62,7 @@ __all__ = [
     "PackedWeights",
     "per_token_cast_to_fp8",
     "per_block_cast_to_fp8",
+    "per_token_cast_to_fp8_transposed",
     "calc_diff",
     "ceil_div",
     "get_tma_aligned_size",

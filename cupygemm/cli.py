@@ -259,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
         cp.add_argument("file", metavar="FILE")
         cp.add_argument("--num-sms", type=_num_sms_arg, default=None, help=sms)
         cp.set_defaults(func=_cmd_cache, usage_error=cp.error)
+    from cupygemm.bench.casts import add_parser as add_cast_bench_parser
     from cupygemm.bench.chain import add_parser as add_chain_parser
     from cupygemm.bench.jax_scan import add_parser as add_jax_scan_parser
     from cupygemm.bench.options import add_bench_parser
@@ -267,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_overhead_parser(sub)
     add_jax_scan_parser(sub)
     add_chain_parser(sub)
+    add_cast_bench_parser(sub)
     add_bench_parser(sub)
     return p
 
