@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from ..shapes import NORMAL_NK
 from ..util import ceil_div
+from .options import help_text
 
 ACT_METHODS = ("per_token", "transposed", "transposed_rowwise", "unfused")
 WEIGHT_METHODS = ("per_block", "per_block_with_transpose")
@@ -221,7 +222,7 @@ def _nk_arg(text: str) -> list[tuple[int, int]]:
 
 def add_parser(sub: Any) -> None:
     sp = sub.add_parser("cast-bench", help="bandwidth of the FP8 casts (fused transpose casts included) at DeepSeek-V3 "
-                        "training sizes, against a device-to-device copy", description=__doc__,
+                        "training sizes, against a device-to-device copy", description=help_text(__doc__),
                         formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("--tokens", type=int, default=4096, help="T, the token count of x and dy (default 4096)")
     sp.add_argument("--nk", type=_nk_arg, default=None, metavar="NxK[,NxK...]",
