@@ -74,9 +74,10 @@ def _prepare(kind: Any, views: tuple[View | None, ...], expected_m: int | None,
     p = kind.check(views if kind.layout else views[:5], expected_m)
     if p.m == 0 or p.n == 0 or p.num_groups == 0 or p.k == 0:
         return p, None
-    a, _, b, _, out = views[:5]
+    a, sfa, b, _, out = views[:5]
     plan = plan_gemm(kind, p.m, p.n, p.k, p.num_groups, p.device, expected_m=expected_m, a_strides=a.strides,
-                     b_strides=b.strides, d_strides=None if out is None else out.strides, sides=packed is not None)
+                     b_strides=b.strides, d_strides=None if out is None else out.strides, sides=packed is not None,
+                     sfa_m_pad=p.sfa_m_pad, sfb_m_pad=p.sfb_m_pad, scale_rows=sfa.shape[0])
     return p, plan
 
 
@@ -159,17 +160,22 @@ def run(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
     if layout is not None and validate.check_inputs_enabled():
         _check_layout_on_host(problem, views[5] if views is not None else read(layout, kind.layout),
                               launch_stream)
+    if not problem.sfb_m_major:  # 1D1D kinds: B's 1x128 scales into the kernels' layout, as A's
+        sfb_ptr, keep_b = to_m_major(problem, ptrs[3], sfb if views is None else views[3], launch_stream, framework,
+                                     capturing, operand="b")
+    else:
+        sfb_ptr = ptrs[3]
     partials = counters = 0
-    if plan.scratch_counters:
+    if plan.scratch_floats or plan.scratch_counters:
         partials, counters, keep2 = scratch(plan.scratch_floats, plan.scratch_counters, problem.device,
                                             launch_stream, framework, capturing)
     page_sides = NO_PAGE_SIDES if packed is None else packed.launch_sides
     if single_gpu():
-        plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], ptrs[3], d_ptr, ptrs[5], partials, counters,
+        plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], sfb_ptr, d_ptr, ptrs[5], partials, counters,
                     page_sides=page_sides)
     else:
         with on_device(problem.device):
-            plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], ptrs[3], d_ptr, ptrs[5], partials, counters,
+            plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], sfb_ptr, d_ptr, ptrs[5], partials, counters,
                         page_sides=page_sides)
     del keep
     return result if out is not None else export_like(result, framework)

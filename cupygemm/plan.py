@@ -148,19 +148,28 @@ def _memset_u32(ptr: int, count: int, stream: int) -> None:
 
 def plan_gemm(kind: Any, m: int, n: int, k: int, num_groups: int, device_id: int, *, expected_m: int | None = None,
               a_strides: tuple[int, ...] | None = None, b_strides: tuple[int, ...] | None = None,
-              d_strides: tuple[int, ...] | None = None, sides: bool = False) -> GemmPlan:
+              d_strides: tuple[int, ...] | None = None, sides: bool = False, sfa_m_pad: int = 0, sfb_m_pad: int = 0,
+              scale_rows: int = 0) -> GemmPlan:
     """The launch plan of a GEMM whose operands are already validated (see :mod:`cupygemm.validate`).
 
     ``kind``: a :class:`cupygemm.kinds.GemmKind` (or its name). ``m``: rows (normal, contiguous) or max rows per group
     (masked). Strides are in bytes, outermost first, as the arrays have them (None: C-contiguous). Chooses the config, builds and loads the kernel on ``device_id``
     (so the first call for a shape compiles); memoized on everything it depends on. ``sides``: B is packed
     side-aware (:mod:`cupygemm.packing`), for the device whose side info :mod:`cupygemm.l2` holds.
+
+    The 1D1D kinds (wgrad, k-grouped wgrad) get a :class:`cupygemm.plan_wgrad.WgradPlan`, which launches alike;
+    ``sfa_m_pad``/``sfb_m_pad`` are their scales' row strides as the kernel reads them (default: the rows rounded
+    up to 4) and ``scale_rows`` the k-grouped kind's stacked scale rows.
     """
     from .kinds import FORWARD, kind_named
 
     kind = kind_named(kind)
     if kind.family != FORWARD:
-        raise NotImplementedError(f"{kind.name} GEMMs run on the 1D1D kernel, whose plans are not wired yet")
+        from . import plan_wgrad
+
+        pad = lambda rows: ((rows + 3) // 4) * 4  # noqa: E731
+        return plan_wgrad.plan(kind, m, n, k, num_groups, device_id, a_strides, b_strides, d_strides,
+                               sfa_m_pad or pad(m), sfb_m_pad or pad(n), scale_rows)
     dims = {"G": num_groups, "M": m, "N": n, "K": k}
     return _plan(kind, m, n, k, num_groups, device_id, model_rows(kind.kid, m, expected_m),
                  _strides(a_strides, tuple(dims[d] for d in kind.a_dims), 1),

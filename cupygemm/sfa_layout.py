@@ -37,17 +37,21 @@ _params = PackedParams()  # (device, src, dst, strides, m, kb, m_pad, groups) ->
 
 
 def to_m_major(problem: Problem, sfa_ptr: int, sfa: Any, stream: int, framework: Framework,
-               capturing: bool | None = None) -> tuple[int, Any]:
+               capturing: bool | None = None, operand: str = "a") -> tuple[int, Any]:
     """SFA (the caller's tensor, or its View, ``sfa`` at ``sfa_ptr``) of ``problem`` copied on ``stream`` into
     [G][ceil(K/128)][m_pad]; returns its pointer and the buffer's owner, to keep alive until the GEMM is queued.
     ``capturing``: whether ``stream`` is being captured, where the caller knows it already
-    (:func:`cupygemm.workspace.sfa_buffer`)."""
-    g = problem.num_groups if problem.kind.a_dims[0] == "G" else 1  # A's groups: its scales' too
-    kb, m, m_pad, device = ceil_div(problem.k, 128), problem.m, problem.sfa_m_pad, problem.device
-    ptr, owner = sfa_buffer(g * kb * m_pad, device, stream, framework, capturing)
-    strides = problem.sfa_strides
+    (:func:`cupygemm.workspace.sfa_buffer`). ``operand="b"``: the 1x128 scales of B (the 1D1D kinds) instead, into
+    [ceil(K/128)][n_pad], in a buffer of their own."""
+    if operand == "b":
+        g, m, m_pad, strides = 1, problem.n, problem.sfb_m_pad, problem.sfb_strides
+    else:
+        g = problem.num_groups if problem.kind.a_dims[0] == "G" else 1  # A's groups: its scales' too
+        m, m_pad, strides = problem.m, problem.sfa_m_pad, problem.sfa_strides
+    kb, device = ceil_div(problem.k, 128), problem.device
+    ptr, owner = sfa_buffer(g * kb * m_pad, device, stream, framework, capturing, operand)
     if strides is None:
-        view = sfa if isinstance(sfa, View) else read(sfa, "lhs[1] (A scales)")
+        view = sfa if isinstance(sfa, View) else read(sfa, "scales")
         _framework_copy(view, ptr, owner, g, m, kb, m_pad, stream, framework, device)
         return ptr, owner
     key = (device, sfa_ptr, ptr, strides, m, kb, m_pad, g)

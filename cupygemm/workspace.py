@@ -104,6 +104,7 @@ class Registry:
 
 _SCRATCH = Registry("split-K and stream-K scratch", counters=True)
 _SFA = Registry("A scales in the kernels' layout", counters=False)
+_SFB = Registry("B's 1x128 scales in the kernels' layout", counters=False)
 
 
 def scratch(floats: int, counters: int, device: int, stream: int, framework: Framework,
@@ -123,16 +124,17 @@ def scratch(floats: int, counters: int, device: int, stream: int, framework: Fra
 
 
 def sfa_buffer(floats: int, device: int, stream: int, framework: Framework,
-               capturing: bool | None = None) -> tuple[int, Any]:
+               capturing: bool | None = None, operand: str = "a") -> tuple[int, Any]:
     """The device pointer of at least ``floats`` FP32 for a call's A scales in the kernels' layout, written and
     read on ``stream`` (so one buffer serves every call there), and the array owning it. ``capturing`` as for
-    :func:`scratch`."""
+    :func:`scratch`. ``operand="b"``: a second buffer, for the 1x128 B scales of the 1D1D kinds."""
+    registry = _SFA if operand == "a" else _SFB
     torch_memory = framework is Framework.TORCH
     if torch_memory and (is_capturing(stream) if capturing is None else capturing):
-        s = _SFA.fresh(floats, 0, device, stream)
+        s = registry.fresh(floats, 0, device, stream)
         return s.ptrs[0], s.data
     key = (torch_memory, device, stream)
-    s = _SFA.sets.get(key)
+    s = registry.sets.get(key)
     if s is None or s.floats < floats:
-        s = _SFA.grow(key, floats, 0)
+        s = registry.grow(key, floats, 0)
     return s.ptrs[0], s.data

@@ -13,7 +13,7 @@ from cupygemm import contract_wgrad as cw
 from cupygemm.jit.compiler import BASE_OPTIONS, compile_cubin
 from cupygemm.jit.source import KernelSource, cuda_src_dir, included_headers
 from cupygemm.launch import DESC, PTR, U32
-from cupygemm.wgrad_launch import compile_prep, compile_wgrad, prep_source, wgrad_source
+from wgrad_harness import compile_prep, compile_wgrad, prep_source, wgrad_source
 from sass_helpers import require_tool, tool_env
 from sass_tools.elf import Cubin
 

@@ -1,4 +1,5 @@
-"""The wgrad kernels on the GPU (cupygemm/wgrad_launch.py over cuda_src/fp8_wgrad.cu and k_grouped_prep.cu):
+"""The wgrad kernels on the GPU (tests/wgrad_harness.py: the package's plans on forced configs; cuda_src/fp8_wgrad.cu
+and k_grouped_prep.cu):
 D += A . B^T with 1x128 scales on both operands, FP32 D accumulated in place, against float64 references.
 
 Every result is checked twice: against the float64 product of the dequantized operands (each element within the
@@ -18,7 +19,7 @@ cp = pytest.importorskip("cupy")
 
 import cupygemm  # noqa: E402
 from cupygemm import contract_wgrad as cw  # noqa: E402
-from cupygemm.wgrad_launch import (k_grouped_wgrad_fp8_fp8_fp32_nt, wgrad_fp8_fp8_fp32_nt,  # noqa: E402
+from wgrad_harness import (k_grouped_wgrad_fp8_fp8_fp32_nt, wgrad_fp8_fp8_fp32_nt,  # noqa: E402
                                    workspace_header)
 from gpu_helpers import FP8_ACCUM_EPS, bf16_to_f64, calc_diff, dequant_rows, randn_bf16, rel_fro  # noqa: E402
 
