@@ -75,11 +75,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import xla_ffi
-from .config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL
-from .errors import CupygemmDeviceError
-from .packing import PackedLayout, PackedWeights
-from .util import ceil_div
+from .. import xla_ffi
+from ..config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL
+from ..errors import CupygemmDeviceError
+from ..packing import PackedLayout, PackedWeights
+from ..util import ceil_div
 
 __all__ = [
     "TARGET",
@@ -169,7 +169,7 @@ def _plan_cuda(kind: int, m: int, n: int, k: int, num_groups: int, expected_m: i
             f"cupygemm.jax needs JAX with a CUDA GPU backend (e.g. pip install 'jax[cuda12]'): {e}") from e
     import cupy
 
-    from .plan import plan_gemm
+    from ..plan import plan_gemm
 
     plans = {}
     for dev in gpus:
@@ -222,7 +222,7 @@ def _handler(backend: _Backend) -> xla_ffi.FfiHandler:
 
 
 def _check_inputs() -> bool:
-    from .env import check_inputs_enabled
+    from ..env import check_inputs_enabled
 
     return check_inputs_enabled()
 
@@ -692,7 +692,7 @@ def _per_block_jnp(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def _cast_plan_cuda(entry: str, dtype: np.dtype, m: int, n: int) -> dict[int, Callable]:
     """Per local GPU, the launch of the CUDA cast kernel (the one the CuPy and torch paths run), loaded now."""
-    from . import quantization
+    from .. import quantization
 
     launches = {}
     try:
@@ -718,7 +718,7 @@ _cast_entries: dict[tuple, int] = {}
 def _ffi_cast(entry: str, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The cast as an XLA custom call of cupygemm's CUDA kernel: bit-exact with the CuPy/torch paths (XLA's own
     float division on the GPU is not IEEE-exact, so a jnp version can differ in the last bit of a scale)."""
-    from . import quantization
+    from .. import quantization
 
     m, n = x.shape
     dtype = np.dtype(x.dtype)
@@ -767,7 +767,7 @@ class _JaxAdapter:
     @staticmethod
     def gemm(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, static: int | None, stream: Any,
              packed: PackedWeights | None) -> Any:
-        from .gemm import same_framework
+        from ..gemm import same_framework
 
         if stream is not None:
             raise TypeError("stream: JAX calls run on XLA's stream, in JAX's order; stream= is for CuPy and torch")
@@ -788,8 +788,8 @@ class _JaxAdapter:
 
 
 def _register_adapter() -> None:
-    from . import frameworks
-    from .tensors import Framework
+    from .. import frameworks
+    from ..tensors import Framework
 
     frameworks.register(Framework.JAX, _JaxAdapter())
 
