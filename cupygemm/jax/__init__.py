@@ -54,6 +54,10 @@ differently); each is within the kernels' accuracy.
 
 ``jax.grad`` (any differentiation) raises TypeError: these are inference kernels without a VJP.
 
+``shard_map``: the GEMMs and the casts trace inside it; their results vary along the mesh axes their operands
+vary along (:mod:`cupygemm.jax.vma`). Each device runs its own call on its own shard (no partitioning rule for
+plain ``jit`` over sharded arrays yet).
+
 **Packed weights.** :func:`cupygemm.pack_weights` packs a JAX B into an XLA buffer (L2-side-aware, see
 :mod:`cupygemm.packing`); pass the :class:`~cupygemm.PackedWeights` as ``b`` with ``sfb=None`` (its scales are
 used). The class is a pytree here (leaves: the packed bytes and the scales), so it passes through ``jit`` and
@@ -64,11 +68,11 @@ runs in sequence).
 Eager calls (concrete arrays outside ``jit``) take the same path: each public function calls a jitted function,
 so the result is ordered on XLA's stream like any JAX result.
 
-The package, one job per module: :mod:`.frontend` (the public functions, from the descriptors), :mod:`.checks`
-(trace-time checks: the kinds' own, on Views), :mod:`.batching` (each kind's op: vmap rule, no derivative),
-:mod:`.calls` (trace-time planning, handler entries, the ``ffi_call``),
-:mod:`.casts`, :mod:`.packed` (PackedWeights as a pytree), :mod:`.backend` (FFI target, handler, planner; the test
-hook), :mod:`.adapter` (the eager entry points' way in).
+The package, one job per module: :mod:`.frontend` (the public functions, made from the descriptors),
+:mod:`.checks` (trace-time checks: the kinds' own, on Views), :mod:`.batching` (each kind's op: its vmap rule and
+no derivative), :mod:`.calls` (trace-time planning, handler entries, the ``ffi_call``), :mod:`.vma` (types under
+``shard_map``), :mod:`.casts`, :mod:`.packed` (PackedWeights as a pytree), :mod:`.backend` (FFI target, handler,
+planner; the test hook), :mod:`.adapter` (the eager entry points' way in).
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from ..env import check_inputs_enabled
 from ..errors import CupygemmDeviceError
 from ..kinds import GemmKind
 from ..validate import Problem
-from . import backend, checks
+from . import backend, checks, vma
 from .packed import PackedSpec
 
 
@@ -135,6 +135,8 @@ def gemm(kind: GemmKind, static: int | None, packed: PackedSpec | None, operands
     operands[1] = kernel_scales(sfa, sfa_pad)
     if sfb_pad:
         operands[3] = kernel_scales(sfb, sfb_pad)
+    axes = vma.union(*operands)
+    operands = [vma.to_varying(x, axes) for x in operands]
     results = [jax.ShapeDtypeStruct(tuple(p.out_shape), kind.out_dtype)]
     if floats:
         results.append(jax.ShapeDtypeStruct((floats,), jnp.float32))
@@ -142,4 +144,4 @@ def gemm(kind: GemmKind, static: int | None, packed: PackedSpec | None, operands
         results.append(jax.ShapeDtypeStruct((counters,), jnp.uint32))
     call = jax.ffi.ffi_call(backend.TARGET, results, vmap_method="sequential",
                             input_output_aliases={len(operands) - 1: 0} if out is not None else None)
-    return call(*operands, entry_id=np.int64(eid))[0]
+    return vma.to_varying(call(*operands, entry_id=np.int64(eid))[0], axes)

@@ -17,7 +17,7 @@ from jax import lax
 
 from .. import quantization, xla_ffi
 from ..util import ceil_div
-from . import backend, checks
+from . import backend, checks, vma
 
 _GROUP = 128
 _FP8_MAX = 448.0
@@ -114,7 +114,8 @@ def ffi_cast(entry: str, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     results = [jax.ShapeDtypeStruct((m, n), jnp.float8_e4m3fn),
                jax.ShapeDtypeStruct((quantization.scale_rows(entry, m), ceil_div(n, _GROUP)), jnp.float32)]
     q, s = jax.ffi.ffi_call(backend.TARGET, results, vmap_method="sequential")(x, entry_id=np.int64(eid))
-    return q, s
+    axes = vma.varying(x)  # under shard_map the results vary as x does (as the jnp branch's do)
+    return vma.to_varying(q, axes), vma.to_varying(s, axes)
 
 
 def cast(entry: str, jnp_impl: Callable, x: Any) -> tuple[jax.Array, jax.Array]:

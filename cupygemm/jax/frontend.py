@@ -97,7 +97,7 @@ def _doc(kind: GemmKind) -> str:
                   "the same checks, plans and kernels."), "", "Args:"]
     lines += [wrap(f"{name}: {text}", initial_indent="    ", subsequent_indent="        ") for name, text in args]
     lines += ["", "Returns:", f"    {out_dtype} {_dims(kind.out_dims)}.", "",
-              wrap(f"Works eagerly and under ``jit`` and ``lax.scan``; {vmapped}. No derivative "
+              wrap(f"Works eagerly and under ``jit``, ``lax.scan`` and ``shard_map``; {vmapped}. No derivative "
                    "(TypeError). Shapes and dtypes are checked at trace time.")]
     return "\n".join(lines)
 
