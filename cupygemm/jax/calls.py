@@ -38,7 +38,7 @@ def has_out(kind: GemmKind) -> bool:
 
 
 def kernel_scales(s: jax.Array, pad: int) -> jax.Array:
-    """Row-major scales [..., rows, KB] -> the rows-major buffer the kernel reads, [..., KB, pad] (an XLA op)."""
+    """Row-major scales [..., rows, KB] -> the M-major buffer the kernel reads, [..., KB, pad] (a small XLA op)."""
     t = jnp.swapaxes(s, -1, -2)
     return jnp.pad(t, [(0, 0)] * (t.ndim - 1) + [(0, pad - t.shape[-1])])
 

@@ -13,6 +13,7 @@ ordered on XLA's stream like any JAX result.
 from __future__ import annotations
 
 import functools
+import keyword
 import textwrap
 from typing import Any, Callable
 
@@ -116,6 +117,10 @@ def _params(kind: GemmKind) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def public(kind: GemmKind) -> Callable[..., jax.Array]:
     """``cupygemm.jax.<kind.api>``: see the module docstring."""
+    for name in (kind.api, kind.layout, kind.static):  # they become Python names in the generated function
+        if name is not None and (not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_")
+                                 or name in ("a", "sfa", "b", "sfb", "out")):
+            raise ValueError(f"kind {kind.name!r}: {name!r} cannot name a parameter of a JAX function")
     params = _params(kind)
     args = ["a", "sfa", "b", "sfb", kind.layout or "None",
             f"_static({kind.static})" if kind.static else "None", "out" if has_out(kind) else "None"]

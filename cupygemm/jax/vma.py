@@ -22,7 +22,10 @@ from jax import lax
 
 def varying(x: Any) -> frozenset:
     """The mesh axes along which ``x`` varies (empty outside ``shard_map``)."""
-    t = jax.typeof(x)
+    typeof = getattr(jax, "typeof", None)
+    if typeof is None:  # pragma: no cover - a JAX without varying manual axes
+        return frozenset()
+    t = typeof(x)
     mat = getattr(t, "mat", None)
     if mat is not None:
         return frozenset(mat.varying)
