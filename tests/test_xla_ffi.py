@@ -722,6 +722,9 @@ def test_jax_packed_weights_bad_input(cj):
 
 def test_jax_functions_from_the_descriptors(cj):
     import inspect
+    import typing
+
+    import jax
 
     from cupygemm.kinds import KINDS
 
@@ -737,6 +740,7 @@ def test_jax_functions_from_the_descriptors(cj):
         f = getattr(cj, kind.api)
         assert f.__module__ == "cupygemm.jax" and f.__name__ == kind.api
         assert f.__doc__.startswith(kind.summary[0].upper() + kind.summary[1:]) and "Args:" in f.__doc__
+        assert typing.get_type_hints(f)["return"] is jax.Array
 
 
 def test_jax_arrays_through_the_eager_entry_points(cj):

@@ -23,6 +23,7 @@ import numpy as np
 from jax import lax
 
 from ..kinds import GemmKind
+from ..packing import PackedWeights
 from ..tensors import BF16
 from . import batching, checks
 from .calls import has_out
@@ -125,7 +126,8 @@ def public(kind: GemmKind) -> Callable[..., jax.Array]:
     args = ["a", "sfa", "b", "sfb", kind.layout or "None",
             f"_static({kind.static})" if kind.static else "None", "out" if has_out(kind) else "None"]
     source = f"def {kind.api}({', '.join(params)}):\n    return _boundary({', '.join(args)})\n"
-    namespace: dict[str, Any] = {"_boundary": _boundary(kind), "_static": functools.partial(checks.static_int, kind)}
+    namespace: dict[str, Any] = {"_boundary": _boundary(kind), "_static": functools.partial(checks.static_int, kind),
+                                 "jax": jax, "PackedWeights": PackedWeights}  # the annotations' names
     exec(compile(source, f"<cupygemm.jax.{kind.api}>", "exec"), namespace)
     fn = namespace[kind.api]
     fn.__module__ = "cupygemm.jax"
