@@ -784,29 +784,43 @@ def test_jax_out_as_bfloat16_bits(cj):
 
 
 # A kind no module registers, with what the training kinds bring (cupygemm.jax has no code of its own for it): FP32
-# out accumulated in place (a required operand aliased to the result), B scaled per 1x128 like A (so SFB is
-# transposed for the kernel like SFA), an int32 layout operand and a static int, and split-K scratch.
+# out accumulated in place (a required operand aliased to the result), B scaled per 1x128 like A (so SFB is laid out
+# for the kernel like SFA), scales given row-major [rows, KB] or as DeepGEMM's transposed stack [KB, rows] (used in
+# place when aligned, else padded), an int32 layout operand and a static int, and split-K scratch.
 # out[g] += A @ B[g].T for the groups g whose flag is set.
 
 def _fake_kind():
     from cupygemm import validate
     from cupygemm.kinds import ONE_D_ONE_D, GemmKind
     from cupygemm.layout import get_tma_aligned_size
-    from cupygemm.tensors import F32
+    from cupygemm.tensors import F32, View
+
+    def scales(sf, rows, kb, name):
+        """(in place, pad, copy strides) of 1x128 scales [..., rows, KB] or stacked [..., KB, rows]."""
+        if sf.dtype == F32 and sf.ndim >= 2 and tuple(sf.shape[-2:]) == (kb, rows):  # the stack, read first
+            sf = View(sf.ptr, sf.shape[:-2] + (rows, kb), sf.strides[:-2] + (sf.strides[-1], sf.strides[-2]),
+                      sf.dtype, sf.device)
+        validate.f32(sf, name, tuple(sf.shape[:-2]) + (rows, kb))
+        pad = get_tma_aligned_size(rows, 4)
+        in_place = validate.is_m_major(sf, pad, kb)
+        return in_place, pad, validate.sfa_copy_strides(sf, in_place)
 
     def check(views, static, names):
         a, sfa, b, sfb, out, flags = views
+        if out is None:
+            raise TypeError(f"{names.out}: the flagged GEMM accumulates into out; pass it")
         validate.fp8(a, names.a, 2)
         validate.fp8(b, names.b, 3)
         (m, k), (g, n, _) = a.shape, b.shape
         kb = -(-k // 128)
-        validate.check_k_n(k, n)
-        validate.f32(sfa, names.sfa, (m, kb))
-        validate.f32(sfb, names.sfb, (g, n, kb))
+        a_in_place, m_pad, a_strides = scales(sfa, m, kb, names.sfa)
+        if sfb.ndim != 3:
+            raise ValueError(f"{names.sfb}: expected [G, N, KB] or [G, KB, N], got shape {tuple(sfb.shape)}")
+        b_in_place, n_pad, b_strides = scales(sfb, n, kb, names.sfb)
         validate.int32_vector(flags, names.layout, g)
         validate.out_operand(out, (g, m, n), names.out, dtype=F32)
-        return validate.Problem(kind, m, n, k, g, False, get_tma_aligned_size(m, 4), 0, (g, m, n),
-                                sfb_m_major=False, sfb_m_pad=get_tma_aligned_size(n, 4))
+        return validate.Problem(kind, m, n, k, g, a_in_place, m_pad, 0, (g, m, n), a_strides, b_in_place, n_pad,
+                                b_strides)
 
     kind = GemmKind(name="flagged_wgrad", kid=99, api="flagged_gemm_fp8_fp8_fp32_nt",
                     summary="out[g] += A @ B[g].T where flags[g]", family=ONE_D_ONE_D, a_dims="MK", b_dims="GNK",
@@ -841,11 +855,14 @@ class FlaggedPlan:
             D[i] += (x @ ref.dequantize_per_token(B[i], SFB[i]).T).astype(np.float32)
 
 
-def _flagged_operands(m, n, k, g, seed=0):
+def _flagged_operands(m, n, k, g, seed=0, b_from=None):
     rng = np.random.default_rng(seed)
     a, sfa = ref.per_token_cast_to_fp8_reference(rng.standard_normal((m, k)).astype(np.float32))
-    bs = [ref.per_token_cast_to_fp8_reference(rng.standard_normal((n, k)).astype(np.float32)) for _ in range(g)]
-    b, sfb = np.stack([x[0] for x in bs]), np.stack([x[1] for x in bs])
+    if b_from is None:
+        bs = [ref.per_token_cast_to_fp8_reference(rng.standard_normal((n, k)).astype(np.float32)) for _ in range(g)]
+        b, sfb = np.stack([x[0] for x in bs]), np.stack([x[1] for x in bs])
+    else:
+        b, sfb = b_from[0].view(np.uint8), b_from[1]
     want = np.stack([ref.dequantize_per_token(a, sfa) @ ref.dequantize_per_token(b[i], sfb[i]).T for i in range(g)])
     return a.view(ml_dtypes.float8_e4m3fn), sfa, b.view(ml_dtypes.float8_e4m3fn), sfb, want
 
@@ -885,6 +902,15 @@ def test_jax_a_new_kind_plugs_in_by_its_descriptor(monkeypatch):
         entry = backend.handlers["cpu"].entry(next(iter(be.entries.values()))[0])
         assert entry.expected[1] == (11, (3, 40)) and entry.expected[3] == (11, (3, 3, 136))  # kernel layouts
         assert entry.num_rets == 3  # out, partials, counters
+        # the scales as DeepGEMM's transposed stacks: SFB [G, KB, N] used in place (N % 4 == 0), SFA [KB, M]
+        # padded (M = 42)
+        a2, sfa2, _, _, want2 = _flagged_operands(42, 136, 272, 3, seed=1, b_from=(b, sfb))
+        d = f(a2, np.ascontiguousarray(sfa2.T), b, np.ascontiguousarray(sfb.transpose(0, 2, 1)), flags, 7,
+              jnp.zeros((3, 42, 136), jnp.float32))
+        for i, on in enumerate([1, 0, 1]):
+            assert ref.calc_diff(np.asarray(d[i]), on * want2[i]) < 1e-9 if on else not np.asarray(d[i]).any()
+        entry = backend.handlers["cpu"].entry(list(be.entries.values())[-1][0])
+        assert entry.expected[1] == (11, (3, 44)) and entry.expected[3] == (11, (3, 3, 136))
         # the shared check's messages, with the JAX names
         with pytest.raises(ValueError, match=r"sfb: expected shape \(3, 136, 3\)"):
             f(a, sfa, b, sfb[:, :, :2], flags, 7, jnp.asarray(out))
@@ -892,7 +918,7 @@ def test_jax_a_new_kind_plugs_in_by_its_descriptor(monkeypatch):
             f(a, sfa, b, sfb, flags[:2], 7, jnp.asarray(out))
         with pytest.raises(TypeError, match="out: expected a float32 array"):
             f(a, sfa, b, sfb, flags, 7, jnp.asarray(out).astype(jnp.bfloat16))
-        with pytest.raises(TypeError, match="out: flagged_gemm_fp8_fp8_fp32_nt accumulates into out"):
+        with pytest.raises(TypeError, match="out: the flagged GEMM accumulates into out"):
             f(a, sfa, b, sfb, flags, 7, None)
         # empty problems leave out as it is; vmap runs one call per element; no derivative
         np.testing.assert_array_equal(np.asarray(f(a[:0], sfa[:0], b, sfb, flags, 7, jnp.zeros((3, 0, 136)))),
@@ -904,3 +930,20 @@ def test_jax_a_new_kind_plugs_in_by_its_descriptor(monkeypatch):
         np.testing.assert_array_equal(np.asarray(dv[1, 0]), out[0])
         with pytest.raises(TypeError, match="has no derivative"):
             jax.grad(lambda o: f(a, sfa, b, sfb, flags, 7, o).sum())(jnp.asarray(out))
+
+
+def test_jax_scales_given_as_stacks_or_row_major():
+    """Which of the two forms the kernel layout is made from: the shape where it tells, the Problem where it does
+    not (KB == rows)."""
+    pytest.importorskip("jax")
+    from cupygemm.jax.calls import _kernel_scales_shape, _stacked
+
+    assert not _stacked((40, 3), 40, False, (0, 3, 1))  # row-major
+    assert _stacked((3, 42), 42, False, (0, 1, 42)) and _stacked((3, 40), 40, True, None)  # stacks
+    assert _stacked((5, 1), 1, False, (0, 1, 1))  # a stack of one row
+    assert not _stacked((4, 4), 4, False, (0, 4, 1)) and _stacked((4, 4), 4, False, (0, 1, 4))
+    assert _stacked((4, 4), 4, True, None) and not _stacked((1, 1), 1, True, None)
+    assert _kernel_scales_shape((2, 40, 3), 40, 40, False, (120, 3, 1)) == (2, 3, 40)
+    assert _kernel_scales_shape((3, 42), 42, 44, False, (0, 1, 42)) == (3, 44)
+    assert _kernel_scales_shape((3, 40), 40, 40, True, None) == (3, 40)
+    assert _kernel_scales_shape((72, 1), 72, 72, True, None) == (1, 72)  # row-major in place: laid out as before

@@ -10,9 +10,12 @@ registered with the platform's handler), makes the scales' kernel layout with a 
 
 What is read of the kind (:class:`cupygemm.kinds.GemmKind`): its operands (``layout``: an int32 operand after
 ``sfb``; an ``out`` operand when the kind has a layout or accumulates), ``out_dtype``, ``accumulates`` (empty
-problems), ``b_block_scales`` (SFB per 1x128 like SFA: transposed the same way), ``static`` (passed to the planner)
-and ``name``; of the plan: ``sfa_m_pad`` (``sfb_m_pad`` where the plan has one, else the Problem's),
-``scratch_floats``, ``scratch_counters`` and ``launch``.
+problems), ``b_block_scales`` (SFB per 1x128 like SFA: laid out the same way), ``static`` (passed to the planner)
+and ``name``; of the kind's Problem: the sizes, the output's shape, and how each scale operand was given (in the
+kernel's layout already, or the strides of a copy); of the plan: ``sfa_m_pad`` and ``sfb_m_pad`` (the Problem's
+where the plan has none), ``scratch_floats``, ``scratch_counters`` and ``launch`` (called with
+:meth:`cupygemm.plan.GemmPlan.launch`'s arguments: ``layout``, ``partials``, ``counters``, ``zero_counters``,
+``page_sides``).
 """
 from __future__ import annotations
 
@@ -37,14 +40,35 @@ def has_out(kind: GemmKind) -> bool:
     return kind.layout is not None or kind.accumulates
 
 
-def kernel_scales(s: jax.Array, pad: int) -> jax.Array:
-    """Row-major scales [..., rows, KB] -> the M-major buffer the kernel reads, [..., KB, pad] (a small XLA op)."""
-    t = jnp.swapaxes(s, -1, -2)
+def _stacked(shape: tuple[int, ...], rows: int, in_place: bool, strides: tuple[int, int, int] | None) -> bool:
+    """Scales of ``rows`` rows given as the transposed stack [..., KB, rows] (DeepGEMM's form for 1x128 operands of
+    the 1D1D kinds), not row-major [..., rows, KB] (the casts' form). The kind's check read them one way or the
+    other; where both shapes are the same (KB == rows) its Problem says which: in place (only a stack can be, then)
+    or copied with a column stride other than 1."""
+    last = tuple(shape[-2:])
+    if len(last) < 2 or last[-1] != rows:
+        return False
+    return last[0] != rows or (rows > 1 and (in_place or (strides is not None and strides[2] != 1)))
+
+
+def kernel_scales(s: jax.Array, rows: int, pad: int, in_place: bool,
+                  strides: tuple[int, int, int] | None) -> jax.Array:
+    """Scales as the kernel reads them, [..., KB, pad] (M-major, padded rows): a stack already in that layout as
+    it is (the Problem says in place); row-major [..., rows, KB] transposed and padded, a stack padded (a small XLA
+    op)."""
+    stacked = _stacked(tuple(s.shape), rows, in_place, strides)
+    if stacked and in_place:
+        return s
+    t = s if stacked else jnp.swapaxes(s, -1, -2)
     return jnp.pad(t, [(0, 0)] * (t.ndim - 1) + [(0, pad - t.shape[-1])])
 
 
-def _kernel_scales_shape(shape: tuple[int, ...], pad: int) -> tuple[int, ...]:
-    return tuple(shape[:-2]) + (shape[-1], pad)
+def _kernel_scales_shape(shape: tuple[int, ...], rows: int, pad: int, in_place: bool,
+                         strides: tuple[int, int, int] | None) -> tuple[int, ...]:
+    stacked = _stacked(shape, rows, in_place, strides)
+    if stacked and in_place:
+        return tuple(shape)
+    return tuple(shape[:-2]) + ((shape[-2],) if stacked else (shape[-1],)) + (pad,)
 
 
 def entry(kind: GemmKind, static: int | None, packed: PackedSpec | None, p: Problem,
@@ -66,12 +90,13 @@ def entry(kind: GemmKind, static: int | None, packed: PackedSpec | None, p: Prob
     if not plans:
         raise CupygemmDeviceError("cupygemm.jax: no local GPU to plan the GEMM for")
     first = next(iter(plans.values()))
-    sfa_pad = first.sfa_m_pad
-    sfb_pad = 0 if kind.b_block_scales else getattr(first, "sfb_m_pad", 0) or p.sfb_m_pad
+    # The scales' padded row count: the plan's (the kernel's contract), else the kind's check's.
+    sfa_pad = getattr(first, "sfa_m_pad", None) or p.sfa_m_pad
+    sfb_pad = 0 if kind.b_block_scales else getattr(first, "sfb_m_pad", None) or p.sfb_m_pad
     floats = max(pl.scratch_floats for pl in plans.values())
     counters = max(pl.scratch_counters for pl in plans.values())
-    if any(pl.sfa_m_pad != sfa_pad or getattr(pl, "sfb_m_pad", 0) != getattr(first, "sfb_m_pad", 0)
-           for pl in plans.values()):
+    if any(getattr(pl, "sfa_m_pad", None) != getattr(first, "sfa_m_pad", None)
+           or getattr(pl, "sfb_m_pad", None) != getattr(first, "sfb_m_pad", None) for pl in plans.values()):
         raise CupygemmDeviceError("cupygemm.jax: the local GPUs disagree on the scales' layout; use one GPU model")
     ip = 1 if floats else 0
     ic = (ip + 1) if counters else 0
@@ -101,9 +126,9 @@ def entry(kind: GemmKind, static: int | None, packed: PackedSpec | None, p: Prob
     if check:
         f32 = xla_ffi.ffi_dtype("float32")
         shapes = [(xla_ffi.ffi_dtype(x.dtype), tuple(x.shape)) for x in operands]
-        shapes[1] = (f32, _kernel_scales_shape(shapes[1][1], sfa_pad))
+        shapes[1] = (f32, _kernel_scales_shape(shapes[1][1], p.m, sfa_pad, p.sfa_m_major, p.sfa_strides))
         if sfb_pad:
-            shapes[3] = (f32, _kernel_scales_shape(shapes[3][1], sfb_pad))
+            shapes[3] = (f32, _kernel_scales_shape(shapes[3][1], p.n, sfb_pad, p.sfb_m_major, p.sfb_strides))
         shapes.append((xla_ffi.ffi_dtype(kind.out_dtype), tuple(p.out_shape)))
         if floats:
             shapes.append((f32, (floats,)))
@@ -132,9 +157,9 @@ def gemm(kind: GemmKind, static: int | None, packed: PackedSpec | None, operands
         return out if kind.accumulates else jnp.zeros(p.out_shape, kind.out_dtype)
     eid, sfa_pad, sfb_pad, floats, counters = entry(kind, static, packed, p, operands)
     operands = list(operands)
-    operands[1] = kernel_scales(sfa, sfa_pad)
+    operands[1] = kernel_scales(sfa, p.m, sfa_pad, p.sfa_m_major, p.sfa_strides)
     if sfb_pad:
-        operands[3] = kernel_scales(sfb, sfb_pad)
+        operands[3] = kernel_scales(sfb, p.n, sfb_pad, p.sfb_m_major, p.sfb_strides)
     axes = vma.union(*operands)
     operands = [vma.to_varying(x, axes) for x in operands]
     results = [jax.ShapeDtypeStruct(tuple(p.out_shape), kind.out_dtype)]

@@ -38,13 +38,11 @@ def _boundary(kind: GemmKind) -> Callable:
 
     def boundary(a: Any, sfa: Any, b: Any, sfb: Any, layout: Any, static: int | None, out: Any) -> jax.Array:
         b, sfb, packed = unpack(b, sfb)
-        if out is None and kind.accumulates:
-            raise TypeError(f"out: {kind.api} accumulates into out (the result is out + A @ B.T): pass it")
         p = checks.problem(kind, a, sfa, b, sfb, out, layout, static, None if packed is None else packed.shape)
         bits = out is not None and kind.out_dtype == BF16 and np.dtype(out.dtype) == np.uint16
         if bits:  # bfloat16 as uint16 bits (the eager path takes them too): the same bits back
             out = lax.bitcast_convert_type(out, jnp.bfloat16)
-        elif out is None and takes_out:
+        elif out is None and takes_out:  # (an accumulating kind's check wants out: it says so)
             out = jnp.zeros(p.out_shape, kind.out_dtype)
         operands = (a, sfa, b, sfb) + ((layout,) if kind.layout else ()) + ((out,) if takes_out else ())
         d = batching.op(kind, static, packed)(*operands)
