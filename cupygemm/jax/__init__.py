@@ -78,8 +78,8 @@ from __future__ import annotations
 
 try:
     import jax  # noqa: F401
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError('cupygemm.jax needs JAX with CUDA: pip install "jax[cuda12]" (or "jax[cuda13]")') from e
+except ImportError as e:  # a bare "No module named" does not say that the CUDA build is the one needed
+    raise type(e)('cupygemm.jax needs JAX with CUDA: pip install "jax[cuda12]" (or "jax[cuda13]")', name=e.name) from e
 
 from ..kinds import KINDS
 from . import adapter as _adapter  # noqa: F401 - registers cupygemm.jax with cupygemm.frameworks
