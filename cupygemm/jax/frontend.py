@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..kinds import GemmKind
+from ..kinds import FORWARD, GemmKind
 from ..packing import PackedWeights
 from ..tensors import BF16
 from . import batching, checks
@@ -55,7 +55,7 @@ def _boundary(kind: GemmKind) -> Callable:
 def _dims(dims: str, scales: str = "") -> str:
     """A shape from dimension letters (``scales``: "A" for 1x128 scales of K, "B" for 128x128 block scales)."""
     if "F" in dims:
-        return "[flat groups]"
+        return "(the groups back to back, flat)"
     names = {"G": "G", "M": "M", "N": "N", "K": "K"}
     if scales:
         names["K"] = "ceil(K/128)"
@@ -66,13 +66,17 @@ def _dims(dims: str, scales: str = "") -> str:
 
 def _doc(kind: GemmKind) -> str:
     out_dtype = np.dtype(kind.out_dtype).name
+    eager = f":func:`cupygemm.{kind.api}`"
+    packed = kind.family == FORWARD
     args = [("a", f"float8_e4m3fn (or uint8 e4m3 bits) {_dims(kind.a_dims)}."),
-            ("sfa", f"float32 {_dims(kind.a_dims, 'A')}, one scale per row and 128 of K (row-major, as the casts "
-                    "return it)."),
-            ("b", f"float8_e4m3fn {_dims(kind.b_dims)}, or :class:`~cupygemm.PackedWeights` of it (then ``sfb`` is "
-                  "None)."),
-            ("sfb", f"float32 {_dims(kind.b_dims, 'B' if kind.b_block_scales else 'A')}, "
-                    + ("one scale per 128x128 block." if kind.b_block_scales else "one scale per row and 128 of K."))]
+            ("sfa", f"float32 scales of A, as {eager} takes them." if "F" in kind.a_dims else
+             f"float32 {_dims(kind.a_dims, 'A')}, one scale per row and 128 of K (row-major, as the casts "
+             "return it)."),
+            ("b", f"float8_e4m3fn {_dims(kind.b_dims)}"
+                  + (", or :class:`~cupygemm.PackedWeights` of it (then ``sfb`` is None)." if packed else ".")),
+            ("sfb", f"float32 scales of B, as {eager} takes them." if "F" in kind.b_dims else
+             f"float32 {_dims(kind.b_dims, 'B' if kind.b_block_scales else 'A')}, "
+             + ("one scale per 128x128 block." if kind.b_block_scales else "one scale per row and 128 of K."))]
     if kind.layout:
         args.append((kind.layout, "int32 JAX array on the device, read by the kernel (it may be traced and change "
                                   "from call to call; its values are not checked on the host)."))
@@ -131,7 +135,9 @@ def public(kind: GemmKind) -> Callable[..., jax.Array]:
     fn.__module__ = "cupygemm.jax"
     fn.__qualname__ = kind.api
     fn.__doc__ = _doc(kind)
-    annotations = {"a": "jax.Array", "sfa": "jax.Array", "b": "jax.Array | PackedWeights", "sfb": "jax.Array | None"}
+    packed = kind.family == FORWARD  # the kinds that take PackedWeights (as cupygemm.torch's packed operators)
+    annotations = {"a": "jax.Array", "sfa": "jax.Array", "b": "jax.Array | PackedWeights" if packed else "jax.Array",
+                   "sfb": "jax.Array | None" if packed else "jax.Array"}
     if kind.layout:
         annotations[kind.layout] = "jax.Array"
     if kind.static:
