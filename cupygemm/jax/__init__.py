@@ -13,10 +13,11 @@ Import this module explicitly (``import cupygemm.jax``); ``import cupygemm`` nev
   ``jnp.float8_e4m3fn`` values and float32 scales, bit-exact with :mod:`cupygemm.reference`.
 
 Operands are JAX arrays (concrete or traced) with DeepGEMM's shapes: A ``float8_e4m3fn`` (or ``uint8`` e4m3 bits),
-row-major SFA ``[M, ceil(K/128)]`` float32 (per group for the masked kind), SFB ``[..., ceil(N/128), ceil(K/128)]``;
-``m_indices`` / ``masked_m`` are int32 device arrays that may be traced and change from call to call. Results
-are BF16. Shapes and dtypes are checked at trace time by the eager path's own checks (ValueError/TypeError naming
-the argument).
+row-major SFA ``[M, ceil(K/128)]`` float32 (per group for the masked kind), SFB ``[..., ceil(N/128), ceil(K/128)]``
+(per 1x128 like SFA for the kinds that scale B so); a kind's layout operand (``m_indices``, ``masked_m``) is an
+int32 device array that may be traced and change from call to call. Results have the kind's output dtype (BF16 for
+the forward kinds). Shapes and dtypes are checked at trace time by the eager path's own checks (ValueError/TypeError
+naming the argument).
 
 How it runs: at trace time (shapes are static) the kernel config is chosen, compiled and loaded on every local
 GPU (:func:`cupygemm.plan.plan_gemm`) and stored as an entry of one FFI handler, registered once for the CUDA
@@ -48,11 +49,12 @@ runs) and 14-15 us with them, against 8.4 us of kernel time and 16-17 us per ste
 
 ``vmap``: the dense GEMM batched over A only (shared weights) folds the mapped axis into M (one GEMM with
 ``V*M`` rows); batched over B (per-element weights) it becomes one masked grouped GEMM with a group per element
-and every row valid. The grouped GEMMs under ``vmap`` run sequentially (``lax.map``: a loop of kernel launches).
+and every row valid. The other kinds (grouped, accumulating) run sequentially under ``vmap`` (``lax.map``: a
+loop of kernel launches); :mod:`.batching` says how a kind's descriptor picks its rule.
 Results of a folded call can differ from separate calls in the last BF16 bit (another kernel config may split K
 differently); each is within the kernels' accuracy.
 
-``jax.grad`` (any differentiation) raises TypeError: these are inference kernels without a VJP.
+``jax.grad`` (any differentiation) raises TypeError: these are raw kernels without a VJP.
 
 ``shard_map``: the GEMMs and the casts trace inside it; their results vary along the mesh axes their operands
 vary along (:mod:`cupygemm.jax.vma`). Each device runs its own call on its own shard (no partitioning rule for
