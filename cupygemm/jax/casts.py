@@ -147,4 +147,7 @@ def per_block_cast_to_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 for _f in (per_token_cast_to_fp8, per_block_cast_to_fp8):
-    _f.__module__ = "cupygemm.jax"
+    try:  # help() and the docs name them where users find them
+        _f.__module__ = "cupygemm.jax"
+    except (AttributeError, TypeError):  # pragma: no cover - a jitted function that keeps its own
+        pass
