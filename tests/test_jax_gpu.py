@@ -1,6 +1,6 @@
-"""cupygemm.jax on the GPU: eager, jit, scan, vmap, traced masked_m / m_indices, XLA command buffers (in a
-subprocess with XLA_FLAGS), trace-time validation, errors from inside the handler, no derivative, and the jnp FP8
-casts bit-exact with the reference under XLA's GPU compiler. Results are compared bit for bit with the CuPy path
+"""cupygemm.jax on the GPU: eager, jit, scan, vmap, shard_map, traced masked_m / m_indices, XLA command buffers (in
+a subprocess with XLA_FLAGS), trace-time validation, errors from inside the handler, no derivative, and the FP8
+casts bit-exact with the reference. Results are compared bit for bit with the CuPy path
 (same shapes: same plan, same kernel) or, where the kernel config may differ (vmap folding), by calc_diff."""
 from __future__ import annotations
 
@@ -180,6 +180,31 @@ def test_grad_is_a_clear_error():
     a, sfa, b, sfb = _jx(*_quantized(64, 256, 512))
     with pytest.raises(TypeError, match="has no derivative"):
         jax.grad(lambda s: cj.gemm_fp8_fp8_bf16_nt(a, s, b, sfb).astype(jnp.float32).sum())(sfa)
+
+
+def test_shard_map_over_the_local_gpus():
+    """A cast and a GEMM inside jax.shard_map over the local GPUs (rows sharded, weights replicated; issue 47):
+    each device's calls on its shard are bit for bit the unsharded calls on those rows (same shapes, same plan)."""
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:
+        pytest.skip(f"JAX {jax.__version__} has no jax.shard_map")
+    gpus = jax.devices("gpu")
+    mesh = jax.sharding.Mesh(np.array(gpus), ("x",))
+    spec = jax.sharding.PartitionSpec("x")
+    rows, n, k = 128, 512, 1024
+    x = np.random.default_rng(12).standard_normal((rows * len(gpus), k)).astype(np.float32)
+    _, _, b, sfb = _quantized(8, n, k, seed=13)
+    jb, jsfb = _jx(b, sfb)
+
+    def layer(x):
+        a, sa = cj.per_token_cast_to_fp8(x)
+        return cj.gemm_fp8_fp8_bf16_nt(a, sa, jb, jsfb)
+
+    got = jax.jit(shard_map(layer, mesh=mesh, in_specs=spec, out_specs=spec))(jnp.asarray(x))
+    assert got.shape == (rows * len(gpus), n)
+    for i in range(len(gpus)):
+        want = layer(jnp.asarray(x[i * rows:(i + 1) * rows]))
+        np.testing.assert_array_equal(_bits(got[i * rows:(i + 1) * rows]), _bits(want))
 
 
 @pytest.mark.parametrize("shape", [(64, 7168), (300, 1000), (4096, 2112)])

@@ -15,7 +15,7 @@ import pytest
 
 from cupygemm import reference as ref
 from cupygemm import xla_ffi as ffi
-from cupygemm.config import KIND_CONTIGUOUS, KIND_MASKED, KIND_NORMAL
+from cupygemm.kinds.forward import MASKED, NORMAL
 from cupygemm.packing import PackedLayout
 from cupygemm.plan import NO_PAGE_SIDES
 
@@ -377,12 +377,12 @@ class HostPlan:
         self.calls += 1
         kind, m, n, k, g = self.kind, self.m, self.n, self.k, self.g
         kb, nb = -(-k // 128), -(-n // 128)
-        ga = g if kind == KIND_MASKED else 1
+        ga = g if kind is MASKED else 1
         A = _host(a, np.uint8, (ga, m, k))
         SFA = _host(sfa, np.float32, (ga, kb, self.sfa_m_pad))[:, :, :m].transpose(0, 2, 1)
         base_low, hash_bits, *words = page_sides
         assert self.sides == (hash_bits != 0) and len(words) == 4
-        in_params = kind == KIND_NORMAL and PackedLayout(n, k).page_bits_in_params
+        in_params = kind is NORMAL and PackedLayout(n, k).page_bits_in_params
         B = (unpack_host(b, n, k, g, base_low, hash_bits, words if in_params else None) if self.sides
              else _host(b, np.uint8, (g, n, k)))
         SFB = _host(sfb, np.float32, (g, nb, kb))
@@ -390,9 +390,9 @@ class HostPlan:
         assert bool(partials) == bool(self.scratch_floats) and bool(counters) == bool(self.scratch_counters)
         if counters:
             assert zero_counters
-        if kind == KIND_NORMAL:
+        if kind is NORMAL:
             D[0] = ref.gemm_reference(A[0], SFA[0], B[0], SFB[0])
-        elif kind == KIND_MASKED:
+        elif kind is MASKED:
             mm = _host(layout, np.int32, (g,))
             for i in range(g):
                 r = int(np.clip(mm[i], 0, m))
@@ -418,8 +418,17 @@ def cj():
     pytest.importorskip("jax")
     import cupygemm.jax as cj
 
-    with cj._use_backend("cpu", HostPlanner(floats=64, counters=4)):
+    from cupygemm.jax import backend
+
+    with backend.use_backend("cpu", HostPlanner(floats=64, counters=4)):
         yield cj
+
+
+def _backend():
+    """The backend new traces lower to (the fixture's host backend)."""
+    from cupygemm.jax import backend
+
+    return backend.current()
 
 
 def _operands(m, n, k, seed=0):
@@ -447,7 +456,7 @@ def test_jax_dense_eager_jit_scan(cj):
     # uint8 bits are accepted as well
     _close(cj.gemm_fp8_fp8_bf16_nt(a.view(np.uint8), sfa, b.view(np.uint8), sfb), r)
 
-    plan = cj._backend.plan.plans[0]
+    plan = _backend().plan.plans[0]
     before = plan.calls
 
     @jax.jit
@@ -473,9 +482,9 @@ def test_jax_vmap_dense(cj):
     for i, (a, sa, b, sb) in enumerate(ops):
         _close(shared[i], ref.gemm_reference(a.view(np.uint8), sa, b0.view(np.uint8), sb0))
         _close(per[i], ref.gemm_reference(a.view(np.uint8), sa, b.view(np.uint8), sb))
-    kinds = [(p.kind, p.m, p.g) for p in cj._backend.plan.plans]
-    assert (KIND_NORMAL, 120, 1) in kinds  # the mapped axis folded into M
-    assert (KIND_MASKED, 40, 3) in kinds  # per-element weights: one masked grouped GEMM
+    kinds = [(p.kind, p.m, p.g) for p in _backend().plan.plans]
+    assert (NORMAL, 120, 1) in kinds  # the mapped axis folded into M
+    assert (MASKED, 40, 3) in kinds  # per-element weights: one masked grouped GEMM
 
 
 def _masked_operands(g, m, n, k, seed=0):
@@ -505,8 +514,8 @@ def test_jax_masked_traced_masked_m(cj):
             assert (d[g, r:] == 7.0).all()  # rows past masked_m keep `out`
     d0 = np.asarray(cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, b, sfb, jnp.asarray([1, 2, 3], jnp.int32), 2))
     assert (d0[0, 1:].astype(np.float32) == 0).all()  # default out: zeros
-    assert len({id(p) for p in cj._backend.plan.plans}) == 2  # one plan per static problem, not per masked_m
-    assert cj._backend.plan.plans[0].expected_m == 32
+    assert len({id(p) for p in _backend().plan.plans}) == 2  # one plan per static problem, not per masked_m
+    assert _backend().plan.plans[0].expected_m == 32
 
 
 def test_jax_contiguous_traced_m_indices_and_vmap(cj):
@@ -548,7 +557,7 @@ def test_jax_trace_time_validation(cj):
         cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(ga, gsa, gb, gsb, jnp.zeros(2, jnp.int32), 8.0)
     with pytest.raises(ValueError, match=r"m_indices: expected shape \(64,\)"):
         cj.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, gb, gsb, jnp.zeros(63, jnp.int32))
-    assert cj._backend.plan.plans == []  # nothing was planned for a bad call
+    assert _backend().plan.plans == []  # nothing was planned for a bad call
 
 
 def test_jax_grad_is_a_clear_error(cj):
@@ -563,7 +572,9 @@ def test_jax_error_inside_the_handler(cj):
     import jax
 
     a, sfa, b, sfb = _operands(64, 128, 256)
-    with cj._use_backend("cpu", HostPlanner(fail=ValueError("the test hook refused this launch"))):
+    from cupygemm.jax import backend
+
+    with backend.use_backend("cpu", HostPlanner(fail=ValueError("the test hook refused this launch"))):
         with pytest.raises(Exception, match="INVALID_ARGUMENT: cupygemm .*the test hook refused this launch") as e:
             jax.block_until_ready(cj.gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb))
         assert type(e.value).__name__ in ("JaxRuntimeError", "XlaRuntimeError")
@@ -574,7 +585,9 @@ def test_jax_handler_checks_buffers_when_asked(cj, monkeypatch):
     a, sfa, b, sfb = _operands(64, 128, 256)
     r = ref.gemm_reference(a.view(np.uint8), sfa, b.view(np.uint8), sfb)
     _close(cj.gemm_fp8_fp8_bf16_nt(a, sfa, b, sfb), r)
-    entry = cj._handlers["cpu"].entry(cj._backend.entries[next(iter(cj._backend.entries))][0])
+    from cupygemm.jax import backend
+
+    entry = backend.handlers["cpu"].entry(_backend().entries[next(iter(_backend().entries))][0])
     assert entry.expected is not None and entry.expected[1] == (11, (2, 64))  # SFA as the kernel reads it
 
 
@@ -582,7 +595,7 @@ def test_jax_empty_problems(cj):
     a, sfa, b, sfb = _operands(64, 128, 256)
     d = cj.gemm_fp8_fp8_bf16_nt(a[:0], sfa[:0], b, sfb)
     assert d.shape == (0, 128)
-    assert cj._backend.plan.plans == []
+    assert _backend().plan.plans == []
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 200), (130, 128), (257, 300)])
@@ -610,14 +623,14 @@ def test_jax_casts_bit_exact(shape, dtype):
 def test_jax_e4m3_rounding_every_float_pattern():
     """The integer rounding against ml_dtypes on every e4m3 value, midpoints between them and their neighbours."""
     jax = pytest.importorskip("jax")
-    import cupygemm.jax as cj
+    from cupygemm.jax import casts
 
     vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     vals = np.unique(np.abs(vals[np.isfinite(vals)]))
     mids = (vals[:-1] + vals[1:]) / 2
     probe = np.concatenate([vals, mids, np.nextafter(mids, 0), np.nextafter(mids, 1000), [448.0]]).astype(np.float32)
     probe = np.concatenate([probe, -probe])
-    got = np.asarray(jax.jit(cj._f32_to_e4m3fn)(probe)).view(np.uint8)
+    got = np.asarray(jax.jit(casts.f32_to_e4m3fn)(probe)).view(np.uint8)
     np.testing.assert_array_equal(got, ref.float32_to_fp8(probe))
 
 
@@ -659,7 +672,7 @@ def test_jax_packed_weights_eager_jit_scan(cj):
     r = ref.gemm_reference(a.view(np.uint8), sfa, b.view(np.uint8), sfb)
     packed = _packed_weights(b[None], sfb, grouped=False)
     _close(cj.gemm_fp8_fp8_bf16_nt(a, sfa, packed), r)
-    plan = cj._backend.plan.plans[-1]
+    plan = _backend().plan.plans[-1]
     assert plan.sides and plan.calls == 1
 
     @jax.jit
@@ -699,7 +712,238 @@ def test_jax_packed_weights_bad_input(cj):
         cj.gemm_fp8_fp8_bf16_nt(a, sfa, packed, sfb)
     with pytest.raises(ValueError, match="b.data"):
         cj.gemm_fp8_fp8_bf16_nt(a, sfa, dataclasses.replace(packed, data=packed.data[:1000]))
-    with pytest.raises(ValueError, match=r"expected \[G, N, K\]"):
+    with pytest.raises(ValueError, match=r"b: expected a 3-D array"):
         cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a[None], sfa[None], packed, None, np.ones(1, np.int32), 8)
     with pytest.raises(ValueError, match="K differs"):
         cj.gemm_fp8_fp8_bf16_nt(a[:, :256], sfa[:, :2], packed)
+
+
+# --- the JAX functions are made from the kind descriptors -------------------------------------------------------
+
+def test_jax_functions_from_the_descriptors(cj):
+    import inspect
+    import typing
+
+    import jax
+
+    from cupygemm.kinds import KINDS
+
+    def params(f):
+        return [p.name + ("=None" if p.default is None else "") for p in inspect.signature(f).parameters.values()]
+
+    assert params(cj.gemm_fp8_fp8_bf16_nt) == ["a", "sfa", "b", "sfb=None"]
+    assert params(cj.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous) == ["a", "sfa", "b", "sfb", "m_indices", "out=None"]
+    assert params(cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked) == ["a", "sfa", "b", "sfb", "masked_m", "expected_m",
+                                                               "out=None"]
+    assert set(cj.__all__) == {"TARGET", "per_token_cast_to_fp8", "per_block_cast_to_fp8", *(k.api for k in KINDS)}
+    for kind in KINDS:
+        f = getattr(cj, kind.api)
+        assert f.__module__ == "cupygemm.jax" and f.__name__ == kind.api
+        assert f.__doc__.startswith(kind.summary[0].upper() + kind.summary[1:]) and "Args:" in f.__doc__
+        assert typing.get_type_hints(f)["return"] is jax.Array
+
+
+def test_jax_arrays_through_the_eager_entry_points(cj):
+    """cupygemm.<function>((a, sfa), (b, sfb), ...) on JAX arrays: cupygemm.jax's custom calls (the adapter)."""
+    import jax.numpy as jnp
+
+    import cupygemm
+
+    a, sfa, b, sfb = (jnp.asarray(x) for x in _operands(64, 128, 256))
+    r = ref.gemm_reference(np.asarray(a).view(np.uint8), np.asarray(sfa), np.asarray(b).view(np.uint8),
+                           np.asarray(sfb))
+    _close(cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb)), r)
+    with pytest.raises(TypeError, match="stream: JAX calls run on XLA's stream"):
+        cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), stream=0)
+    with pytest.raises(TypeError, match="out: JAX arrays are immutable"):
+        cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb), jnp.zeros((64, 128), jnp.bfloat16))
+    ga, gsa, gb, gsb = (jnp.asarray(x) for x in _masked_operands(2, 16, 128, 256))
+    mm = jnp.asarray([16, 5], jnp.int32)
+    filler = jnp.full((2, 16, 128), 3.0, jnp.bfloat16)
+    d = np.asarray(cupygemm.m_grouped_gemm_fp8_fp8_bf16_nt_masked((ga, gsa), (gb, gsb), filler, mm, 8))
+    full = ref.grouped_masked_reference(np.asarray(ga).view(np.uint8), np.asarray(gsa), np.asarray(gb).view(np.uint8),
+                                        np.asarray(gsb), np.full(2, 16))
+    assert ref.calc_diff(d[0].astype(np.float64), full[0]) < 1e-5 and (d[1, 5:].astype(np.float32) == 3.0).all()
+    q, s = cupygemm.per_token_cast_to_fp8(jnp.ones((4, 256), jnp.float32))
+    assert q.dtype == jnp.float8_e4m3fn and s.shape == (4, 2)
+
+
+def test_jax_out_as_bfloat16_bits(cj):
+    """out as uint16 bits (the eager path takes them too): the result comes back as the same kind of bits."""
+    import jax.numpy as jnp
+
+    a, sfa, _, _ = _operands(128, 128, 256, seed=1)
+    _, _, b, sfb = _masked_operands(2, 1, 128, 256, seed=2)
+    idx = jnp.asarray(np.concatenate([np.full(100, 1), np.full(28, -1)]).astype(np.int32))
+    bits = jnp.full((128, 128), 0x4040, jnp.uint16)  # bfloat16 3.0
+    d = cj.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous(a, sfa, b, sfb, idx, out=bits)
+    assert d.dtype == jnp.uint16
+    got = np.asarray(d).view(ml_dtypes.bfloat16).astype(np.float64)
+    r = ref.grouped_contiguous_reference(a.view(np.uint8), sfa, b.view(np.uint8), sfb, np.asarray(idx))
+    assert ref.calc_diff(got[:100], r[:100]) < 1e-5 and (got[100:] == 3.0).all()
+
+
+# A kind no module registers, with what the training kinds bring (cupygemm.jax has no code of its own for it): FP32
+# out accumulated in place (a required operand aliased to the result), B scaled per 1x128 like A (so SFB is laid out
+# for the kernel like SFA), scales given row-major [rows, KB] or as DeepGEMM's transposed stack [KB, rows] (used in
+# place when aligned, else padded), an int32 layout operand and a static int, and split-K scratch.
+# out[g] += A @ B[g].T for the groups g whose flag is set.
+
+def _fake_kind():
+    from cupygemm import validate
+    from cupygemm.kinds import ONE_D_ONE_D, GemmKind
+    from cupygemm.layout import get_tma_aligned_size
+    from cupygemm.tensors import F32, View
+
+    def scales(sf, rows, kb, name):
+        """(in place, pad, copy strides) of 1x128 scales [..., rows, KB] or stacked [..., KB, rows]."""
+        if sf.dtype == F32 and sf.ndim >= 2 and tuple(sf.shape[-2:]) == (kb, rows):  # the stack, read first
+            sf = View(sf.ptr, sf.shape[:-2] + (rows, kb), sf.strides[:-2] + (sf.strides[-1], sf.strides[-2]),
+                      sf.dtype, sf.device)
+        validate.f32(sf, name, tuple(sf.shape[:-2]) + (rows, kb))
+        pad = get_tma_aligned_size(rows, 4)
+        in_place = validate.is_m_major(sf, pad, kb)
+        return in_place, pad, validate.sfa_copy_strides(sf, in_place)
+
+    def check(views, static, names):
+        a, sfa, b, sfb, out, flags = views
+        if out is None:
+            raise TypeError(f"{names.out}: the flagged GEMM accumulates into out; pass it")
+        validate.fp8(a, names.a, 2)
+        validate.fp8(b, names.b, 3)
+        (m, k), (g, n, _) = a.shape, b.shape
+        kb = -(-k // 128)
+        a_in_place, m_pad, a_strides = scales(sfa, m, kb, names.sfa)
+        if sfb.ndim != 3:
+            raise ValueError(f"{names.sfb}: expected [G, N, KB] or [G, KB, N], got shape {tuple(sfb.shape)}")
+        b_in_place, n_pad, b_strides = scales(sfb, n, kb, names.sfb)
+        validate.int32_vector(flags, names.layout, g)
+        validate.out_operand(out, (g, m, n), names.out, dtype=F32)
+        return validate.Problem(kind, m, n, k, g, a_in_place, m_pad, 0, (g, m, n), a_strides, b_in_place, n_pad,
+                                b_strides)
+
+    kind = GemmKind(name="flagged_wgrad", kid=99, api="flagged_gemm_fp8_fp8_fp32_nt",
+                    summary="out[g] += A @ B[g].T where flags[g]", family=ONE_D_ONE_D, a_dims="MK", b_dims="GNK",
+                    out_dims="GMN", layout="flags", static="expected_m", out_dtype=F32, accumulates=True,
+                    b_block_scales=False, check=check)
+    return kind
+
+
+class FlaggedPlan:
+    """The fake kind's launch on host buffers: SFA [kb][sfa_m_pad] and SFB [g][kb][sfb_m_pad] as the kernel reads
+    them, out accumulated in place, scratch present."""
+
+    def __init__(self, m, n, k, g, static):
+        self.m, self.n, self.k, self.g, self.static = m, n, k, g, static
+        self.sfa_m_pad, self.sfb_m_pad = -(-m // 4) * 4, -(-n // 4) * 4
+        self.scratch_floats, self.scratch_counters = 32, 2
+        self.calls = 0
+
+    def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, zero_counters=False):
+        assert partials and counters and zero_counters
+        self.calls += 1
+        m, n, k, g = self.m, self.n, self.k, self.g
+        kb = -(-k // 128)
+        A = _host(a, np.uint8, (m, k))
+        SFA = _host(sfa, np.float32, (kb, self.sfa_m_pad))[:, :m].T
+        B = _host(b, np.uint8, (g, n, k))
+        SFB = _host(sfb, np.float32, (g, kb, self.sfb_m_pad))[:, :, :n].transpose(0, 2, 1)
+        D = _host(d, np.float32, (g, m, n))
+        flags = _host(layout, np.int32, (g,))
+        x = ref.dequantize_per_token(A, SFA)
+        for i in np.nonzero(flags)[0]:
+            D[i] += (x @ ref.dequantize_per_token(B[i], SFB[i]).T).astype(np.float32)
+
+
+def _flagged_operands(m, n, k, g, seed=0, b_from=None):
+    rng = np.random.default_rng(seed)
+    a, sfa = ref.per_token_cast_to_fp8_reference(rng.standard_normal((m, k)).astype(np.float32))
+    if b_from is None:
+        bs = [ref.per_token_cast_to_fp8_reference(rng.standard_normal((n, k)).astype(np.float32)) for _ in range(g)]
+        b, sfb = np.stack([x[0] for x in bs]), np.stack([x[1] for x in bs])
+    else:
+        b, sfb = b_from[0].view(np.uint8), b_from[1]
+    want = np.stack([ref.dequantize_per_token(a, sfa) @ ref.dequantize_per_token(b[i], sfb[i]).T for i in range(g)])
+    return a.view(ml_dtypes.float8_e4m3fn), sfa, b.view(ml_dtypes.float8_e4m3fn), sfb, want
+
+
+def test_jax_a_new_kind_plugs_in_by_its_descriptor(monkeypatch):
+    jax = pytest.importorskip("jax")
+    import inspect
+
+    import jax.numpy as jnp
+
+    from cupygemm.jax import backend, frontend
+
+    kind = _fake_kind()
+    plans = []
+
+    def planner(k_, m, n, k, g, static):
+        assert k_ is kind
+        plans.append(FlaggedPlan(m, n, k, g, static))
+        return {0: plans[-1]}
+
+    f = frontend.public(kind)
+    assert [p.name for p in inspect.signature(f).parameters.values()] == \
+        ["a", "sfa", "b", "sfb", "flags", "expected_m", "out"]
+    assert all(p.default is inspect.Parameter.empty for p in inspect.signature(f).parameters.values())
+    assert "accumulated into" in f.__doc__ and "float32 [G, N, ceil(K/128)]" in f.__doc__
+    monkeypatch.setenv("CUPYGEMM_CHECK_INPUTS", "1")
+    a, sfa, b, sfb, want = _flagged_operands(40, 136, 272, 3)
+    flags = jnp.asarray([1, 0, 1], jnp.int32)
+    out = np.random.default_rng(9).standard_normal((3, 40, 136)).astype(np.float32)
+    with backend.use_backend("cpu", planner) as be:
+        d = jax.jit(f, static_argnums=5, donate_argnums=6)(a, sfa, b, sfb, flags, 7, jnp.asarray(out))
+        assert d.dtype == jnp.float32 and d.shape == (3, 40, 136)
+        got = np.asarray(d)
+        for i, on in enumerate([1, 0, 1]):
+            assert ref.calc_diff(got[i], out[i] + on * want[i]) < 1e-9
+        assert len(plans) == 1 and plans[0].static == 7 and plans[0].calls == 1
+        entry = backend.handlers["cpu"].entry(next(iter(be.entries.values()))[0])
+        assert entry.expected[1] == (11, (3, 40)) and entry.expected[3] == (11, (3, 3, 136))  # kernel layouts
+        assert entry.num_rets == 3  # out, partials, counters
+        # the scales as DeepGEMM's transposed stacks: SFB [G, KB, N] used in place (N % 4 == 0), SFA [KB, M]
+        # padded (M = 42)
+        a2, sfa2, _, _, want2 = _flagged_operands(42, 136, 272, 3, seed=1, b_from=(b, sfb))
+        d = f(a2, np.ascontiguousarray(sfa2.T), b, np.ascontiguousarray(sfb.transpose(0, 2, 1)), flags, 7,
+              jnp.zeros((3, 42, 136), jnp.float32))
+        for i, on in enumerate([1, 0, 1]):
+            assert ref.calc_diff(np.asarray(d[i]), on * want2[i]) < 1e-9 if on else not np.asarray(d[i]).any()
+        entry = backend.handlers["cpu"].entry(list(be.entries.values())[-1][0])
+        assert entry.expected[1] == (11, (3, 44)) and entry.expected[3] == (11, (3, 3, 136))
+        # the shared check's messages, with the JAX names
+        with pytest.raises(ValueError, match=r"sfb: expected shape \(3, 136, 3\)"):
+            f(a, sfa, b, sfb[:, :, :2], flags, 7, jnp.asarray(out))
+        with pytest.raises(ValueError, match=r"flags: expected shape \(3,\)"):
+            f(a, sfa, b, sfb, flags[:2], 7, jnp.asarray(out))
+        with pytest.raises(TypeError, match="out: expected a float32 array"):
+            f(a, sfa, b, sfb, flags, 7, jnp.asarray(out).astype(jnp.bfloat16))
+        with pytest.raises(TypeError, match="out: the flagged GEMM accumulates into out"):
+            f(a, sfa, b, sfb, flags, 7, None)
+        # empty problems leave out as it is; vmap runs one call per element; no derivative
+        np.testing.assert_array_equal(np.asarray(f(a[:0], sfa[:0], b, sfb, flags, 7, jnp.zeros((3, 0, 136)))),
+                                      np.zeros((3, 0, 136)))
+        dv = jax.vmap(f, in_axes=(None, None, None, None, 0, None, 0))(
+            a, sfa, b, sfb, jnp.asarray([[1, 0, 0], [0, 0, 1]], jnp.int32), 7, jnp.stack([out, out]))
+        assert ref.calc_diff(np.asarray(dv[0, 0]), out[0] + want[0]) < 1e-9
+        assert ref.calc_diff(np.asarray(dv[1, 2]), out[2] + want[2]) < 1e-9
+        np.testing.assert_array_equal(np.asarray(dv[1, 0]), out[0])
+        with pytest.raises(TypeError, match="has no derivative"):
+            jax.grad(lambda o: f(a, sfa, b, sfb, flags, 7, o).sum())(jnp.asarray(out))
+
+
+def test_jax_scales_given_as_stacks_or_row_major():
+    """Which of the two forms the kernel layout is made from: the shape where it tells, the Problem where it does
+    not (KB == rows)."""
+    pytest.importorskip("jax")
+    from cupygemm.jax.calls import _kernel_scales_shape, _stacked
+
+    assert not _stacked((40, 3), 40, False, (0, 3, 1))  # row-major
+    assert _stacked((3, 42), 42, False, (0, 1, 42)) and _stacked((3, 40), 40, True, None)  # stacks
+    assert _stacked((5, 1), 1, False, (0, 1, 1))  # a stack of one row
+    assert not _stacked((4, 4), 4, False, (0, 4, 1)) and _stacked((4, 4), 4, False, (0, 1, 4))
+    assert _stacked((4, 4), 4, True, None) and not _stacked((1, 1), 1, True, None)
+    assert _kernel_scales_shape((2, 40, 3), 40, 40, False, (120, 3, 1)) == (2, 3, 40)
+    assert _kernel_scales_shape((3, 42), 42, 44, False, (0, 1, 42)) == (3, 44)
+    assert _kernel_scales_shape((3, 40), 40, 40, True, None) == (3, 40)
+    assert _kernel_scales_shape((72, 1), 72, 72, True, None) == (1, 72)  # row-major in place: laid out as before

@@ -1,0 +1,153 @@
+"""FP8 casts in JAX: bit-exact with :mod:`cupygemm.reference`, jittable, on every platform.
+
+On CUDA a cast is cupygemm's own CUDA kernel (the one the CuPy and torch paths run) as an XLA custom call; on
+other platforms the same arithmetic in ``jnp``, with the float32 -> e4m3 rounding written out in integer
+arithmetic. ``lax.platform_dependent`` picks between the two when XLA lowers the program (both are traced). The
+input is checked by the eager cast's own check (:mod:`cupygemm.quantization`).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import quantization, xla_ffi
+from ..util import ceil_div
+from . import backend, checks, vma
+
+_GROUP = 128
+_FP8_MAX = 448.0
+_MIN_AMAX = 1e-4
+
+
+def f32_to_e4m3fn(y: jax.Array) -> jax.Array:
+    """float32 -> float8_e4m3fn, round to nearest even, for |y| <= 448 or NaN, in integer arithmetic.
+
+    Written out so that no backend's own conversion (some round through float16 first) can round twice.
+    """
+    u = lax.bitcast_convert_type(y, jnp.uint32)
+    sign = (u >> 24) & jnp.uint32(0x80)
+    mag = u & jnp.uint32(0x7FFFFFFF)
+    # |y| >= 2^-6 (e4m3 normal): round the 23 mantissa bits to 3, then rebias the exponent (127 -> 7).
+    rounded = mag + jnp.uint32(0x7FFFF) + ((mag >> 20) & jnp.uint32(1))
+    normal = (rounded >> 20) - jnp.uint32(120 << 3)
+    # Below 2^-6: multiples of 2^-9 (scaling by 512 is exact; round() is half to even). 8 = 2^-6, the first normal.
+    sub = jnp.round(lax.bitcast_convert_type(mag, jnp.float32) * jnp.float32(512)).astype(jnp.uint32)
+    bits = jnp.where(mag >= jnp.uint32(0x3C800000), normal, sub)
+    bits = jnp.where(mag > jnp.uint32(0x7F800000), jnp.uint32(0x7F), bits)
+    return lax.bitcast_convert_type((bits | sign).astype(jnp.uint8), jnp.float8_e4m3fn)
+
+
+def _quantize_groups(x: jax.Array, amax: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(e4m3 values of x scaled by 448/amax, scales amax/448), x already grouped with amax broadcastable."""
+    amax = jnp.maximum(amax, jnp.float32(_MIN_AMAX))
+    # XLA rewrites a division by a broadcast constant into a multiplication by its rounded reciprocal, which is
+    # not amax / 448 in the last bit; a divisor it cannot see through keeps the IEEE division.
+    amax, divisor = lax.optimization_barrier((amax, jnp.full(amax.shape, _FP8_MAX, jnp.float32)))
+    scale = amax / divisor
+    factor = jnp.float32(_FP8_MAX) / amax
+    y = jnp.clip(x * factor, jnp.float32(-_FP8_MAX), jnp.float32(_FP8_MAX))
+    return f32_to_e4m3fn(y), scale
+
+
+def per_token_jnp(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """1x128 FP8 cast of ``x`` [m, n] (bf16/f16/f32) in ``jnp``: ``(q float8_e4m3fn [m, n], s float32
+    [m, ceil(n/128)])``.
+
+    Per row and 128 columns: ``amax = max(max|x|, 1e-4)`` (float32), ``q = e4m3fn(x * (448 / amax))`` rounded to
+    nearest even, ``s = amax / 448``; bit-exact with :func:`cupygemm.reference.per_token_cast_to_fp8_reference`.
+    """
+    x32 = jnp.asarray(x).astype(jnp.float32)  # exact for all three input dtypes
+    m, n = x32.shape
+    nb = ceil_div(n, _GROUP)
+    g = jnp.pad(x32, ((0, 0), (0, nb * _GROUP - n))).reshape(m, nb, _GROUP)
+    q, s = _quantize_groups(g, jnp.max(jnp.abs(g), axis=2, keepdims=True, initial=0.0))
+    return q.reshape(m, nb * _GROUP)[:, :n], s.reshape(m, nb)
+
+
+def per_block_jnp(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """128x128 FP8 cast of ``x`` [m, n] (bf16/f16/f32) in ``jnp``: ``(q float8_e4m3fn [m, n], s float32
+    [ceil(m/128), ceil(n/128)])``, bit-exact with :func:`cupygemm.reference.per_block_cast_to_fp8_reference`."""
+    x32 = jnp.asarray(x).astype(jnp.float32)
+    m, n = x32.shape
+    mb, nb = ceil_div(m, _GROUP), ceil_div(n, _GROUP)
+    g = jnp.pad(x32, ((0, mb * _GROUP - m), (0, nb * _GROUP - n))).reshape(mb, _GROUP, nb, _GROUP)
+    q, s = _quantize_groups(g, jnp.max(jnp.abs(g), axis=(1, 3), keepdims=True, initial=0.0))
+    return q.reshape(mb * _GROUP, nb * _GROUP)[:m, :n], s.reshape(mb, nb)
+
+
+def _cast_plan_cuda(entry: str, dtype: np.dtype, m: int, n: int) -> dict[int, Callable]:
+    """Per local GPU, the launch of the CUDA cast kernel (the one the CuPy and torch paths run), loaded now."""
+    launches = {}
+    try:
+        gpus = backend.local_gpus()
+    except RuntimeError:  # traced for CUDA where JAX has none (platform_dependent traces every branch)
+        gpus = []
+    for ordinal in gpus:
+        quantization._get_kernel(dtype, entry, ordinal)
+
+        def launch(stream: int, a: list[int], r: list[int], ordinal: int = ordinal) -> None:
+            quantization.launch_cast(entry, dtype, a[0], r[0], r[1], m, n, n, stream, ordinal)
+
+        launches[ordinal] = launch
+    return launches
+
+
+_cast_entries: dict[tuple, int] = {}
+
+
+def ffi_cast(entry: str, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The cast as an XLA custom call of cupygemm's CUDA kernel: bit-exact with the CuPy/torch paths (XLA's own
+    float division on the GPU is not IEEE-exact, so a jnp version can differ in the last bit of a scale)."""
+    m, n = x.shape
+    dtype = np.dtype(x.dtype)
+    key = (entry, str(dtype), m, n)
+    eid = _cast_entries.get(key)
+    if eid is None:
+        handler = backend.handler(backend.CUDA)
+        eid = handler.add(xla_ffi.FfiEntry(f"{entry} {m}x{n} {dtype}", 1, 2, _cast_plan_cuda(entry, dtype, m, n)))
+        _cast_entries[key] = eid
+    results = [jax.ShapeDtypeStruct((m, n), jnp.float8_e4m3fn),
+               jax.ShapeDtypeStruct((quantization.scale_rows(entry, m), ceil_div(n, _GROUP)), jnp.float32)]
+    q, s = jax.ffi.ffi_call(backend.TARGET, results, vmap_method="sequential")(x, entry_id=np.int64(eid))
+    axes = vma.varying(x)  # under shard_map the results vary as x does (as the jnp branch's do)
+    return vma.to_varying(q, axes), vma.to_varying(s, axes)
+
+
+def cast(entry: str, jnp_impl: Callable, x: Any) -> tuple[jax.Array, jax.Array]:
+    """One cast: checked as the eager cast checks its input, then the CUDA kernel or ``jnp`` by platform."""
+    x = jnp.asarray(x) if not isinstance(x, jax.Array) else x
+    quantization._prepare(checks.view(x, "x"))  # trace-time checks, the eager path's
+    if backend.current() is not backend.CUDA or 0 in x.shape:
+        return jnp_impl(x)
+    return lax.platform_dependent(x, cuda=functools.partial(ffi_cast, entry), default=jnp_impl)
+
+
+@jax.jit
+def per_token_cast_to_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """1x128 FP8 cast of ``x`` [m, n] (bf16/f16/f32), jittable: ``(q float8_e4m3fn [m, n], s float32 [m, ceil(n/128)])``.
+
+    Per row and 128 columns: ``amax = max(max|x|, 1e-4)`` (float32), ``q = e4m3fn(x * (448 / amax))`` rounded to
+    nearest even, ``s = amax / 448``; bit-exact with :func:`cupygemm.reference.per_token_cast_to_fp8_reference`.
+    On CUDA it runs cupygemm's cast kernel as a custom call; elsewhere the same arithmetic in ``jnp``.
+    """
+    return cast("per_token_cast_to_fp8", per_token_jnp, x)
+
+
+@jax.jit
+def per_block_cast_to_fp8(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """128x128 FP8 cast of ``x`` [m, n] (bf16/f16/f32), jittable: ``(q float8_e4m3fn [m, n], s float32 [ceil(m/128),
+    ceil(n/128)])``, bit-exact with :func:`cupygemm.reference.per_block_cast_to_fp8_reference`. On CUDA it runs
+    cupygemm's cast kernel as a custom call; elsewhere the same arithmetic in ``jnp``."""
+    return cast("per_block_cast_to_fp8", per_block_jnp, x)
+
+
+for _f in (per_token_cast_to_fp8, per_block_cast_to_fp8):
+    try:  # help() and the docs name them where users find them
+        _f.__module__ = "cupygemm.jax"
+    except (AttributeError, TypeError):  # pragma: no cover - a jitted function that keeps its own
+        pass
