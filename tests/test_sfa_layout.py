@@ -66,7 +66,7 @@ def test_copy_launch_packs_once_per_pointer_set(monkeypatch):
     monkeypatch.setattr(sfa_layout, "_COPY", Copy())
     monkeypatch.setattr(sfa_layout, "_params", PackedParams())
     monkeypatch.setattr(sfa_layout, "single_gpu", lambda: True)
-    monkeypatch.setattr(sfa_layout, "sfa_buffer", lambda floats, device, stream, framework, capturing=None:
+    monkeypatch.setattr(sfa_layout, "sfa_buffer", lambda floats, device, stream, framework, capturing=None, operand="a":
                         buffers.append((floats, capturing)) or (0x2000, "owner"))
     problem = SimpleNamespace(kind=MASKED, num_groups=3, k=1000, m=200, sfa_m_pad=208, device=1,
                               sfa_strides=(1600, 8, 1))
