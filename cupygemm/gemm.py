@@ -26,8 +26,8 @@ from .plan import NO_PAGE_SIDES, GemmPlan, plan_gemm
 from .sfa_layout import to_m_major
 from .streams import cupy_stream, is_capturing, resolve, torch_stream
 from .tensors import _framework_by_type as _frameworks
-from .tensors import BF16, Framework, View, cupy_view, empty, export_like, framework_of, gpu_device_of, read, read_cupy, \
-    read_torch
+from .tensors import (BF16, Framework, View, cupy_view, empty, export_like, framework_of, gpu_device_of, read,
+                      read_cupy, read_torch)
 from .workspace import scratch
 
 _CALLS_LIMIT = 1024

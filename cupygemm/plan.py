@@ -153,7 +153,8 @@ def plan_gemm(kind: Any, m: int, n: int, k: int, num_groups: int, device_id: int
     """The launch plan of a GEMM whose operands are already validated (see :mod:`cupygemm.validate`).
 
     ``kind``: a :class:`cupygemm.kinds.GemmKind` (or its name). ``m``: rows (normal, contiguous) or max rows per group
-    (masked). Strides are in bytes, outermost first, as the arrays have them (None: C-contiguous). Chooses the config, builds and loads the kernel on ``device_id``
+    (masked). Strides are in bytes, outermost first, as the arrays have them (None: C-contiguous). Chooses the
+    config, builds and loads the kernel on ``device_id``
     (so the first call for a shape compiles); memoized on everything it depends on. ``sides``: B is packed
     side-aware (:mod:`cupygemm.packing`), for the device whose side info :mod:`cupygemm.l2` holds.
 
