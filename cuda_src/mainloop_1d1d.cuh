@@ -20,6 +20,7 @@ template <class T> struct Mainloop1D1D {
   MathThread th;
   uint64_t desc_a0, desc_b0;  // stage 0's operand descriptors for this warpgroup's rows
   PipelineState<T::kNumStages> pipe;
+  bool turn_passed = false;  // ping-pong: warpgroup 0 has issued a block (so it waits for its turn from now on)
 
   __device__ __forceinline__ Mainloop1D1D(const WgradSmem<T>& smem_, const MathThread& th_)
       : smem(smem_), th(th_), desc_a0(make_smem_desc_k128_sw128(smem_.a + th_.wg_row0 * kBlockK)),
@@ -46,7 +47,9 @@ template <class T> struct Mainloop1D1D {
     for (uint32_t kb = 0; kb < num_kb; ++kb) {
       const uint32_t s = pipe.stage;
       mbarrier_wait(&smem.full_bar[s], pipe.phase);
+      wait_turn();
       issue(acc, s);
+      pass_turn();
       const float2 sa = load_sfa(s);
       BScales sb;
       load_sfb(sb, s);
@@ -55,6 +58,27 @@ template <class T> struct Mainloop1D1D {
       release(s);
       promote(out, acc, sa, sb);
       pipe.advance();
+    }
+  }
+
+  // Ping-pong turns (T::kPingPong): warpgroup 0 issues block j, then warpgroup 1 issues block j, then warpgroup 0
+  // block j + 1, ... Each waits for its turn (bar.sync over both warpgroups: its own threads and the other's
+  // arrival) and hands it over after issuing (bar.arrive). The tensor cores run the batches in issue order, so one
+  // warpgroup's promotion overlaps the other's wgmmas instead of both promoting while the tensor cores idle.
+  // Warpgroup 0's first block has no turn to wait for; its hand-overs then pair with warpgroup 1's, and finish()
+  // takes warpgroup 1's last one, so no arrival is left pending at exit.
+  __device__ __forceinline__ void wait_turn() {
+    if constexpr (T::kPingPong) {
+      if (th.warpgroup == 1 || turn_passed) named_barrier_sync(NamedBarrier::turn(th.warpgroup), 256);
+      turn_passed = true;
+    }
+  }
+  __device__ __forceinline__ void pass_turn() const {
+    if constexpr (T::kPingPong) named_barrier_arrive(NamedBarrier::turn(th.warpgroup ^ 1), 256);
+  }
+  __device__ __forceinline__ void finish() {
+    if constexpr (T::kPingPong) {
+      if (th.warpgroup == 0 && turn_passed) named_barrier_sync(NamedBarrier::turn(0), 256);
     }
   }
 

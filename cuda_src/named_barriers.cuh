@@ -11,11 +11,18 @@ namespace cupygemm {
 struct NamedBarrier {
   static __device__ __forceinline__ uint32_t warpgroup(uint32_t wg) { return 1 + wg; }
   static constexpr uint32_t kInterleavePair = 3;
+  // The wgrad kernel's ping-pong turns (mainloop_1d1d.cuh): warpgroup w waits on turn(w) before issuing.
+  static __device__ __forceinline__ uint32_t turn(uint32_t wg) { return 4 + wg; }
 };
 
 // Named barrier among `count` threads.
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Arrival at a named barrier of `count` threads without waiting (the others bar.sync on it).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
 // Named barrier that also reduces a predicate over the participating threads: all of them (kAny = false) or any

@@ -13,7 +13,8 @@ enum WgradKind : int { kWgradDense = 0, kWgradKGrouped = 1 };
 
 template <int kKind_, uint32_t SHAPE_M_, uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_,
           uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
-          uint32_t kSwizzleD_, uint32_t kStagedSlabs_, uint32_t kRasterN_, int kMulticast_, bool kTwoAccSets_>
+          uint32_t kSwizzleD_, uint32_t kStagedSlabs_, uint32_t kRasterN_, int kMulticast_, bool kTwoAccSets_,
+          bool kPingPong_ = false>
 struct WgradTraits {
   static constexpr int kKind = kKind_;
   static constexpr bool kKGrouped = kKind == kWgradKGrouped;
@@ -25,6 +26,10 @@ struct WgradTraits {
   static constexpr uint32_t kSwizzleD = kSwizzleD_, kStagedSlabs = kStagedSlabs_, kRasterN = kRasterN_;
   static constexpr int kMulticast = kMulticast_;
   static constexpr bool kTwoAccSets = kTwoAccSets_;
+  // Ping-pong: the two math warpgroups take turns issuing each K block's wgmmas (mainloop_1d1d.cuh), so the tensor
+  // cores run them one after the other and each warpgroup promotes while the other's wgmmas run.
+  static constexpr bool kPingPong = kPingPong_;
+  static_assert(!kPingPong || (kNumMathWG_ == 2 && !kTwoAccSets_), "ping-pong: two math warpgroups, one set each");
   static_assert(kKGrouped ? (SHAPE_M > 0 && SHAPE_K == 0) : (SHAPE_M == 0 && SHAPE_K > 0),
                 "dense: SHAPE_K given, M at run time; k-grouped: SHAPE_M given, K per group at run time");
 
@@ -38,7 +43,7 @@ struct WgradTraits {
   // Per thread: BLOCK_N / 2 sums, BLOCK_N / 2 wgmma accumulators (twice with two sets), BLOCK_N / 4 B scales.
   static constexpr uint32_t WG_M = BLOCK_M / kNumMathWG;
   static_assert(WG_M == 64, "each math warpgroup owns 64 rows");
-  static_assert(BLOCK_N % 16 == 0 && BLOCK_N >= 16 && BLOCK_N <= 256, "BLOCK_N: a multiple of 16 up to 256");
+  static_assert(BLOCK_N % 8 == 0 && BLOCK_N >= 16 && BLOCK_N <= 256, "BLOCK_N: a multiple of 8 up to 256");
   static constexpr uint32_t kAcc = BLOCK_N / 2;
   static constexpr uint32_t kNumNGroups = BLOCK_N / 8;  // 8-column groups: one float2 of B scales each
   static constexpr uint32_t kNumKBlocks = ceil_div(SHAPE_K, kBlockK);  // dense
@@ -54,6 +59,8 @@ struct WgradTraits {
   static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
   static constexpr uint32_t A_BOX_M = kMulticast == 1 ? BLOCK_M / 2 : BLOCK_M;
   static constexpr uint32_t B_BOX_N = kMulticast == 2 ? BLOCK_N / 2 : BLOCK_N;
+  // B tiles are 128-byte swizzled in 8-row atoms: a multicast half must be whole atoms.
+  static_assert(kMulticast != 2 || BLOCK_N % 16 == 0, "B multicast: halves of whole swizzle atoms");
 
   // ---- FP32 output staging: per math warpgroup, kStagedSlabs slabs of 64 rows x kSlabCols floats ----
   // A slab is one TMA reduce box; its rows are kSwizzleD bytes, swizzled as the D map says. BLOCK_N / kSlabCols

@@ -223,8 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "the given ranges (per (N, K)) and for explicit shapes, in parallel processes. Prints the "
                     "count: problems -> configs -> kernels, already cached, built. Example: cupygemm warmup "
                     "--preset deepseek-v3 --m 1:4096 --num-sms 132")
-    sp.add_argument("shapes", nargs="*", type=_shape_arg, help="MxNxK (normal) or GxMxNxK (grouped)")
-    sp.add_argument("--kind", choices=["normal", "contiguous", "masked"], default="normal")
+    from cupygemm.kinds import names as kind_names
+
+    sp.add_argument("shapes", nargs="*", type=_shape_arg,
+                    help="MxNxK (normal, wgrad: K = tokens) or GxMxNxK (grouped; k_grouped_wgrad: K = tokens per group)")
+    sp.add_argument("--kind", choices=kind_names(), default="normal")
     sp.add_argument("--nk", action="append", type=parse_nk, metavar="NxK[,NxK...]",
                     help="(N, K) pairs to warm for every M of --m (repeatable)")
     sp.add_argument("--preset", choices=sorted(PRESET_NAMES), default=None,

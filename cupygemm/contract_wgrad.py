@@ -78,8 +78,10 @@ PRODUCER_REGS_TWO_WG, MATH_REGS_TWO_WG, MATH_REGS_ONE_WG = 40, 232, 255
 #: The widest tiles whose K loop compiles without spills (NVRTC 12.9 and 13.5, tests/test_wgrad_compile.py): per
 #: thread BLOCK_N / 2 sums, BLOCK_N / 2 wgmma accumulators and BLOCK_N / 2 products of the two scales, which ptxas
 #: computes while the wgmmas run (so the promotion after the wait is one FFMA per sum). Two math warpgroups (232
-#: registers): 144 (160 spills); one (255): 160 (176 spills in the dense loop, 192 in both). A second accumulator set:
-#: 96 and 128.
+#: registers): 144 (152 compiles without spills under NVRTC 13.5 but spills under 13.0, and ran 7 % slower than 128
+#: on 2048x7168x4096 on an H100; 160 does not fit four stages beside its staging); one (255): 160 (176 spills in the
+#: dense loop, 192 in both). A second accumulator set: 96 and 128. Widths are multiples of 8 (16 with B multicast,
+#: whose halves are whole 8-row swizzle atoms).
 MAX_BLOCK_N = {(2, False): 144, (2, True): 96, (1, False): 160, (1, True): 128}
 
 
@@ -169,6 +171,7 @@ class WgradConfig:
     raster: int = 16
     two_acc_sets: bool = False
     num_sms: int = 132
+    pingpong: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KIND_IDS:
@@ -189,8 +192,8 @@ class WgradConfig:
             raise ValueError(f"block_m: 64 (one math warpgroup) or 128 (two), got {self.block_m}")
         wg = math_warpgroups(self.block_m)
         limit = MAX_BLOCK_N[(wg, self.two_acc_sets)]
-        if self.block_n % 16 or not 16 <= self.block_n <= limit:
-            raise ValueError(f"block_n: a multiple of 16 up to {limit} for block_m={self.block_m}"
+        if self.block_n % 8 or not 16 <= self.block_n <= limit or (self.multicast == 2 and self.block_n % 16):
+            raise ValueError(f"block_n: a multiple of 8 (16 with B multicast) up to {limit} for block_m={self.block_m}"
                              f"{' with two accumulator sets' if self.two_acc_sets else ''} (registers), "
                              f"got {self.block_n}")
         if self.multicast not in (0, 1, 2):
@@ -200,6 +203,8 @@ class WgradConfig:
                              f"got {self.swizzle}")
         if not 0 <= self.staged_slabs <= self.num_slabs:
             raise ValueError(f"staged_slabs: 0 (all) to {self.num_slabs}, got {self.staged_slabs}")
+        if self.pingpong and (math_warpgroups(self.block_m) != 2 or self.two_acc_sets):
+            raise ValueError("pingpong: two math warpgroups (block_m 128) with one accumulator set each")
         if self.two_acc_sets and self.num_stages < 2:
             raise ValueError("two accumulator sets need at least two stages")
         if self.raster < 1:
@@ -254,7 +259,8 @@ class WgradConfig:
                  else f"M={self.shape_m} N={self.shape_n}")
         return (f"{self.kind} {shape}: {self.block_m}x{self.block_n} {self.num_stages} stages, "
                 f"{self.staged}/{self.num_slabs} slabs of {self.slab_cols} floats, multicast {self.multicast}, "
-                f"raster {self.raster}{', two acc sets' if self.two_acc_sets else ''}, {self.num_sms} SMs")
+                f"raster {self.raster}{', two acc sets' if self.two_acc_sets else ''}"
+                f"{', ping-pong' if self.pingpong else ''}, {self.num_sms} SMs")
 
 
 def defines(cfg: WgradConfig) -> dict[str, object]:
@@ -276,7 +282,7 @@ def defines(cfg: WgradConfig) -> dict[str, object]:
         "CUPYGEMM_MULTICAST": cfg.multicast,
         "CUPYGEMM_TWO_ACC_SETS": int(cfg.two_acc_sets),
         "CUPYGEMM_CLUSTER_ATTR": f"__cluster_dims__({cfg.cluster_size}, 1, 1)" if cfg.cluster_size > 1 else "",
-    }
+    } | ({"CUPYGEMM_PINGPONG": 1} if cfg.pingpong else {})
 
 
 # --- per-problem launch values -------------------------------------------------------------------------------------
@@ -393,7 +399,7 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     best = None
     for block_m in (128, 64):
         wg = math_warpgroups(block_m)
-        for block_n in range(64, MAX_BLOCK_N[(wg, False)] + 1, 16):
+        for block_n in range(64, MAX_BLOCK_N[(wg, False)] + 1, 8):
             two = wg == 1 and block_n <= MAX_BLOCK_N[(1, True)]
             m_blocks, n_blocks = ceil_div(m, block_m), ceil_div(n, block_n)
             options = [0]
@@ -402,7 +408,7 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
             if kind == KIND_WGRAD and num_sms >= 2:
                 if n_blocks >= 2 and n_blocks % 2 == 0:
                     options.append(1)
-                if m_blocks >= 2 and m_blocks % 2 == 0:
+                if m_blocks >= 2 and m_blocks % 2 == 0 and block_n % 16 == 0:
                     options.append(2)
             for mc in options:
                 sms = num_sms - num_sms % 2 if mc else num_sms
@@ -413,7 +419,7 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
                 if best is None or key < best[0]:
                     best = (key, block_m, block_n, mc, two, sms)
     _, block_m, block_n, mc, two, sms = best
-    swizzle = 128 if block_n % 32 == 0 else 64
+    swizzle = 128 if block_n % 32 == 0 else 64 if block_n % 16 == 0 else 32
     slabs, stages = _staging_and_stages(block_m, block_n, swizzle, num_kb, smem_limit)
     num_slabs = block_n * 4 // swizzle
     n_units = ceil_div(ceil_div(n, block_n), 2) if mc == 1 else ceil_div(n, block_n)

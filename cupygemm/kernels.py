@@ -26,11 +26,6 @@ def compile_gemm(cfg: GemmConfig, pdl: bool | None = None) -> bytes:
     return build_cubin(gemm_source(cfg, pdl), config=cfg)[1]
 
 
-def precompile_gemm(cfg: GemmConfig) -> None:
-    """Worker-process entry: build ``cfg`` into the disk cache (returns nothing, to avoid shipping bytes)."""
-    compile_gemm(cfg)
-
-
 class _LaunchConfig(ctypes.Structure):
     # CUlaunchConfig (cuda.h): grid xyz, block xyz, dynamic smem, stream, attributes, attribute count.
     _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),

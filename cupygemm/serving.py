@@ -152,7 +152,13 @@ def _check_dims(what: str, **dims: int) -> None:
 
 def problems_from_shapes(kind: int | str, shapes: Iterable[Sequence[int]]) -> list[Problem]:
     """Explicit shapes: MxNxK (normal) or GxMxNxK (grouped: contiguous = G groups of M rows, each padded to 128;
-    masked = G groups with expected_m = max_m = M)."""
+    masked = G groups with expected_m = max_m = M); the weight-gradient kinds: MxNxK (wgrad, K = tokens) and
+    GxMxNxK (k-grouped, K = tokens per group, which only picks the config)."""
+    from .kinds import FORWARD, kind_named
+
+    wkind = kind_named(kind)
+    if wkind.family != FORWARD:
+        return [_training_problem(wkind, tuple(s)) for s in shapes]
     kid = kind_id(kind)
     out = []
     for s in shapes:
@@ -180,22 +186,70 @@ def problems_from_shapes(kind: int | str, shapes: Iterable[Sequence[int]]) -> li
     return out
 
 
-def plan(problems: Iterable[Problem], num_sms: int) -> list[GemmConfig]:
-    """The config the chooser picks for each problem (in order)."""
-    return [choose_config(p.kind, p.m, p.n, p.k, p.groups, num_sms, max_m=p.max_m) for p in problems]
+def _training_problem(kind: object, s: tuple[int, ...]) -> Problem:
+    """A weight-gradient kind's shape as a Problem (kind id, M, N, K, G)."""
+    text = "x".join(map(str, s))
+    want = len(kind.shape_dims)
+    if len(s) != want:
+        raise ValueError(f"shapes: {kind.name} shapes are {'x'.join(kind.shape_dims)}, got {text}")
+    g, m, n, k = s if want == 4 else (1, *s)
+    if min(s) < 1:
+        raise ValueError(f"shapes {text}: every dimension must be positive")
+    _check_dims(f"shapes {text}", M=m, N=n, G=g)
+    if k % 16:
+        raise ValueError(f"shapes {text}: K must be a multiple of 16 (16-byte aligned FP8 rows for TMA), got K = {k}")
+    return Problem(kind.kid, m, n, k, g)
 
 
-def kernel_keys(cfgs: Iterable[GemmConfig]) -> dict[str, GemmConfig]:
+def plan(problems: Iterable[Problem], num_sms: int) -> list:
+    """The config the chooser picks for each problem (in order): the forward kernel's
+    (:func:`~cupygemm.config.choose_config`) or the 1D1D kernel's (:func:`cupygemm.contract_wgrad.choose_wgrad_config`),
+    as the problem's kind says."""
+    from . import contract_wgrad as cw
+    from .kinds import FORWARD, kind_named
+
+    out = []
+    for p in problems:
+        kind = kind_named(p.kind)
+        if kind.family == FORWARD:
+            out.append(choose_config(p.kind, p.m, p.n, p.k, p.groups, num_sms, max_m=p.max_m))
+        elif kind.layout:  # k-grouped: the groups' M and N are the kernel's; K (tokens) only picks the config
+            out.append(cw.choose_wgrad_config(cw.KIND_K_GROUPED, p.m, p.n, p.k, p.groups, num_sms))
+        else:
+            out.append(cw.choose_wgrad_config(cw.KIND_WGRAD, p.m, p.n, p.k, 1, num_sms))
+    return out
+
+
+def config_source(cfg: object):
+    """The rendered kernel source of a config of either kernel family (its cache key's input)."""
+    from .contract_wgrad import WgradConfig
+
+    if isinstance(cfg, WgradConfig):
+        from .plan_wgrad import wgrad_source
+
+        return wgrad_source(cfg)
+    from .kernels import gemm_source
+
+    return gemm_source(cfg)
+
+
+def compile_config(cfg: object) -> None:
+    """Build ``cfg``'s kernel into the disk cache (worker-process entry; returns nothing, to ship no bytes)."""
+    from .jit.build import build_cubin
+
+    build_cubin(config_source(cfg), config=cfg)
+
+
+def kernel_keys(cfgs: Iterable) -> dict[str, object]:
     """Distinct kernels of ``cfgs``: {cache key: first config needing it}. Configs differing only in their grid (or
     anything else the kernel source does not see) share one cubin."""
     from .jit.build import cache_key
-    from .kernels import gemm_source
 
-    out: dict[str, GemmConfig] = {}
-    by_cfg: dict[GemmConfig, str] = {}
+    out: dict[str, object] = {}
+    by_cfg: dict[object, str] = {}
     for c in cfgs:
         if c not in by_cfg:
-            by_cfg[c] = cache_key(gemm_source(c))
+            by_cfg[c] = cache_key(config_source(c))
             out.setdefault(by_cfg[c], c)
     return out
 
@@ -211,8 +265,6 @@ def build_kernels(cfgs: Sequence[GemmConfig], jobs: int, progress: bool = False,
     Processes, not threads: NVRTC holds the GIL. Workers are spawned, never forked, so no CUDA context is copied.
     A failing kernel is reported in ``errors`` when given (the others still build), else raised.
     """
-    from .kernels import compile_gemm, precompile_gemm
-
     t0 = time.time()
     total = len(cfgs)
 
@@ -223,7 +275,7 @@ def build_kernels(cfgs: Sequence[GemmConfig], jobs: int, progress: bool = False,
     if jobs <= 1 or total <= 1:
         for i, c in enumerate(cfgs):
             try:
-                compile_gemm(c)
+                compile_config(c)
             except Exception as e:
                 if errors is None:
                     raise
@@ -232,7 +284,7 @@ def build_kernels(cfgs: Sequence[GemmConfig], jobs: int, progress: bool = False,
     else:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=min(jobs, total), mp_context=ctx) as pool:
-            futures = {pool.submit(precompile_gemm, c): c for c in cfgs}
+            futures = {pool.submit(compile_config, c): c for c in cfgs}
             for done, f in enumerate(as_completed(futures), 1):
                 try:
                     f.result()
@@ -276,8 +328,12 @@ def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[
     """
     from .jit import cache
 
+    from .kinds import FORWARD, kind_named
+
     t0 = time.time()
-    kname = KIND_NAMES[kind_id(kind)]
+    kname = kind_named(kind).name
+    if kind_named(kind).family != FORWARD and (nk or preset or m is not None):
+        raise ValueError(f"{kname}: warm up the weight-gradient kinds with explicit shapes (MxNxK, GxMxNxK)")
     pairs = resolve_nk(preset, kname, nk)
     problems: list[Problem] = []
     if pairs:

@@ -64,6 +64,27 @@ def test_warmup_preset_and_shapes(fresh_cache):
     assert serving.PRESETS["deepseek-r1"] == serving.PRESETS["deepseek-v3"]
 
 
+def test_warmup_builds_the_weight_gradient_kernels_the_calls_plan(fresh_cache):
+    """--kind wgrad / k_grouped_wgrad: explicit shapes, the 1D1D kernel's config chooser, its kernels in the cache
+    under the keys a call's plan looks up (cupygemm.plan_wgrad)."""
+    from cupygemm import contract_wgrad as cw
+    from cupygemm.plan_wgrad import wgrad_source
+
+    rep = cupygemm.warmup(kind="wgrad", shapes=[(7168, 2112, 4096), (2048, 7168, 4096)], num_sms=132, jobs=1)
+    want = {cache_key(wgrad_source(cw.choose_wgrad_config("wgrad", m, n, k, 1, 132)))
+            for m, n, k in ((7168, 2112, 4096), (2048, 7168, 4096))}
+    assert set(rep.keys) == want and rep.built == len(want) and all(cache.load(k) for k in want)
+    grouped = cupygemm.warmup(kind="k_grouped_wgrad", shapes=[(4, 7168, 4096, 4096)], num_sms=132, dry_run=True)
+    assert grouped.keys == [cache_key(wgrad_source(cw.choose_wgrad_config("k_grouped_wgrad", 7168, 4096, 4096, 4,
+                                                                          132)))]
+    with pytest.raises(ValueError, match="explicit shapes"):
+        cupygemm.warmup([(2112, 7168)], "1:64", kind="wgrad", num_sms=132)
+    with pytest.raises(ValueError, match="K must be a multiple of 16"):
+        cupygemm.warmup(kind="wgrad", shapes=[(64, 64, 100)], num_sms=132)
+    with pytest.raises(ValueError, match="GxMxNxK"):
+        cupygemm.warmup(kind="k_grouped_wgrad", shapes=[(64, 64, 128)], num_sms=132)
+
+
 @pytest.mark.parametrize("kind,m,groups", [("normal", "1:20000,100:300,30000,20001:20100", 1),
                                             ("contiguous", "1:20000,5000:30000", 2), ("masked", "1:100,90:110", 4)])
 def test_warmup_asks_the_chooser_once_per_memo_class(monkeypatch, kind, m, groups):
@@ -172,15 +193,13 @@ def test_warmup_cli_refuses_what_bench_refuses(args):
 def test_warmup_builds_only_what_is_missing(fresh_cache, monkeypatch):
     """Counts are true: a second warm-up finds everything cached and builds nothing (compile faked for speed; the
     real, parallel build is the next test)."""
-    import cupygemm.kernels as K
-
     built = []
 
     def fake_compile(cfg):
         built.append(cfg)
         cache.store(cache_key(gemm_source(cfg)), b"cubin " + repr(cfg).encode())
 
-    monkeypatch.setattr(K, "compile_gemm", fake_compile)
+    monkeypatch.setattr(serving, "compile_config", fake_compile)
     first = cupygemm.warmup([(7168, 2048)], "1:512", num_sms=132, jobs=1)
     assert first.built == first.kernels == len(built) >= 2 and first.cached == 0
     cache.clear_memory()
@@ -243,9 +262,7 @@ def test_warmup_fails_when_it_cannot_write_the_cache(tmp_path):
 def test_warmup_fails_when_what_it_built_did_not_reach_the_disk(fresh_cache, monkeypatch):
     """The cache was writable at the start, but the kernels were kept in memory only (as store() does when a write
     fails, e.g. on a full disk): the warm-up says so instead of reporting them built."""
-    import cupygemm.kernels as K
-
-    monkeypatch.setattr(K, "compile_gemm", lambda cfg: None)  # built, never written
+    monkeypatch.setattr(serving, "compile_config", lambda cfg: None)  # built, never written
     with pytest.raises(CupygemmCacheError, match=r"warm-up: \d+ of the \d+ kernels built could not be written"):
         cupygemm.warmup([(7168, 2048)], "1:64", num_sms=132, jobs=1)
 
