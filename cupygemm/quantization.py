@@ -307,8 +307,8 @@ def per_block_cast_to_fp8(x: Any, *, with_transpose: bool = False, stream: Any =
 
     ``with_transpose=True`` returns ``(q, s, q_t, s_t)`` from one pass over ``x``: also ``q_t`` e4m3fn [n, m] and
     ``s_t = s.T`` (float32 [ceil(n/128), ceil(m/128)], C-contiguous), which equal ``per_block_cast_to_fp8(x.T)``
-    bit for bit (a block's scale is the same for x and x.T): the FP8 W^T that the dgrad GEMM reads. torch tensors
-    run eagerly (no torch operator yet); JAX arrays are not supported yet (NotImplementedError).
+    bit for bit (a block's scale is the same for x and x.T): the FP8 W^T that the dgrad GEMM reads (a torch operator
+    for torch tensors; in ``cupygemm.jax`` the cast and XLA's transposes).
     """
     if with_transpose:
         return _route_fused(BLOCK_WITH_TRANSPOSE, "per_block_cast_to_fp8", x, stream, False)
@@ -328,8 +328,9 @@ def per_token_cast_to_fp8_transposed(x: Any, *, rowwise: bool = False, m_major_s
     :func:`cupygemm.get_col_major_tma_aligned_tensor` would make of it: shape [d, ceil(T/128)], element strides
     ``(1, round_up(d, 4))``, 16-byte aligned), so a GEMM on ``(q_t, s_t)`` copies no scales; otherwise ``s_t`` is
     row-major. Results are made by the framework of ``x``, on the caller's stream (``stream=`` overrides it).
-    ``x`` is bfloat16, float16 or float32 with unit inner stride and any row stride. torch tensors run eagerly (no
-    torch operator yet); JAX arrays are not supported yet (NotImplementedError).
+    ``x`` is bfloat16, float16 or float32 with unit inner stride and any row stride. torch tensors go through a
+    torch operator; JAX arrays through ``cupygemm.jax`` (XLA's transpose, then the per-token cast kernel: bit for bit
+    the same; JAX arrays have no strides, so ``m_major_scales`` does not apply there).
     """
     return _route_fused(TRANSPOSED_ROWWISE if rowwise else TRANSPOSED, "per_token_cast_to_fp8_transposed", x, stream,
                         m_major_scales)
@@ -337,10 +338,8 @@ def per_token_cast_to_fp8_transposed(x: Any, *, rowwise: bool = False, m_major_s
 
 def _route_fused(entry: str, name: str, x: Any, stream: Any, m_major_scales: bool) -> tuple[Any, ...]:
     framework = framework_of(x)
-    if framework is Framework.JAX:
-        raise NotImplementedError(f"{name}: JAX arrays are not supported yet (cupygemm.jax has no custom call for the "
-                                  "fused casts); use cupygemm.jax.per_token_cast_to_fp8 / per_block_cast_to_fp8 on "
-                                  "x and x.T")
+    if framework is Framework.TORCH or framework is Framework.JAX:
+        return adapter(framework).cast(entry, x, stream, m_major_scales=m_major_scales)
     return run_cast(entry, x, stream, framework, m_major_scales)
 
 

@@ -23,7 +23,10 @@ int follow ``sfb``, e.g. ``Tensor m_indices`` or ``Tensor masked_m, int expected
   packed bytes, and ``int[] b_shape, int base_low, int hash_bits, int[] page_words`` their layout (after the kind's
   own arguments).
 
-Casts: ``per_token_cast_to_fp8(x, stream=-1) -> (Tensor, Tensor)`` and ``per_block_cast_to_fp8`` likewise.
+Casts: ``per_token_cast_to_fp8(x, stream=-1) -> (Tensor, Tensor)`` and ``per_block_cast_to_fp8`` likewise; the fused
+transpose casts ``per_token_cast_to_fp8_transposed(x, bool m_major_scales=False, stream=-1) -> (q_t, s_t)``,
+``per_token_cast_to_fp8_transposed_rowwise`` (``-> (q_t, s_t, q, s)``) and
+``per_block_cast_to_fp8_with_transpose(x, stream=-1) -> (q, s, q_t, s_t)``.
 
 The GEMMs take A and B as ``float8_e4m3fn`` (or ``uint8`` bits); the casts return ``float8_e4m3fn`` and ``float32``
 scales. There is no autograd formula on these operators: ``cupygemm.torch``'s differentiable layers are built from
@@ -42,7 +45,8 @@ from . import frameworks
 from .gemm import run, same_framework
 from .kinds import FORWARD, KINDS, GemmKind
 from .packing import PackedWeights
-from .quantization import run_cast, scale_rows
+from .quantization import BLOCK_WITH_TRANSPOSE, TRANSPOSED, TRANSPOSED_ROWWISE, fused_cast_outputs, run_cast, \
+    scale_rows
 from .streams import stream_handle
 from .tensors import BF16, Framework
 from .util import ceil_div
@@ -132,12 +136,44 @@ def _define_cast(name: str) -> None:
     torch.library.register_fake(f"cupygemm::{name}", fake, lib=_lib)
 
 
+_TORCH_CAST_DTYPES = {"float8_e4m3fn": torch.float8_e4m3fn, "float32": torch.float32}
+
+
+def _define_fused_cast(name: str, results: int, takes_layout: bool) -> None:
+    """A fused cast (:func:`cupygemm.quantization.fused_cast_outputs` lists its results, shapes and layouts)."""
+    layout_arg = "bool m_major_scales=False, " if takes_layout else ""
+    _lib.define(f"{name}(Tensor x, {layout_arg}int stream=-1) -> ({', '.join(['Tensor'] * results)})")
+
+    def split(args: tuple) -> tuple[bool, int]:
+        if takes_layout:
+            return bool(args[0]) if args else False, args[1] if len(args) > 1 else -1
+        return False, args[0] if args else -1
+
+    def impl(x, *args):
+        m_major, stream = split(args)
+        return run_cast(name, x, _stream(stream), Framework.TORCH, m_major)
+
+    def fake(x, *args):
+        m_major, _ = split(args)
+        outs = []
+        for o in fused_cast_outputs(name, x.shape[0], x.shape[1], m_major):
+            buf = x.new_empty(o.buffer, dtype=_TORCH_CAST_DTYPES[o.dtype.name])
+            outs.append(buf if o.buffer == o.shape else buf[:, :o.shape[0]].T)
+        return tuple(outs)
+
+    _lib.impl(name, impl, "CUDA")
+    torch.library.register_fake(f"cupygemm::{name}", fake, lib=_lib)
+
+
 for _kind in KINDS:
     _define(_kind, packed=False)
     if _kind.family == FORWARD:
         _define(_kind, packed=True)
 _define_cast("per_token_cast_to_fp8")
 _define_cast("per_block_cast_to_fp8")
+_define_fused_cast(TRANSPOSED, 2, True)
+_define_fused_cast(TRANSPOSED_ROWWISE, 4, True)
+_define_fused_cast(BLOCK_WITH_TRANSPOSE, 4, False)
 
 
 def _handle(stream: Any) -> int:
@@ -189,9 +225,11 @@ class _TorchAdapter:
         return out
 
     @staticmethod
-    def cast(entry: str, x: Any, stream: Any, **options: Any) -> tuple[Any, ...]:
+    def cast(entry: str, x: Any, stream: Any, m_major_scales: bool = False) -> tuple[Any, ...]:
         if _plain_eager(x):
-            return run_cast(entry, x, stream, Framework.TORCH)
+            return run_cast(entry, x, stream, Framework.TORCH, m_major_scales)
+        if entry in (TRANSPOSED, TRANSPOSED_ROWWISE):
+            return getattr(ops, entry).default(x, m_major_scales, _handle(stream))
         return getattr(ops, entry).default(x, _handle(stream))
 
 

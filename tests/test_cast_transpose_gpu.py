@@ -206,3 +206,30 @@ def test_torch_inputs(entry):
         s_t = cast(entry, x, m_major_scales=True)[1]
         assert s_t.stride() == (1, 260) and s_t.shape == (260, 3)
         assert cupygemm.get_col_major_tma_aligned_tensor(s_t) is s_t
+
+
+def test_torch_operators_of_the_fused_casts():
+    """torch.ops.cupygemm's fused casts: opcheck (schema, fake shapes and strides, the M-major s_t too) and
+    torch.compile(fullgraph=True) through the public function."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    import cupygemm.torch  # noqa: F401 - the operators
+
+    x = torch.randn(300, 260, device="cuda").to(torch.bfloat16)
+    ops = torch.ops.cupygemm
+    torch.library.opcheck(ops.per_token_cast_to_fp8_transposed.default, (x, False, -1))
+    torch.library.opcheck(ops.per_token_cast_to_fp8_transposed.default, (x, True, -1))
+    torch.library.opcheck(ops.per_token_cast_to_fp8_transposed_rowwise.default, (x, False, -1))
+    torch.library.opcheck(ops.per_block_cast_to_fp8_with_transpose.default, (x, -1))
+
+    @torch.compile(fullgraph=True)
+    def both(x):
+        return cupygemm.per_token_cast_to_fp8_transposed(x, rowwise=True, m_major_scales=True)
+
+    got = both(x)
+    want = cupygemm.per_token_cast_to_fp8_transposed(x, rowwise=True, m_major_scales=True)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.stride() == w.stride()
+        assert torch.equal(g.view(torch.uint8) if g.dtype == torch.float8_e4m3fn else g,
+                           w.view(torch.uint8) if w.dtype == torch.float8_e4m3fn else w)

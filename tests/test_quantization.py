@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import cupygemm
 from cupygemm import reference as ref
 
 cupy = pytest.importorskip("cupy")
@@ -325,3 +326,30 @@ def test_gpu_jax_inputs(cast, reference):
         want_q, want_s = reference(x_host)
         np.testing.assert_array_equal(np.asarray(jax.lax.bitcast_convert_type(q, jnp.uint8)), want_q)
         np.testing.assert_array_equal(np.asarray(s).view(np.uint32), want_s.view(np.uint32))
+
+
+def test_jax_fused_transpose_casts_are_the_reference_casts_of_x_and_x_t():
+    """cupygemm.jax's transposed casts (and the core functions on JAX arrays, through the JAX adapter) give
+    per_token_cast_to_fp8(x.T) and per_block_cast_to_fp8 of x and x.T bit for bit."""
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    import cupygemm.jax as cj
+    from cupygemm import reference as R
+
+    x = np.random.default_rng(5).standard_normal((200, 300)).astype(np.float32)
+    jx = jnp.asarray(x)
+    want_t = R.per_token_cast_to_fp8_reference(x.T)
+    want = R.per_token_cast_to_fp8_reference(x)
+    for got in (cj.per_token_cast_to_fp8_transposed(jx, rowwise=True),
+                cupygemm.per_token_cast_to_fp8_transposed(jx, rowwise=True)):
+        assert len(got) == 4
+        for g, w in zip(got, (*want_t, *want)):
+            assert np.array_equal(np.asarray(g).view(np.uint8 if g.dtype.itemsize == 1 else np.uint32),
+                                  np.asarray(w).view(np.uint8 if w.dtype.itemsize == 1 else np.uint32))
+    q, s, q_t, s_t = cupygemm.per_block_cast_to_fp8(jx, with_transpose=True)
+    wq, ws = R.per_block_cast_to_fp8_reference(x.T)
+    assert np.array_equal(np.asarray(q_t).view(np.uint8), np.asarray(wq).view(np.uint8))
+    assert np.array_equal(np.asarray(s_t), ws)
+    with pytest.raises(TypeError, match="stream"):
+        cupygemm.per_token_cast_to_fp8_transposed(jx, stream=0)

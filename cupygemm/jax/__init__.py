@@ -9,6 +9,8 @@ Import this module explicitly (``import cupygemm.jax``); ``import cupygemm`` nev
   - :func:`gemm_fp8_fp8_bf16_nt`\\ ``(a, sfa, b, sfb=None) -> d``
   - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous`\\ ``(a, sfa, b, sfb, m_indices, out=None) -> d``
   - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked`\\ ``(a, sfa, b, sfb, masked_m, expected_m, out=None) -> d``
+- :func:`per_token_cast_to_fp8_transposed` (of ``x.T``, the weight gradients' operands) and
+  :func:`per_block_cast_to_fp8_with_transpose` (W and W^T, the data gradients' B);
 - :func:`per_token_cast_to_fp8`, :func:`per_block_cast_to_fp8`: jittable FP8 casts returning
   ``jnp.float8_e4m3fn`` values and float32 scales, bit-exact with :mod:`cupygemm.reference`.
 
@@ -88,11 +90,23 @@ from . import adapter as _adapter  # noqa: F401 - registers cupygemm.jax with cu
 from .backend import TARGET
 from .backend import handlers as _handlers  # noqa: F401 - the handler per platform (bench, scripts, tests)
 from .backend import use_backend as _use_backend  # noqa: F401 - test hook
-from .casts import per_block_cast_to_fp8, per_token_cast_to_fp8
+from .casts import per_block_cast_to_fp8, per_block_cast_to_fp8_with_transpose, per_token_cast_to_fp8
+from .casts import per_token_cast_to_fp8_transposed as _transposed
+from .casts import per_token_cast_to_fp8_transposed_rowwise as _transposed_rowwise
 from .frontend import public as _public
+
+
+def per_token_cast_to_fp8_transposed(x, *, rowwise: bool = False):
+    """``per_token_cast_to_fp8(x.T)`` for ``x`` [T, d]: ``(q_t [d, T], s_t [d, ceil(T/128)])``, the weight-gradient
+    GEMM's K-major operand; ``rowwise=True`` adds ``per_token_cast_to_fp8(x)``: ``(q_t, s_t, q, s)``. Bit for bit
+    :func:`cupygemm.per_token_cast_to_fp8_transposed` (jittable)."""
+    return _transposed_rowwise(x) if rowwise else _transposed(x)
+
+
 
 for _kind in KINDS:
     globals()[_kind.api] = _public(_kind)
 
-__all__ = ["TARGET", *(_kind.api for _kind in KINDS), "per_token_cast_to_fp8", "per_block_cast_to_fp8"]
+__all__ = ["TARGET", *(_kind.api for _kind in KINDS), "per_token_cast_to_fp8", "per_block_cast_to_fp8",
+           "per_token_cast_to_fp8_transposed", "per_block_cast_to_fp8_with_transpose"]
 del _kind

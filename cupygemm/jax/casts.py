@@ -151,3 +151,24 @@ for _f in (per_token_cast_to_fp8, per_block_cast_to_fp8):
         _f.__module__ = "cupygemm.jax"
     except (AttributeError, TypeError):  # pragma: no cover - a jitted function that keeps its own
         pass
+
+
+@jax.jit
+def per_token_cast_to_fp8_transposed(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``per_token_cast_to_fp8(x.T)``: the K-major FP8 copy of ``x.T`` (``x`` [T, d]) with 1x128 scales along T, the
+    weight-gradient GEMM's operand. XLA transposes, then the cast kernel runs (bit for bit the eager fused cast)."""
+    return per_token_cast_to_fp8(jnp.swapaxes(jnp.asarray(x), 0, 1))
+
+
+@jax.jit
+def per_token_cast_to_fp8_transposed_rowwise(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(*per_token_cast_to_fp8(x.T), *per_token_cast_to_fp8(x))``: both layouts a linear layer's step needs."""
+    return (*per_token_cast_to_fp8_transposed(x), *per_token_cast_to_fp8(x))
+
+
+@jax.jit
+def per_block_cast_to_fp8_with_transpose(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(q, s, q.T, s.T)`` of ``per_block_cast_to_fp8(x)``: a 128x128 block's scale is the same for ``x`` and
+    ``x.T``, so these equal ``per_block_cast_to_fp8(x.T)`` bit for bit (the dgrad GEMM's W^T)."""
+    q, s = per_block_cast_to_fp8(x)
+    return q, s, jnp.swapaxes(q, 0, 1), jnp.swapaxes(s, 0, 1)
