@@ -36,7 +36,8 @@ struct PageSides {
 // The page bits of weights that span at most kParamPages pages (one group of a normal GEMM's B up to 256 MiB),
 // passed as kernel parameters: the side of a chunk then needs no memory load. A shared-memory load per box in the
 // producer's K loop (a load, its move to a uniform register) and the copy of the bits into shared memory before
-// the first load of B made the producer the packed kernels' bottleneck on the H200 (benchmarks/NOTES.md 29).
+// the first load of B made the producer the packed kernels' bottleneck on the H200 (benchmarks/NOTES.md, "L2-side-aware
+// weights").
 constexpr uint32_t kParamPageWords = 4, kParamPages = 32 * kParamPageWords;
 // kWords: the words the weights' pages need (1 to kParamPageWords), so that weights on up to 32 pages (64 MiB)
 // select no word at all.
@@ -47,7 +48,8 @@ template <uint32_t kWords> struct ParamPageSides {
   uint32_t hash;
 
   // PageSides::side_of for the first slot of pair `pair` (offset pair * 8 KiB), in 32-bit arithmetic: fewer steps
-  // in the producer's chain than the 64-bit offset's, which bound the packed kernels' K loop (benchmarks/NOTES.md 31).
+  // in the producer's chain than the 64-bit offset's, which bound the packed kernels' K loop (benchmarks/NOTES.md,
+  // "Producer on one lane").
   __device__ __forceinline__ uint32_t side_of_pair(uint32_t pair) const {
     const uint32_t at = base_low + (pair << 13);  // below 2 MiB + kParamPages pages: no overflow
     const uint32_t page = at >> 21;

@@ -138,7 +138,7 @@ template <class T> struct Mainloop {
   // k_loop on two accumulator sets (kTwoAccSets): K block j + 1's wgmmas run while block j is promoted (one batch
   // stays in flight: wgmma_wait<1>), in chunks of kTwoSetsChunk blocks whose last one drains. The blocks are promoted
   // in the same order as k_loop's, so the sums are the same bit for bit. Where a warpgroup's chain of issue, wait and
-  // promotion per K block bounds the tile (128-row split-K clusters: benchmarks/NOTES.md 31).
+  // promotion per K block bounds the tile (128-row split-K clusters: benchmarks/NOTES.md, "Two accumulator sets").
   static constexpr uint32_t kTwoSetsChunk = 4;
   template <uint32_t J> static __device__ __forceinline__ Acc& set_of(Acc& a0, Acc& a1) {
     if constexpr (J % 2 == 0) return a0; else return a1;

@@ -37,9 +37,9 @@ template <class T> struct Producer {
   // Side-aware kernels: packed B as TMA boxes over the packed buffer (tmap_b maps it as rows of 128 bytes), one box
   // per piece of a 32-row chunk, each from the slot its pair's side picks. The sides come from the hash and the
   // page bits, as parameters (kSidePageParams) or in shared memory, so no load waits on global memory (a swap bit
-  // loaded per chunk, or the whole warp issuing, cost the loop 10-25 %: NOTES.md 28; the shared-memory load up to
-  // 25 % on the H200: NOTES.md 29). `row0`: this CTA's first row (B multicast: each CTA of the pair
-  // loads its half into both).
+  // loaded per chunk, or the whole warp issuing, cost the loop 10-25 %: benchmarks/NOTES.md, "L2-side-aware weights";
+  // the shared-memory load up to 25 % on the H200: benchmarks/NOTES.md, "L2-side-aware weights"). `row0`: this CTA's
+  // first row (B multicast: each CTA of the pair loads its half into both).
   __device__ __forceinline__ void load_packed_b(uint32_t stage, uint32_t kb, uint32_t b_group, uint32_t n0,
                                                uint32_t row0, bool b_first, uint64_t b_policy,
                                                const PageSides& pages,
@@ -78,7 +78,7 @@ template <class T> struct Producer {
   // scheduler hands this CTA (into `tile`) into the ring of stages, and waits until the consumers released them
   // all. Side-aware kernels wait for the page bits first (unless they came as parameters) and load packed B
   // (load_packed_b). The loop's instructions bound one-row-block GEMMs, and keep_one_lane() takes the loops over
-  // active lanes around each TMA copy out of it (up to 5 % faster there, benchmarks/NOTES.md 31).
+  // active lanes around each TMA copy out of it (up to 5 % faster there, benchmarks/NOTES.md, "Producer on one lane").
   __device__ __forceinline__ void run(uint32_t shape_m, uint32_t num_groups, const int* grouped_layout,
                                       uint32_t b_evict_first, const SideWork& side, const PageSides& pages,
                                       const typename T::ParamSides& param_pages, Tile& tile) const {
@@ -98,8 +98,8 @@ template <class T> struct Producer {
       const uint32_t a_boxes = cmin(T::kABoxes, ceil_div(tile.rows - tile.m_block * T::BLOCK_M, T::A_BOX_M));
       // A box reaching past A's last row (shape_m; per group when masked) would be zero-filled by TMA, and such
       // boxes ran up to 40 % slower than whole ones (80x2112x7168 on 128-row tiles, 16x4096x7168 on 64-row tiles:
-      // benchmarks/NOTES.md 32). That box loads tmap_a_tail's, which ends at the last row; the rows after it keep
-      // stale data that only feeds output rows past shape_m, which are never stored.
+      // benchmarks/NOTES.md, "A tail box"). That box loads tmap_a_tail's, which ends at the last row; the rows after it
+      // keep stale data that only feeds output rows past shape_m, which are never stored.
       const bool a_tail = tile.m_block * T::BLOCK_M + a_boxes * T::A_BOX_M > shape_m;
       const uint32_t a_rows = a_boxes * T::A_BOX_M - (a_tail ? T::A_BOX_M - shape_m % T::A_BOX_M : 0u);
       const uint32_t tx_bytes =

@@ -2,7 +2,7 @@
 // [m, ceil(K/128)]) copied to [G][kb][m_pad] (M-major, each K block's m_pad-row column 16-byte aligned for TMA).
 // Padding rows are left as they are: the GEMM never uses them. A GEMM call launches this when its SFA is not
 // M-major already; it is one driver launch, where CuPy's strided copy cost the call 20-25 us of host time
-// (benchmarks/NOTES.md 35).
+// (benchmarks/NOTES.md, "Row-major A scales").
 #include "ptx_common.cuh"
 
 extern "C" __global__ void __launch_bounds__(256)

@@ -186,8 +186,8 @@ def tma_specs(cfg: GemmConfig, m: int, n: int, k: int, num_groups: int, a_stride
     [G][M][N]; strides in bytes, outermost first. Boxes: a K block of the CTA's A rows and B columns (half the tile
     of the operand a multicast pair shares), one scale per row of the tile, and D in slabs of the swizzle's width
     over one math warpgroup's rows. The second A map's box has the M % box rows of A's last box (a whole box when
-    none), so that no A box reaches past M: TMA's zero fill of rows past the tensor was slow (benchmarks/NOTES.md
-    32)."""
+    none), so that no A box reaches past M: TMA's zero fill of rows past the tensor was slow (benchmarks/NOTES.md,
+    "A tail box")."""
     g_a = num_groups if cfg.kind == KIND_MASKED else 1
     kb = ceil_div(k, BLOCK_K)
     lda, ldb, ldd = a_strides[-2], b_strides[-2], d_strides[-2]
@@ -288,8 +288,8 @@ def side_clusters0(cfg: GemmConfig, grid: int, sms_side0: int, num_sms: int, uni
     """Clusters of a side-aware launch that work on half 0 of N (the device's SMs draw tickets for their side, see
     cuda_src/l2_sides.cuh). First the fewest rounds of tiles over both halves: a half given fewer clusters than its
     tiles runs twice as long (on an H100 with 70 + 62 SMs per side, 62 CTAs for a half of 64 tiles doubled the
-    kernel's time, benchmarks/NOTES.md 30c). Then as close to the launch's share of side-0 SMs as that allows, so
-    that most clusters run on their own side. ``unit_tiles``: :func:`side_unit_tiles`."""
+    kernel's time, benchmarks/NOTES.md, "L2-side-aware weights"). Then as close to the launch's share of side-0 SMs as
+    that allows, so that most clusters run on their own side. ``unit_tiles``: :func:`side_unit_tiles`."""
     clusters = grid // cluster_size(cfg)
     if clusters < 2:
         return 1

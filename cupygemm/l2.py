@@ -100,8 +100,9 @@ def side_info(device: int) -> SideInfo | None:
 
 
 # GPUs (a substring of the device name) where side-aware kernels measured faster than plain ones: the H100 SXM, 5.6 %
-# on geometric mean over the 12 decode shapes and faster on each (benchmarks/NOTES.md 29b). On the H200 they were
-# 1.22x slower, and still 1.04-1.14x after 29b (its plain kernels read B at up to 3.5 TB/s), so auto does not pack.
+# on geometric mean over the 12 decode shapes and faster on each (benchmarks/NOTES.md, "L2-side-aware weights"). On the
+# H200 they were 1.22x slower, and still 1.04-1.14x after that change (its plain kernels read B at up to 3.5 TB/s), so
+# auto does not pack.
 SIDES_PAY_ON = ("H100",)
 
 

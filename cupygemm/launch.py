@@ -1,7 +1,7 @@
 """Kernel launch through the driver with one packed parameter buffer.
 
 CuPy's RawKernel launch converts every argument on each call; with four by-value 128-byte TMA descriptors that
-took ~19 us of host time per GEMM (benchmarks/NOTES.md section 11). Here the parameter layout is read once per
+took ~19 us of host time per GEMM (benchmarks/NOTES.md, "Host call path"). Here the parameter layout is read once per
 kernel from the driver (``cuFuncGetParamInfo``); :meth:`PackedLauncher.pack` packs a call's values into the
 bytes and the ``extra`` array that ``cuLaunchKernel`` takes (``CU_LAUNCH_PARAM_BUFFER_POINTER``), and a launch
 plan keeps them for the pointers it has seen, so launching again is one driver call. Drivers without

@@ -29,7 +29,8 @@ from .launch import Launcher
 from .util import ceil_div
 
 # Pointer sets remembered per plan, the oldest forgotten first. A serving loop cycles through a few buffers; a JAX
-# scan whose operand XLA passes as a slice of a stacked array (benchmarks/NOTES.md 26c) through one per step.
+# scan whose operand XLA passes as a slice of a stacked array (benchmarks/NOTES.md, "JAX and XLA command buffers")
+# through one per step.
 _PACKED_LIMIT = 512
 #: page_sides of a plain launch (no packed weights): base_low, hash bits, four page-bit words.
 NO_PAGE_SIDES = (0,) * 6

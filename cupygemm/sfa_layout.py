@@ -5,8 +5,8 @@ aligned: what :func:`cupygemm.get_col_major_tma_aligned_tensor` returns). The ca
 (DeepGEMM's convention), so a call on them copies SFA into that layout first, on the call's stream, into the
 stream's buffer (:func:`cupygemm.workspace.sfa_buffer`). The copy is ``cuda_src/sfa_layout.cu``, launched through
 the driver with parameters packed once per pointer set; CuPy's strided assignment into a new array, which did it
-before, cost the call 20-25 us of host time (benchmarks/NOTES.md 35). SFA with strides the kernel cannot take
-(negative ones) is copied by its framework instead.
+before, cost the call 20-25 us of host time (benchmarks/NOTES.md, "Row-major A scales"). SFA with strides the kernel
+cannot take (negative ones) is copied by its framework instead.
 """
 from __future__ import annotations
 

@@ -288,7 +288,8 @@ def run(args: argparse.Namespace) -> int:
     require_hopper_or_exit("cupygemm jax-scan")  # here: each child would otherwise print CuPy's traceback
     runs = {}
     # (A fully unrolled scan was tried too: XLA merges identical steps of the baselines, and stacking the results
-    # to keep every step alive moves their addresses on every run, so it re-records all steps: benchmarks/NOTES.md.)
+    # to keep every step alive moves their addresses on every run, so it re-records all steps: benchmarks/NOTES.md, "JAX
+    # and XLA command buffers".)
     modes = (("default", None, 1), ("command_buffers", CB_FLAGS, 1), ("command_buffers+while", CB_WHILE_FLAGS, 1))
     for label, flags, unroll in modes:
         env = dict(os.environ)

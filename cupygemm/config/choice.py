@@ -26,33 +26,35 @@ THREE_WG_MAX_K = 1536
 # The model's load term does not rank split-K configs (wide split tiles measured slower than it predicts), so they come
 # from a measured rule instead: when even 64x64 tiles would leave half the SMs idle, use 48-column tiles split over
 # the most CTAs (2..4, at least 8 K blocks each) that still fit one wave. On an H200: 64x2112x7168 11.3 -> 9.4 us,
-# 128x2112x7168 12.3 -> 10.5 us; where 64x64 tiles fill more SMs, split-K only tied or lost (benchmarks/NOTES.md
-# section 11).
+# 128x2112x7168 12.3 -> 10.5 us; where 64x64 tiles fill more SMs, split-K only tied or lost (benchmarks/NOTES.md,
+# "Split-K across CTAs").
 SPLIT_K_BLOCK_N = 48
 MAX_SPLIT_K = 4
 MIN_SPLIT_K_BLOCKS = 8
 
 # Side-aware kernels (packed B) load B in 32-row TMA boxes, one per packed 4 KiB chunk. A CTA whose B rows are not
 # whole chunks loads 16- or 8-row boxes, and many small boxes held the loop back: 64x112 tiles on 128x7168x16384 took
-# 110 us packed against 49.8 plain (H100; NOTES.md 28). So packed weights get tiles whose B rows per CTA are
-# multiples of 32 (with B multicast each CTA loads half the tile), and 64x32 split-K tiles, whose units of 28 K
-# blocks on 64x2112x7168 run interleaved K (10.6 us against 11.1 on one warpgroup; plain 64x48 split 3: 11.2). Their
-# 128-row split-K tiles are the plain ones (through global memory 128x48 split 3 took 12.1 us on 128x2112x7168
-# against 12.8 for 128x32 split 2, NOTES.md 30; as clusters with two accumulator sets, below, 128x32 split 2 wins).
+# 110 us packed against 49.8 plain (H100; benchmarks/NOTES.md, "L2-side-aware weights"). So packed weights get tiles
+# whose B rows per CTA are multiples of 32 (with B multicast each CTA loads half the tile), and 64x32 split-K tiles,
+# whose units of 28 K blocks on 64x2112x7168 run interleaved K (10.6 us against 11.1 on one warpgroup; plain 64x48 split
+# 3: 11.2). Their 128-row split-K tiles are the plain ones (through global memory 128x48 split 3 took 12.1 us on
+# 128x2112x7168 against 12.8 for 128x32 split 2, benchmarks/NOTES.md, "Split-K clusters"; as clusters with two
+# accumulator sets, below, 128x32 split 2 wins).
 SIDE_CHUNK_ROWS = 32
 SIDE_SPLIT_K_BLOCK_N = 32
 # Split-K tiles of two splits that all run in one round meet as 2-CTA clusters: the partner writes its sums into the
 # leader's shared memory rather than global memory (cuda_src/reduction.cuh, ClusterSplit). Packed 64x2112x7168 on
-# an H100: 10.6 -> 10.2-10.3 us; 32x2112x7168 11.5 -> 10.9 (benchmarks/NOTES.md 31e).
+# an H100: 10.6 -> 10.2-10.3 us; 32x2112x7168 11.5 -> 10.9 (benchmarks/NOTES.md, "Split-K clusters").
 SPLIT_CLUSTER_DEFAULT = True
 # Split-K tiles are 32 columns wide and split two ways, as clusters, where that keeps as many SMs busy as the
-# 48-column rule. 128-row ones (with two accumulator sets) on an H100 (benchmarks/NOTES.md 32b, against 128x48 split 3
-# or 2): 65-128 x 2112 x 7168 7-9 % faster plain (12.5 -> 11.4 us at 128 rows), 2-5 % packed (11.9 -> 11.35); 257-384
-# x 576 x 7168 6 %; 960-1024 x 256 x 7168 4-5 %. With one accumulator set these tiles were slower than the 48-column
-# ones (12.1-12.5 us as clusters): the two-warpgroup K loop's chain of issue, wait and promotion bounds them (NOTES.md
-# 31f). 64-row ones (two interleaved warpgroups, as packed B has had since NOTES.md 31e) against 64x48 split 3, three
-# passes (NOTES.md 33f): 1-64 x 2112 x 7168 5 % faster on an H100 (64 rows 11.0 -> 10.5 us, 1 row 10.9 -> 10.2-10.4)
-# and 8-10 % on an H200 (64 rows 9.5 -> 8.6); N = 1536 on 96 CTAs (an H100 PCIe's 114 SMs) 5-10 %.
+# 48-column rule. 128-row ones (with two accumulator sets) on an H100 (benchmarks/NOTES.md, "Two accumulator sets";
+# against 128x48 split 3 or 2): 65-128 x 2112 x 7168 7-9 % faster plain (12.5 -> 11.4 us at 128 rows), 2-5 % packed
+# (11.9 -> 11.35); 257-384 x 576 x 7168 6 %; 960-1024 x 256 x 7168 4-5 %. With one accumulator set these tiles were
+# slower than the 48-column ones (12.1-12.5 us as clusters): the two-warpgroup K loop's chain of issue, wait and
+# promotion bounds them (benchmarks/NOTES.md, "Two accumulator sets"). 64-row ones (two interleaved warpgroups, as
+# packed B has had since benchmarks/NOTES.md, "Split-K clusters") against 64x48 split 3, three passes
+# (benchmarks/NOTES.md, "Split-K clusters"): 1-64 x 2112 x 7168 5 % faster on an H100 (64 rows 11.0 -> 10.5 us, 1 row
+# 10.9 -> 10.2-10.4) and 8-10 % on an H200 (64 rows 9.5 -> 8.6); N = 1536 on 96 CTAs (an H100 PCIe's 114 SMs) 5-10 %.
 CLUSTER_SPLIT_K_BLOCK_N = 32
 # Tiles of one math warpgroup (64 rows, no interleaved K) take two accumulator sets too. On an H100: 64x2112x7168
 # (64x48 split 3) 11.2-11.3 -> 11.0-11.1 us, 64x24576x1536 (64x96) 18.6-18.7 -> 18.4-18.5, 64x7168x2048 (64x64)
@@ -61,7 +63,7 @@ CLUSTER_SPLIT_K_BLOCK_N = 32
 # (128x7168x2048 on 64x112 with B multicast 10.1-10.2 -> 9.8-9.9, masked 16x32x3072x1536 35.4 -> 34.4, the N = 32768
 # shapes on 64x128 within 0.5 %). Unsplit 128-row tiles gained nothing
 # (128x24576x1536, 128x7168x2048) or lost (128x32 on 128x4096x7168 packed: 15.3-15.4 against 15.1-15.2), so they
-# keep one set (benchmarks/NOTES.md 32c).
+# keep one set (benchmarks/NOTES.md, "Two accumulator sets").
 TWO_ACC_SETS_ONE_WG = True
 
 #: Rows per memo class: see m_class.
@@ -130,7 +132,7 @@ def candidate_tiles(kind: int, m_rows: int) -> list[tuple[int, int, bool]]:
     Split-N tiles serialize MMA and promotion within a warpgroup; the model only proposes whole ones (splits stay
     reachable through override_config). 256-row tiles whose two m64 sub-tiles per warpgroup do not fit at once run
     them serially. Two accumulator sets (the next MMA batch overlapping this batch's promotion) measured no faster
-    (benchmarks/NOTES.md sections 2 and 17), so no candidate has them."""
+    (benchmarks/NOTES.md, "Two accumulator sets" and "Power cap"), so no candidate has them."""
     tiles = []
     for bm in candidate_block_ms(kind, m_rows):
         for bn in range(16, 257, 8):
@@ -143,7 +145,7 @@ def candidate_tiles(kind: int, m_rows: int) -> list[tuple[int, int, bool]]:
 
 def _multicast_candidates(p: Problem, bm: int, bn: int) -> list[int]:
     """The legal multicast modes the model weighs for a tile. Sharing A between 64-row tiles never paid in the sweeps
-    (10 small-M shapes: equal or 2-6 % slower than no multicast, benchmarks/NOTES.md section 10), though the model's
+    (10 small-M shapes: equal or 2-6 % slower than no multicast, benchmarks/NOTES.md, "Multicast"), though the model's
     load term says it should; 192-row tiles cannot share B."""
     if p.num_sms < 2:
         return [0]
@@ -178,9 +180,9 @@ def model_candidates(p: Problem, tiles: Iterable[tuple[int, int, bool]]) -> Iter
 def shares_single_a_block(p: Problem, c: Candidate) -> bool:
     """A normal GEMM whose A is one 128-row block, shared by A multicast. Every CTA reads that block from L2 while B
     streams from memory: sharing it saves L2 reads only, and the tile without it measured 2-4 % faster (128x32768x512
-    on an H200 and an H100, 128x24576x1536 on an H100; NOTES 20). The rule drops multicast from the model's pick
-    rather than excluding such candidates: excluded, the model moves to other tiles, which were not measured; 256-row
-    single blocks (M <= 256, more of the tile's operand bytes are A) were not measured either."""
+    on an H200 and an H100, 128x24576x1536 on an H100; benchmarks/NOTES.md, "Multicast"). The rule drops multicast from
+    the model's pick rather than excluding such candidates: excluded, the model moves to other tiles, which were not
+    measured; 256-row single blocks (M <= 256, more of the tile's operand bytes are A) were not measured either."""
     return c.multicast == 1 and p.kind == KIND_NORMAL and c.block_m == 128 and p.m_rows <= c.block_m
 
 
@@ -239,7 +241,7 @@ def _interleave_k(p: Problem, c: Candidate, est: Estimate, fields: dict) -> bool
 def _split_cluster(c: Candidate, est: Estimate, grid: int) -> bool:
     """Whether a split-K pick runs as clusters (SPLIT_CLUSTER_DEFAULT): two splits, every unit in one round, no
     multicast. (Clusters of three or four splits did not all fit at once on an H100: 42 of 44 clusters of three,
-    so the kernel took two rounds, 64x2112x7168 18 us against 11.1; benchmarks/NOTES.md 31.)"""
+    so the kernel took two rounds, 64x2112x7168 18 us against 11.1; benchmarks/NOTES.md, "Split-K clusters".)"""
     return SPLIT_CLUSTER_DEFAULT and c.split_k == 2 and not c.multicast and not c.stream_k and grid == est.tiles
 
 
@@ -247,7 +249,8 @@ def fewest_ctas_for_rounds(tiles: int, grid: int, cluster: int) -> int:
     """The smallest grid (whole clusters) that runs ``tiles`` in as many rounds as ``grid`` CTAs do. Normal GEMMs
     launch that many: where the last round is partly filled, fewer CTAs with full rounds measured 0.5-1.8 % faster
     on an H200 (4096x7168x16384, 4096x4096x7168 on 128 CTAs, 4096x2112x7168 on 118; DeepGEMM sizes its grid the
-    same way), while contiguous 8x4096x4096x7168 on 130 measured 2 % slower (benchmarks/NOTES.md section 18)."""
+    same way), while contiguous 8x4096x4096x7168 on 130 measured 2 % slower (benchmarks/NOTES.md, "Tile choice and
+    the cost model")."""
     units, clusters = ceil_div(tiles, cluster), max(1, grid // cluster)
     rounds = ceil_div(units, clusters)
     return min(grid, ceil_div(units, rounds) * cluster)
@@ -281,7 +284,8 @@ def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int
 
     # 1. The model's best tile, multicast and tail over the candidates (192-row tiles aside).
     pick, est = _best(model_candidates(p, [t for t in tiles if t[0] != THREE_WG_BLOCK_M]))
-    # 2. 192-row tiles only challenge a 256-row pick, the comparison measured (benchmarks/NOTES.md section 16c);
+    # 2. 192-row tiles only challenge a 256-row pick, the comparison measured (benchmarks/NOTES.md, "Tile choice and the
+    # cost model");
     #    their halved per-tile overhead is relative to the 256-row tiles' epilogue, not to the 128-row ones'.
     if pick.block_m == 256 and k <= THREE_WG_MAX_K:
         pick, est = _best([(pick, est), *model_candidates(p, three_wg_tiles)])
@@ -429,7 +433,8 @@ B_EVICT_FIRST_ENV = env.B_EVICT_FIRST
 # GPUs (a substring of the device name) where B tiles read by one row block go into L2 as first to evict whatever
 # B's size: after the bench's L2 flush the 64- and 128-row seed shapes took 3-13 % less time on the H100 and 2-10 %
 # less on the H200 (A/B in one process; none more), at a cost of 0-4 % (14-26 % on the N = 24576 shapes) when a loop
-# keeps the same weights warm in L2 (benchmarks/NOTES.md 30, 33a). Elsewhere auto keeps the rule for B larger than L2.
+# keeps the same weights warm in L2 (benchmarks/NOTES.md, "B first to evict"). Elsewhere auto keeps the rule for B
+# larger than L2.
 B_EVICT_FIRST_ON = ("H100", "H200")
 
 
@@ -439,7 +444,7 @@ def b_evict_first(num_groups: int, n: int, k: int, l2_bytes: int, device_name: s
 
     Streamed with the normal priority, such tiles push out other data, dirty lines too: the previous kernels'
     outputs, written back to memory while this GEMM loads and read from memory again by their next reader
-    (benchmarks/NOTES.md sections 21 and 30). As first to evict they mostly replace each other, so they are gone by
+    (benchmarks/NOTES.md, "B first to evict"). As first to evict they mostly replace each other, so they are gone by
     the next call. Decode reads each layer's weights once per step, with every other layer's weights streaming through
     L2 in between, so nothing is lost there; a loop that calls the same small-M GEMM back to back on weights that fit
     in L2 loses what L2 kept for it (on the H100 1-3 % on most decode shapes, 23 % on 64x24576x1536 with L2 warm).

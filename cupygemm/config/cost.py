@@ -7,10 +7,10 @@ drawn group sizes.
 
 The constants are fitted by scripts/fit_model.py to a sweep of every legal tile (multicast, interleaved-K and serial
 256-row variants included) on the 29 seed shapes on an H200 (benchmarks/results/tune-sweep-*-h200-v2.json,
-benchmarks/NOTES.md section 9). With the rule that 64-row tiles do not share A (see choice.py) the pick is within
-1.6 % of the fastest measured config on the 19 normal shapes (geomean; 8.5 % worst). The grouped picks are measured
-directly against DeepGEMM and over several group-size draws instead (sections 10 and 13): the v2 sweep has no 256-row
-contiguous tiles and drew other group sizes than the peers.
+benchmarks/NOTES.md, "Tile choice and the cost model"). With the rule that 64-row tiles do not share A (see choice.py)
+the pick is within 1.6 % of the fastest measured config on the 19 normal shapes (geomean; 8.5 % worst). The grouped
+picks are measured directly against DeepGEMM and over several group-size draws instead (benchmarks/NOTES.md, "Contiguous
+GEMMs" and "Masked GEMMs"): the v2 sweep has no 256-row contiguous tiles and drew other group sizes than the peers.
 """
 from __future__ import annotations
 
@@ -34,19 +34,19 @@ MULTICAST_PENALTY = 1.02  # a 2-CTA cluster runs in lock-step: pays only where i
 # group int(expected_m x U(0.7, 1.3)) rows): the estimate is averaged over a fixed set of such draws. Planning for
 # exactly expected_m rows (DeepGEMM's way) bets on the draw: on four draws of the six masked seed shapes its 256-row
 # picks were 1.18x the fastest of four configs on geomean (1.59x at worst), the averaged picks 1.09x (1.29x);
-# benchmarks/NOTES.md section 13.
+# benchmarks/NOTES.md, "Masked GEMMs".
 MASKED_SPREAD = (0.7, 1.3)
 MASKED_DRAWS = 16
 
 # Interleaved K (64-row tiles, two warpgroups on alternate K blocks) measured 0.92-0.96x the time with >= 56 K blocks,
-# 1.0-1.06x with <= 16, on problems of at most two waves (benchmarks/NOTES.md section 7), and 0.96x on split-K units
-# of 28 (64x2112x7168, NOTES.md 30); with many waves (M = 4096) 64-row interleaved tiles lost to 128-row tiles (989 vs
-# 820 us). Used from 28 K blocks on (a tile's, or a split-K unit's), in at most two waves.
+# 1.0-1.06x with <= 16, on problems of at most two waves (benchmarks/NOTES.md, "Interleaved K"), and 0.96x on split-K
+# units of 28 (64x2112x7168, benchmarks/NOTES.md, "Interleaved K"); with many waves (M = 4096) 64-row interleaved tiles
+# lost to 128-row tiles (989 vs 820 us). Used from 28 K blocks on (a tile's, or a split-K unit's), in at most two waves.
 INTERLEAVE_K_MIN_BLOCKS = 28
 INTERLEAVE_K_FACTOR = 0.93
 
 # Split-K across CTAs: each unit stores its FP32 partial tile, the tile's last unit reads them all back (about 1.5 us
-# per wave: store, release, counter round trip, reads; benchmarks/NOTES.md section 11).
+# per wave: store, release, counter round trip, reads; benchmarks/NOTES.md, "Split-K across CTAs").
 REDUCE_BYTES_PER_SM = 100e9
 REDUCE_OVERHEAD_S = 1.2e-6
 
@@ -54,21 +54,22 @@ REDUCE_OVERHEAD_S = 1.2e-6
 # SK_MAX_SPLIT pieces each. The tail costs, beyond its pieces' share of a tile, a fixed part and the unit's last piece
 # reading every piece's partial tile back on one SM. Fitted to 13 split tails of the masked seed shapes on an H200
 # (measured tail 4-6 us + the bytes at ~80 GB/s; in the model's units, whose tile times run ~1/0.7 of measured ones),
-# NOTES 15.
+# benchmarks/NOTES.md, "Stream-K tail".
 SK_MAX_SPLIT = 8
 SK_TAIL_OVERHEAD_S = 6.4e-6
 SK_READ_BYTES_PER_SM = 56e9
 # A stream-K kernel's whole tiles run ~0.5 % slower than the plain kernel's (its partial sums leave register by
-# register: 16-byte stores pin the accumulators to register quads and cost 0-4 %, NOTES 19d). Fitted per kind where
-# the factor decides (NOTES 20): masked picks that change at 1.0 measured faster on 7 of 10 problems (by up to 6.6 %;
-# the other three within 1 %), the two normal picks that change measured 2.4-3.5 % slower, so normal GEMMs keep 1.02.
+# register: 16-byte stores pin the accumulators to register quads and cost 0-4 %, benchmarks/NOTES.md, "Stream-K tail").
+# Fitted per kind where the factor decides (benchmarks/NOTES.md, "Stream-K tail"): masked picks that change at 1.0
+# measured faster on 7 of 10 problems (by up to 6.6 %; the other three within 1 %), the two normal picks that change
+# measured 2.4-3.5 % slower, so normal GEMMs keep 1.02.
 SK_KERNEL_FACTOR = {KIND_NORMAL: 1.02, KIND_MASKED: 1.0}
 
 # Three math warpgroups on 192-row tiles (one m64 sub-tile each) against the 256-row tiles' two warpgroups of two
 # serial sub-tiles: measured per unit of work 3-10 % faster where K <= 1536 (4096x32768x512 136.0 -> 122.6 us,
 # 4096x24576x1536 239.4 -> 232.2) and, with the M = 4096 shapes' extra round of tiles, 2-9 % slower from K = 2048
-# (benchmarks/NOTES.md section 16). Their per-tile cost beyond the K loop (the epilogue stores 64 rows per warpgroup,
-# not 128) is taken as half the 256-row tiles'.
+# (benchmarks/NOTES.md, "Tile choice and the cost model"). Their per-tile cost beyond the K loop (the epilogue stores 64
+# rows per warpgroup, not 128) is taken as half the 256-row tiles'.
 THREE_WG_OVERHEAD_FACTOR = 0.5
 
 
@@ -109,7 +110,8 @@ def tile_seconds(block_m: int, block_n: int, k: int, multicast: int = 0, interle
     load = (a_rows + b_rows) * k_eff / LOAD_BYTES_PER_SM
     # Widths that are odd multiples of 8 (run-time scale selects in the MMA -> promotion chain, unswizzled output
     # staging) also cost where loads bound the tile: 64x56 lost 2-7 % to 64x64 on 64x7168x2048 in four runs and
-    # 1.7 % on 64x7168x16384, where the load term alone ranked 56 first (benchmarks/NOTES.md section 12).
+    # 1.7 % on 64x7168x16384, where the load term alone ranked 56 first (benchmarks/NOTES.md, "Tile choice and the cost
+    # model").
     chain = 1.0 + STRADDLE_PENALTY if selects_scales_at_run_time(block_n) else 1.0
     lockstep = MULTICAST_PENALTY if multicast else 1.0
     overhead = TILE_OVERHEAD_S * (THREE_WG_OVERHEAD_FACTOR if block_m == THREE_WG_BLOCK_M else 1.0)
@@ -184,7 +186,8 @@ def estimate(kind: int, m_rows: int, n: int, k: int, groups: int, bm: int, bn: i
     elif kind == KIND_CONTIGUOUS and bm > M_ALIGNMENT:
         # About half of the group ends fall mid-block; each such block runs as two half tiles. Since both math
         # warpgroups share a half tile the two cost about one tile, but without this term half of the contiguous
-        # picks move to 256-row tiles, which measured 1-38 % slower on all six tried (NOTES section 18).
+        # picks move to 256-row tiles, which measured 1-38 % slower on all six tried (benchmarks/NOTES.md, "Contiguous
+        # GEMMs").
         m_blocks += ceil_div(groups, 2)
     tiles = m_blocks * n_blocks * split_k
     seconds, waves = time_of(tiles)

@@ -245,7 +245,7 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
         # The warpgroups take alternate K blocks, so with an odd count each stage alternates between them, and a
         # warpgroup's parity wait two phases on passes while the other's phase in between is still loading: the
         # kernel reads a stage being written and crashes (masked 8x16x4096x7168 on 64x128 tiles with 7 stages,
-        # benchmarks/NOTES.md section 23e). With an even count every stage belongs to one warpgroup.
+        # benchmarks/NOTES.md, "Interleaved K"). With an even count every stage belongs to one warpgroup.
         raise ValueError(f"interleave_k needs an even num_stages, got {stages}")
     smem = contract.smem_bytes(block_m, block_n, stages, interleave, split_cluster) + ticket
     if stages < 1 or smem + STATIC_SMEM > smem_limit:
