@@ -180,10 +180,10 @@ def test_empty(entry):
 
 
 def test_kernel_memo():
-    a = quant._fused_launcher(BF16, quant.TRANSPOSED, 0)
-    assert quant._fused_launcher(BF16, quant.TRANSPOSED, 0) is a
-    assert quant._fused_launcher(BF16, quant.TRANSPOSED_ROWWISE, 0) is not a
-    assert quant._fused_launcher(np.dtype(np.float32), quant.TRANSPOSED, 0) is not a
+    a = quant._FUSED_CASTS.get(0, BF16, quant.TRANSPOSED)
+    assert quant._FUSED_CASTS.get(0, BF16, quant.TRANSPOSED) is a
+    assert quant._FUSED_CASTS.get(0, BF16, quant.TRANSPOSED_ROWWISE) is not a
+    assert quant._FUSED_CASTS.get(0, np.dtype(np.float32), quant.TRANSPOSED) is not a
 
 
 @pytest.mark.parametrize("entry", FUSED)
