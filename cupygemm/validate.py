@@ -72,6 +72,19 @@ def fp8(v: View, name: str, ndim: int) -> None:
     check_ndim(v, name, ndim)
 
 
+def nt_operands(a: View, b: View, names: "Names", k_name: str = "K") -> tuple[int, int, int]:
+    """A [M, K] and B [N, K], FP8, with one K: returns (M, N, K)."""
+    fp8(a, names.a, 2)
+    fp8(b, names.b, 2)
+    m, k = a.shape
+    n, kb = b.shape
+    if kb != k:
+        raise ValueError(f"{names.a} is [M, K] = {tuple(a.shape)} and {names.b} is [N, K] = {tuple(b.shape)}: "
+                         f"{k_name} differs")
+    check_limits(M=m, N=n, K=k)
+    return m, n, k
+
+
 def check_ndim(v: View, name: str, ndim: int) -> None:
     if v.ndim != ndim:
         raise ValueError(f"{name}: expected a {ndim}-D array, got shape {tuple(v.shape)}")

@@ -39,14 +39,7 @@ def _grouped_b(b: View, sfb: View, k: int, names: Names) -> tuple[int, int]:
 
 def check_normal(views: tuple[View | None, ...], static: int | None = None, names: Names = EAGER) -> Problem:
     a, sfa, b, sfb, out = views[:5]
-    validate.fp8(a, names.a, 2)
-    validate.fp8(b, names.b, 2)
-    m, k = a.shape
-    n, kb_ = b.shape
-    if kb_ != k:
-        raise ValueError(f"{names.a} is [M, K] = {tuple(a.shape)} and {names.b} is [N, K] = {tuple(b.shape)}: "
-                         "K differs")
-    validate.check_limits(M=m, N=n, K=k)
+    m, n, k = validate.nt_operands(a, b, names)
     validate.check_k_n(k, n)
     kb = ceil_div(k, 128)
     validate.f32(sfa, names.sfa, (m, kb))

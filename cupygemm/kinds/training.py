@@ -50,14 +50,7 @@ def _fp32_out(out: View | None, shape: tuple[int, ...], name: str) -> None:
 
 def check_wgrad(views: tuple[View | None, ...], static: int | None = None, names: Names = EAGER) -> Problem:
     a, sfa, b, sfb, out = views[:5]
-    validate.fp8(a, names.a, 2)
-    validate.fp8(b, names.b, 2)
-    m, k = a.shape
-    n, kb_ = b.shape
-    if kb_ != k:
-        raise ValueError(f"{names.a} is [M, K] = {tuple(a.shape)} and {names.b} is [N, K] = {tuple(b.shape)}: "
-                         "K (the token count) differs")
-    validate.check_limits(M=m, N=n, K=k)
+    m, n, k = validate.nt_operands(a, b, names, "K (the token count)")
     if k % K_ALIGN:
         raise ValueError(f"K must be a multiple of {K_ALIGN} (16-byte aligned FP8 rows for TMA), got K = {k}")
     kb = ceil_div(k, 128)
