@@ -735,8 +735,9 @@ def test_jax_functions_from_the_descriptors(cj):
     assert params(cj.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous) == ["a", "sfa", "b", "sfb", "m_indices", "out=None"]
     assert params(cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked) == ["a", "sfa", "b", "sfb", "masked_m", "expected_m",
                                                                "out=None"]
-    assert set(cj.__all__) == {"TARGET", "per_token_cast_to_fp8", "per_block_cast_to_fp8", "per_token_cast_to_fp8_transposed",
-                               "per_block_cast_to_fp8_with_transpose", *(k.api for k in KINDS)}
+    assert set(cj.__all__) == {"TARGET", "per_token_cast_to_fp8", "per_block_cast_to_fp8",
+                               "per_token_cast_to_fp8_transposed", "per_block_cast_to_fp8_with_transpose",
+                               *(k.api for k in KINDS)}
     for kind in KINDS:
         f = getattr(cj, kind.api)
         assert f.__module__ == "cupygemm.jax" and f.__name__ == kind.api
