@@ -68,7 +68,7 @@ class Registry:
     def grow(self, key: tuple[bool, int, int], floats: int, counters: int) -> BufferSet:
         """The set of ``key`` (torch memory or not, device, stream), made or replaced by one of at least ``floats``
         and ``counters``, with headroom; evicts the oldest sets beyond MAX_SETS."""
-        torch_memory, device, stream = key
+        torch_memory, device, stream = key[:3]
         with self._lock:
             old = self.sets.get(key)
             if old is not None and old.floats >= floats and old.num_counters >= counters:
@@ -102,6 +102,16 @@ class Registry:
         return BufferSet(data, c, (data.data.ptr, 0 if c is None else c.data.ptr), floats, counters, True)
 
 
+#: cudaStreamPerThread: one handle that is another stream in every host thread (CuPy with
+#: CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1), so its buffers are per thread too: shared, two threads' kernels would run
+#: unordered on one set.
+PER_THREAD_STREAM = 2
+
+
+def _per_thread_key(torch_memory: bool, device: int) -> tuple:
+    return torch_memory, device, PER_THREAD_STREAM, threading.get_ident()
+
+
 _SCRATCH = Registry("split-K and stream-K scratch", counters=True)
 _SFA = Registry("A scales in the kernels' layout", counters=False)
 _SFB = Registry("B's 1x128 scales in the kernels' layout", counters=False)
@@ -116,7 +126,7 @@ def scratch(floats: int, counters: int, device: int, stream: int, framework: Fra
     if torch_memory and (is_capturing(stream) if capturing is None else capturing):
         s = _SCRATCH.fresh(floats, counters, device, stream)
         return s.ptrs[0], s.ptrs[1], s
-    key = (torch_memory, device, stream)
+    key = (torch_memory, device, stream) if stream != PER_THREAD_STREAM else _per_thread_key(torch_memory, device)
     s = _SCRATCH.sets.get(key)
     if s is None or s.floats < floats or s.num_counters < counters:
         s = _SCRATCH.grow(key, floats, counters)
@@ -133,7 +143,7 @@ def sfa_buffer(floats: int, device: int, stream: int, framework: Framework,
     if torch_memory and (is_capturing(stream) if capturing is None else capturing):
         s = registry.fresh(floats, 0, device, stream)
         return s.ptrs[0], s.data
-    key = (torch_memory, device, stream)
+    key = (torch_memory, device, stream) if stream != PER_THREAD_STREAM else _per_thread_key(torch_memory, device)
     s = registry.sets.get(key)
     if s is None or s.floats < floats:
         s = registry.grow(key, floats, 0)

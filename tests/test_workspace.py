@@ -145,3 +145,25 @@ def test_sfa_buffers_follow_the_same_policy(mem, monkeypatch, framework):
     assert [key[2] for key in workspace._SFA.sets] == [8, 9]
     assert [s.data for s in workspace._SFA.pinned] == ([owner, owner2] if framework is CUPY else [])
     assert not workspace._SCRATCH.sets  # a kind of its own
+
+
+def test_the_per_thread_default_stream_has_sets_per_thread(mem):
+    """cudaStreamPerThread is one handle but another stream in each host thread: a set shared between threads would
+    let two threads' kernels use one scratch unordered."""
+    import threading
+
+    here = workspace.scratch(100, 8, 0, workspace.PER_THREAD_STREAM, CUPY)[2]
+    assert workspace.scratch(100, 8, 0, workspace.PER_THREAD_STREAM, CUPY)[2] is here
+    there = {}
+    worker = threading.Thread(target=lambda: there.update(
+        scratch=workspace.scratch(100, 8, 0, workspace.PER_THREAD_STREAM, CUPY)[2],
+        sfa=workspace.sfa_buffer(100, 0, workspace.PER_THREAD_STREAM, CUPY)[1]))
+    worker.start()
+    worker.join()
+    assert there["scratch"] is not here and len(workspace._SCRATCH.sets) == 2
+    assert there["sfa"] is not workspace.sfa_buffer(100, 0, workspace.PER_THREAD_STREAM, CUPY)[1]
+    a = workspace.scratch(100, 8, 0, 7, CUPY)[2]  # an ordinary stream stays one set for all threads
+    worker = threading.Thread(target=lambda: there.update(ordinary=workspace.scratch(100, 8, 0, 7, CUPY)[2]))
+    worker.start()
+    worker.join()
+    assert there["ordinary"] is a
