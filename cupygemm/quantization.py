@@ -330,7 +330,7 @@ def per_token_cast_to_fp8_transposed(x: Any, *, rowwise: bool = False, m_major_s
     row-major. Results are made by the framework of ``x``, on the caller's stream (``stream=`` overrides it).
     ``x`` is bfloat16, float16 or float32 with unit inner stride and any row stride. torch tensors go through a
     torch operator; JAX arrays through ``cupygemm.jax`` (XLA's transpose, then the per-token cast kernel: bit for bit
-    the same; JAX arrays have no strides, so ``m_major_scales`` does not apply there).
+    the same; JAX arrays have no strides, so ``m_major_scales=True`` is a TypeError there).
     """
     return _route_fused(TRANSPOSED_ROWWISE if rowwise else TRANSPOSED, "per_token_cast_to_fp8_transposed", x, stream,
                         m_major_scales)

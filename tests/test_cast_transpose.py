@@ -325,13 +325,22 @@ def test_block_with_transpose_has_no_m_major_option():
         quant.per_block_cast_to_fp8(_fake_cupy((4, 128), BF16), with_transpose=True, m_major_scales=True)
 
 
-def test_jax_arrays_are_not_supported_yet():
+def test_jax_arrays_go_to_cupygemm_jax():
+    """JAX arrays take cupygemm.jax's casts (the jnp arithmetic off CUDA): bit for bit the compositions of the
+    references; their scales are row-major only, so asking for M-major ones is an error, not a silent no-op."""
     jnp = pytest.importorskip("jax.numpy")
-    x = jnp.zeros((4, 128), jnp.bfloat16)
-    with pytest.raises(NotImplementedError, match="JAX"):
-        quant.per_token_cast_to_fp8_transposed(x)
-    with pytest.raises(NotImplementedError, match="JAX"):
-        quant.per_block_cast_to_fp8(x, with_transpose=True)
+    x = _make_input((130, 260), F32, seed=4)
+    calls = {quant.TRANSPOSED: lambda a, **kw: quant.per_token_cast_to_fp8_transposed(a, **kw),
+             quant.TRANSPOSED_ROWWISE: lambda a, **kw: quant.per_token_cast_to_fp8_transposed(a, rowwise=True, **kw),
+             quant.BLOCK_WITH_TRANSPOSE: lambda a, **kw: quant.per_block_cast_to_fp8(a, with_transpose=True)}
+    for entry, call in calls.items():
+        got = call(jnp.asarray(x))
+        _assert_equal(tuple(np.asarray(g) for g in got), expected(entry, x))
+    for entry in (quant.TRANSPOSED, quant.TRANSPOSED_ROWWISE):
+        with pytest.raises(TypeError, match="m_major_scales: JAX arrays have no strides"):
+            calls[entry](jnp.asarray(x), m_major_scales=True)
+    with pytest.raises(TypeError, match="stream: JAX calls run on XLA's stream"):
+        quant.per_token_cast_to_fp8_transposed(jnp.asarray(x), stream=0)
 
 
 def test_exported():

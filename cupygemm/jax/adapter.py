@@ -39,8 +39,11 @@ class JaxAdapter:
         return public(kind)(a, sfa, b_arg, sfb_arg, *own, **({} if out is None else {"out": out}))
 
     @staticmethod
-    def cast(entry: str, x: Any, stream: Any, **options: Any) -> tuple[Any, ...]:
+    def cast(entry: str, x: Any, stream: Any, m_major_scales: bool = False) -> tuple[Any, ...]:
         _no_stream(stream)
+        if m_major_scales:
+            raise TypeError("m_major_scales: JAX arrays have no strides, so the scales come row-major; cupygemm.jax's "
+                            "GEMMs take them as they are")
         return getattr(casts, entry)(x)
 
 
