@@ -1,4 +1,5 @@
-"""The API from 8 Python threads at once, mixing shapes and kinds: same results as one thread."""
+"""The API from 8 Python threads at once, mixing shapes and kinds: same results as one thread; and from threads on
+CuPy's per-thread default stream."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -58,3 +59,49 @@ def test_eight_threads_mixed_kinds():
         got = list(pool.map(lambda i: _run(jobs[i]), work))
     for i, g in zip(work, got):
         assert np.array_equal(g, want[i]), f"job {i} differs when run from threads"
+
+
+_PER_THREAD_DEFAULT_STREAM = """
+import sys
+from concurrent.futures import ThreadPoolExecutor
+import cupy as cp
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import cupygemm
+from gpu_helpers import make_normal
+
+assert cp.cuda.get_current_stream().ptr == 2, "not on cudaStreamPerThread"
+# Row-major SFA (as the cast returns it): every call copies it into the stream's SFA buffer first; K = 7168 at M = 64
+# splits K, so the scratch is used too.
+jobs = [make_normal(64, 512, 7168, seed)[:4] for seed in range(8)]
+cp.cuda.Device().synchronize()
+want = [cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb)).view(cp.uint16).get() for a, sfa, b, sfb in jobs]
+
+def run(i):
+    a, sfa, b, sfb = jobs[i]
+    bad = 0
+    for _ in range(25):
+        out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
+        bad += not np.array_equal(out.view(cp.uint16).get(), want[i])  # get() waits for this thread's stream
+    return bad
+
+with ThreadPoolExecutor(8) as pool:
+    bad = sum(pool.map(run, range(8)))
+print("mismatching results:", bad)
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_threads_on_the_per_thread_default_stream():
+    """CUPY_CUDA_PER_THREAD_DEFAULT_STREAM=1: every thread's default stream is the one handle 2, yet another stream;
+    a scratch or SFA buffer shared between them would let one thread's kernels overwrite another's (a fresh process:
+    the mode is chosen at CuPy's import)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, CUPY_CUDA_PER_THREAD_DEFAULT_STREAM="1")
+    r = subprocess.run([sys.executable, "-c", _PER_THREAD_DEFAULT_STREAM, str(Path(__file__).parent)], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
