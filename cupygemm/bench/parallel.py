@@ -221,6 +221,13 @@ def dequant_blocks(q: Any, s: Any) -> Any:
     return q.float() * s.repeat_interleave(128, dim=0)[:q.shape[0]].repeat_interleave(128, dim=1)[:, :q.shape[1]]
 
 
+def calc_diff(x: Any, y: Any) -> float:
+    """DeepGEMM's error metric, ``1 - 2 sum(x y) / sum(x^2 + y^2)``, on torch tensors in float64."""
+    x, y = x.double(), y.double()
+    den = float((x * x + y * y).sum())
+    return 0.0 if den == 0 else 1.0 - 2.0 * float((x * y).sum()) / den
+
+
 def mlp_reference(x: Any, w1: Any, w2: Any) -> Any:
     """``silu(x W1g^T) * (x W1u^T) W2^T`` in float32 from float weights (``w1`` gate rows, then up rows)."""
     torch = _torch()
