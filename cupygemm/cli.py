@@ -1,6 +1,6 @@
-"""The ``cupygemm`` command: ``info``, ``warmup``, ``cache export|import``, and ``bench``, ``overhead``, ``jax-scan`` and ``chain`` (from
-:mod:`cupygemm.bench`, imported only when the parser is built, so ``import cupygemm.cli`` stays light and
-the benchmark never imports the CLI)."""
+"""The ``cupygemm`` command: ``info``, ``warmup``, ``cache export|import``, and ``bench``, ``overhead``,
+``jax-scan``, ``chain`` and ``multigpu`` (from :mod:`cupygemm.bench`, imported only when the parser is built, so
+``import cupygemm.cli`` stays light and the benchmark never imports the CLI)."""
 from __future__ import annotations
 
 import argparse
@@ -265,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     from cupygemm.bench.casts import add_parser as add_cast_bench_parser
     from cupygemm.bench.chain import add_parser as add_chain_parser
     from cupygemm.bench.jax_scan import add_parser as add_jax_scan_parser
+    from cupygemm.bench.multigpu import add_parser as add_multigpu_parser
     from cupygemm.bench.options import add_bench_parser
     from cupygemm.bench.overhead import add_parser as add_overhead_parser
     from cupygemm.bench.train_step import add_parser as add_train_step_parser
@@ -274,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_chain_parser(sub)
     add_cast_bench_parser(sub)
     add_train_step_parser(sub)
+    add_multigpu_parser(sub)
     add_bench_parser(sub)
     return p
 

@@ -21,7 +21,9 @@ HOPPER_NEEDED = "cupygemm's kernels need an NVIDIA Hopper GPU (compute capabilit
 MAX_NUM_SMS = 1024
 
 _lock = threading.Lock()
-_num_sms_override: int | None = None
+# Per device index: each GPU of a process keeps its own limit (one per rank's GPU in a multi-GPU process).
+_num_sms_overrides: dict[int, int] = {}
+_num_sms_key: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -119,25 +121,75 @@ def check_num_sms(num_sms: object) -> int:
     return num_sms
 
 
-def set_num_sms(num_sms: int) -> None:
-    """Limit the SMs the GEMM kernels use (e.g. to leave SMs for communication kernels): at most the device's SMs
-    (without a GPU, at most MAX_NUM_SMS). TypeError/ValueError naming ``num_sms`` otherwise."""
+def _current_index() -> int:
+    """CuPy's (the CUDA runtime's) current device; 0 without a GPU, where there is nothing to choose from."""
+    if not gpu_available():
+        return 0
+    import cupy
+
+    return cupy.cuda.runtime.getDevice()
+
+
+def _device_count() -> int | None:
+    """How many CUDA devices there are; None without a GPU (nothing to check a device index against)."""
+    if not gpu_available():
+        return None
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceCount()
+
+
+def device_index(device: object = None) -> int:
+    """The CUDA device index ``device`` names: None (the current device), an int, a ``torch.device`` of type cuda
+    or a ``cupy.cuda.Device``. TypeError/ValueError naming ``device`` otherwise, or for an index no GPU here has."""
+    if device is None:
+        return _current_index()
+    index = device
+    kind = getattr(device, "type", None)  # a torch.device
+    if isinstance(kind, str):
+        if kind != "cuda":
+            raise ValueError(f"device: expected a CUDA device, got {device}")
+        if device.index is None:  # torch.device("cuda"): the current one
+            return _current_index()
+        index = device.index
+    elif not isinstance(device, int):
+        index = getattr(device, "id", None)  # a cupy.cuda.Device
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise TypeError(f"device: expected None, a device index, a torch.device or a cupy.cuda.Device, got "
+                        f"{type(device).__name__}")
+    count = _device_count()
+    if index < 0 or (count is not None and index >= count):
+        raise ValueError(f"device: expected a device index in 0..{(count or 1) - 1}, got {index}")
+    return index
+
+
+def set_num_sms(num_sms: int, device: object = None) -> None:
+    """Limit the SMs the GEMM kernels use on ``device`` (default: the current device; an index, a ``torch.device``
+    or a ``cupy.cuda.Device``), e.g. to leave SMs for communication kernels: at most the device's SMs (without a
+    GPU, at most MAX_NUM_SMS). Other devices keep their own setting. TypeError/ValueError naming ``num_sms`` or
+    ``device`` otherwise. ``set_num_sms(n)`` is DeepGEMM's call, for the current device."""
     check_num_sms(num_sms)
+    index = device_index(device)
     if gpu_available():
-        total = current_device().num_sms
+        total = _query(index).num_sms
         if num_sms > total:
-            raise ValueError(f"num_sms: the device has {total} SMs, got {num_sms}")
-    global _num_sms_override
+            raise ValueError(f"num_sms: device {index} has {total} SMs, got {num_sms}")
+    global _num_sms_key
     with _lock:
-        _num_sms_override = num_sms
+        _num_sms_overrides[index] = num_sms
+        _num_sms_key = tuple(sorted(_num_sms_overrides.items()))
 
 
-def get_num_sms() -> int:
-    """The SM count kernels are planned for: the value given to set_num_sms, else the device's."""
-    with _lock:
-        if _num_sms_override is not None:
-            return _num_sms_override
-    return current_device().num_sms
+def get_num_sms(device: object = None) -> int:
+    """The SM count kernels on ``device`` (default: the current device) are planned for: the value given to
+    set_num_sms for that device, else all of its SMs."""
+    index = device_index(device)
+    n = _num_sms_overrides.get(index)
+    if n is not None:
+        return n
+    if not gpu_available():
+        current_device()  # raises CupygemmDeviceError saying what is missing
+    return _query(index).num_sms
 
 
 @functools.lru_cache(maxsize=1)
@@ -157,13 +209,21 @@ def on_device(index: int):
     return cupy.cuda.Device(index)
 
 
-def num_sms_override() -> int | None:
-    """The value given to set_num_sms, or None (part of a launch plan's key)."""
-    return _num_sms_override
+def num_sms_override(device: object = None) -> int | None:
+    """The value given to set_num_sms for ``device`` (default: the current device), or None."""
+    return _num_sms_overrides.get(device_index(device))
 
 
-def reset_num_sms() -> None:
-    """Undo set_num_sms: use every SM of the device again."""
-    global _num_sms_override
+def num_sms_key() -> tuple[tuple[int, int], ...]:
+    """Every device's set_num_sms value, as (device, num_sms) pairs: part of a call signature (a call's devices are
+    in its signature too), read without a device query on the hot path."""
+    return _num_sms_key
+
+
+def reset_num_sms(device: object = None) -> None:
+    """Undo set_num_sms on ``device`` (default: the current device): use every SM of it again."""
+    index = device_index(device)
+    global _num_sms_key
     with _lock:
-        _num_sms_override = None
+        _num_sms_overrides.pop(index, None)
+        _num_sms_key = tuple(sorted(_num_sms_overrides.items()))

@@ -19,7 +19,7 @@ from typing import Any
 from . import validate
 from .config import config_version
 from .env import B_EVICT_FIRST, PDL, setting_key
-from .device import num_sms_override, on_device, single_gpu
+from .device import num_sms_key, on_device, single_gpu
 from .frameworks import adapter
 from .packing import PackedWeights
 from .plan import NO_PAGE_SIDES, GemmPlan, plan_gemm
@@ -45,7 +45,7 @@ def _cupy_signature(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, lay
             b.shape, b.strides, b.dtype, sfb.shape, sfb.strides, sfb.dtype,
             None if out is None else (out.shape, out.strides, out.dtype),
             None if layout is None else (layout.shape, layout.strides, layout.dtype),
-            num_sms_override(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
+            num_sms_key(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
 
 
 def _torch_signature(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any,
@@ -56,13 +56,13 @@ def _torch_signature(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, la
             sfb.stride(), sfb.dtype, sfb.get_device(),
             None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()),
             None if layout is None else (layout.shape, layout.stride(), layout.dtype, layout.get_device()),
-            num_sms_override(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
+            num_sms_key(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
 
 
 def _view_signature(kind: Any, views: tuple[View | None, ...], expected_m: int | None) -> tuple:
     """As :func:`_cupy_signature`, for operands read through DLPack."""
     return (kind, expected_m, views[1].ptr & 15) + tuple(None if v is None else v[1:5] for v in views) + \
-        (num_sms_override(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
+        (num_sms_key(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
 
 
 def _prepare(kind: Any, views: tuple[View | None, ...], expected_m: int | None,

@@ -211,9 +211,9 @@ def _check_b(v: View) -> None:
 
 
 def _num_sms(device: int) -> int:
-    from .device import current_device
+    from .device import _query
 
-    return current_device().num_sms
+    return _query(device).num_sms
 
 
 def _alloc(framework: Framework, nbytes: int, device: int, stream: int) -> tuple[Any, int, Any]:

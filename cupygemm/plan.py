@@ -177,7 +177,7 @@ def plan_gemm(kind: Any, m: int, n: int, k: int, num_groups: int, device_id: int
                  _strides(a_strides, tuple(dims[d] for d in kind.a_dims), 1),
                  _strides(b_strides, tuple(dims[d] for d in kind.b_dims), 1),
                  _strides(d_strides, tuple(dims[d] for d in kind.out_dims), kind.out_dtype.itemsize),
-                 get_num_sms(), config_version(), b_evict_first_mode(), pdl_mode(), sides)
+                 get_num_sms(device_id), config_version(), b_evict_first_mode(), pdl_mode(), sides)
 
 
 def b_evict_first_mode() -> object:

@@ -143,7 +143,7 @@ def plan(kind: Any, m: int, n: int, k: int, num_groups: int, device: int, a_stri
         scale_rows = ceil_div(k, cw.BLOCK_K)
     d_strides = d_strides or ((m * n * 4, n * 4, 4) if grouped else (n * 4, 4))
     return _plan(kind, m, n, k, num_groups, device, ld_a, ld_b, tuple(d_strides), sfa_m_pad, sfb_m_pad, scale_rows,
-                 get_num_sms())
+                 get_num_sms(device))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -35,11 +35,33 @@ def hopper_available() -> tuple[bool, str]:
     return True, ""
 
 
+@functools.lru_cache(maxsize=1)
+def hopper_pair_available() -> tuple[bool, str]:
+    ok, why = hopper_available()
+    if not ok:
+        return False, why
+    import cupy
+
+    count = cupy.cuda.runtime.getDeviceCount()
+    if count < 2:
+        return False, f"{count} GPU, needs two"
+    ccs = [cupy.cuda.Device(i).compute_capability for i in range(2)]
+    if ccs != ["90", "90"]:
+        return False, f"GPUs 0 and 1 have compute capabilities {ccs}, not both 9.0"
+    return True, ""
+
+
 def pytest_collection_modifyitems(config, items):
     ok, why = hopper_available()
-    if ok:
+    if not ok:
+        skip = pytest.mark.skip(reason=f"gpu test: {why}")
+        for item in items:
+            if "gpu" in item.keywords or item.get_closest_marker("multigpu"):
+                item.add_marker(skip)
         return
-    skip = pytest.mark.skip(reason=f"gpu test: {why}")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    ok, why = hopper_pair_available()
+    if not ok:
+        skip = pytest.mark.skip(reason=f"multigpu test: {why}")
+        for item in items:
+            if item.get_closest_marker("multigpu"):  # the marker, not a test id that happens to say multigpu
+                item.add_marker(skip)

@@ -26,7 +26,7 @@ def _one_line_about_hopper(res: subprocess.CompletedProcess, program: str) -> No
     assert lines[0].startswith(f"{program}: no CUDA GPU visible") and "Hopper" in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("cmd", ["overhead", "chain", "jax-scan", "bench", "train-step"])
+@pytest.mark.parametrize("cmd", ["overhead", "chain", "jax-scan", "bench", "train-step", "multigpu"])
 def test_gpu_commands_without_a_gpu_say_so_in_one_line(cmd):
     _one_line_about_hopper(_run(["-m", "cupygemm", cmd]), f"cupygemm {cmd}")
 
@@ -35,6 +35,30 @@ def test_gpu_commands_without_a_gpu_say_so_in_one_line(cmd):
 def test_examples_without_a_gpu_say_so_in_one_line(name):
     """The check is each example's first statement, so it runs before torch or JAX is imported (or found missing)."""
     _one_line_about_hopper(_run([str(REPO / "examples" / name)], timeout=300), name)
+
+
+@pytest.mark.parametrize("gpus,torch_missing,why", [
+    (2, True, "needs PyTorch with CUDA"), (2, False, "needs 2 GPUs, 1 visible"), (1, False, "needs 2 GPUs, 1 visible")])
+def test_multigpu_without_torch_or_a_second_gpu_says_so_in_one_line(gpus, torch_missing, why, monkeypatch, capsys):
+    """Past the Hopper check (faked here): no torch, or fewer than two GPUs, is one line and status 2."""
+    import types
+
+    from cupygemm.bench import multigpu
+    from cupygemm.cli import build_parser
+
+    monkeypatch.setattr(multigpu, "require_hopper_or_exit", lambda program: types.SimpleNamespace(name="H100"))
+    if torch_missing:
+        monkeypatch.setitem(sys.modules, "torch", None)
+    else:
+        dist = types.SimpleNamespace(is_available=lambda: True, is_nccl_available=lambda: True)
+        fake = types.SimpleNamespace(cuda=types.SimpleNamespace(device_count=lambda: 1), distributed=dist)
+        monkeypatch.setitem(sys.modules, "torch", fake)
+        monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    args = build_parser().parse_args(["multigpu", "--gpus", str(gpus)])
+    assert args.func(args) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert out == "" and len(lines) == 1 and lines[0].startswith(f"cupygemm multigpu: {why}"), err
 
 
 BAD_VALUES = {"CUPYGEMM_PDL": "maybe", "CUPYGEMM_DISABLE_CACHE": "sometimes", "CUPYGEMM_PRINT_CONFIGS": "2",
