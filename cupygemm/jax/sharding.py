@@ -187,14 +187,15 @@ def _sharding_rule(rule: Rule, mesh: Any, value_types: Any, result_types: Any) -
 
     lhs = side(rule.operands, rule.shapes)
     rhs = side(rule.results, [()] * len(rule.results))
-    factors = set(" ".join([lhs, rhs]).replace("(", " ").replace(")", " ").replace(",", " ").split())
+    factors = list(dict.fromkeys(" ".join([lhs, rhs]).replace("(", " ").replace(")", " ").replace(",", " ").split()))
 
     def base(f: str) -> str:
         return f[:-1] if f[:-1] in split and f[-1] in "br" else f
     present = {base(f) for f in rhs.replace("(", " ").replace(")", " ").replace(",", " ").split()}
     allowed = {f for f in rule.allowed if f not in blocked or f in split}
-    reduction = tuple(sorted(f for f in factors if base(f) not in present and base(f) in allowed))
-    replicate = tuple(sorted(f for f in factors if base(f) not in allowed and f not in reduction))
+    # Shardy wants the special factors in the order the factors first appear.
+    reduction = tuple(f for f in factors if base(f) not in present and base(f) in allowed)
+    replicate = tuple(f for f in factors if base(f) not in allowed and f not in reduction)
     return f"{lhs} -> {rhs}", dict(extra, reduction_factors=reduction, need_replication_factors=replicate)
 
 
