@@ -342,3 +342,19 @@ def test_casts_and_gemm_trace_in_shard_map():
             bq = ref.per_block_cast_to_fp8_reference(w)
             close(jax.jit(f)(x, w), ref.gemm_reference(*q, *bq))
     """)
+
+
+def test_multigpu_layers_on_host_plans():
+    """The example's layers (cupygemm.bench.multigpu_jax) at small shapes on four CPU devices: the EP MoE layer
+    (all_to_all dispatch, masked GEMMs, combine) and the TP MLP (one all-reduce, no all-gather) match float32."""
+    _run("""
+        from cupygemm.bench import multigpu_jax as mg
+        with backend.use_backend("cpu", Planner(floats=64, counters=4)):
+            f, inputs, info = mg.moe_setup(jax.devices(), 128, 256, 128, experts_per_device=2, topk=2)
+            assert ref.calc_diff(np.asarray(f(*inputs)), mg.moe_reference(info["x"], info["routing"], info["params"])) < 3e-3
+            f, inputs, info = mg.mlp_setup(jax.devices(), 64, 256, 512)
+            y = f(*inputs)
+            assert ref.calc_diff(np.asarray(y).astype(np.float64), mg.mlp_reference(info["x"], info["params"])) < 3e-3
+            c = collectives(compiled(f, *inputs))
+            assert c["all-gather"] == 0 and c["all-reduce"] == 1, c
+    """)
