@@ -59,8 +59,9 @@ differently); each is within the kernels' accuracy.
 ``jax.grad`` (any differentiation) raises TypeError: these are raw kernels without a VJP.
 
 ``shard_map``: the GEMMs and the casts trace inside it; their results vary along the mesh axes their operands
-vary along (:mod:`cupygemm.jax.vma`). Each device runs its own call on its own shard (no partitioning rule for
-plain ``jit`` over sharded arrays yet).
+vary along (:mod:`cupygemm.jax.vma`). Each device runs its own call on its own shard. Under plain ``jit`` over
+sharded arrays each op has partitioning rules (:mod:`cupygemm.jax.sharding`): M-sharded activations stay sharded,
+N-sharded weights give N-sharded outputs, K-sharded operands give partial products summed by one all-reduce.
 
 **Packed weights.** :func:`cupygemm.pack_weights` packs a JAX B into an XLA buffer (L2-side-aware, see
 :mod:`cupygemm.packing`); pass the :class:`~cupygemm.PackedWeights` as ``b`` with ``sfb=None`` (its scales are

@@ -41,7 +41,10 @@ def local_gpus() -> list[int]:
     ordinals = []
     for dev in jax.devices("gpu"):
         if dev.process_index == jax.process_index():
-            ordinals.append(int(getattr(dev, "local_hardware_id", None) or dev.id))
+            # The handler looks a launch up by the ordinal XLA's call frame gives (DeviceOrdinal_Get): the local
+            # hardware id, not the global device id (which differs from it in every process but the first).
+            hid = getattr(dev, "local_hardware_id", None)
+            ordinals.append(int(dev.id if hid is None else hid))
     return ordinals
 
 

@@ -93,7 +93,7 @@ def _fold_rule(kind: GemmKind, op: Callable) -> Callable:
 def vmappable(kind: GemmKind, static: int | None, packed: PackedSpec | None) -> Callable:
     """The kind's call (for one static argument and packed layout) with its vmap rule."""
     def impl(*operands: jax.Array) -> jax.Array:
-        return calls.gemm(kind, static, packed, operands)
+        return calls.sharded_gemm(kind, static, packed, operands)
 
     op = jax.custom_batching.custom_vmap(impl)
     op.def_vmap(_fold_rule(kind, op) if packed is None and foldable(kind) else sequential_rule(op))

@@ -173,3 +173,22 @@ def gemm(kind: GemmKind, static: int | None, packed: PackedSpec | None, operands
     call = jax.ffi.ffi_call(backend.TARGET, results, vmap_method="sequential",
                             input_output_aliases={len(operands) - 1: 0} if out is not None else None)
     return vma.to_varying(call(*operands, entry_id=np.int64(eid))[0], axes)
+
+
+def sharded_gemm(kind: GemmKind, static: int | None, packed: PackedSpec | None,
+                 operands: tuple[Any, ...]) -> jax.Array:
+    """:func:`gemm` with the kind's partitioning rule under ``jit`` over sharded operands (:mod:`.sharding`);
+    kinds without one (flat operands) run on whole operands."""
+    from . import sharding  # jax.experimental, imported where it is used
+
+    a, sfa, b, sfb = operands[:4]
+    layout = operands[4] if kind.layout else None
+    out = operands[-1] if has_out(kind) else None
+    p = checks.problem(kind, a, sfa, b, sfb, out, layout, static, None if packed is None else packed.shape)
+    rule = sharding.gemm_rule(
+        kind, lambda *ops: gemm(kind, static, packed, ops), operands, packed is not None,
+        _stacked(tuple(sfa.shape), p.m, p.sfa_m_major, p.sfa_strides),
+        not kind.b_block_scales and _stacked(tuple(sfb.shape), p.n, p.sfb_m_major, p.sfb_strides))
+    if rule is None:
+        return gemm(kind, static, packed, operands)
+    return sharding.apply(rule, *operands)

@@ -124,7 +124,12 @@ def cast(entry: str, jnp_impl: Callable, x: Any) -> tuple[jax.Array, jax.Array]:
     quantization._prepare(checks.view(x, "x"))  # trace-time checks, the eager path's
     if backend.current() is not backend.CUDA or 0 in x.shape:
         return jnp_impl(x)
-    return lax.platform_dependent(x, cuda=functools.partial(ffi_cast, entry), default=jnp_impl)
+    from . import sharding  # jax.experimental, imported where it is used
+
+    def run(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return lax.platform_dependent(x, cuda=functools.partial(ffi_cast, entry), default=jnp_impl)
+    rule = sharding.cast_rule(run, x, block_rows=entry == "per_block_cast_to_fp8")
+    return tuple(sharding.apply(rule, x))
 
 
 @jax.jit
