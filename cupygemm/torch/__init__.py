@@ -41,15 +41,15 @@ try:
 except ImportError as e:  # a bare "No module named" does not say that the CUDA build is the one needed
     raise type(e)("cupygemm.torch needs PyTorch with CUDA: pip install torch", name=e.name) from e
 
-from . import frameworks
-from .gemm import run, same_framework
-from .kinds import FORWARD, KINDS, GemmKind
-from .packing import PackedWeights
-from .quantization import BLOCK_WITH_TRANSPOSE, TRANSPOSED, TRANSPOSED_ROWWISE, fused_cast_outputs, run_cast, \
+from .. import frameworks
+from ..gemm import run, same_framework
+from ..kinds import FORWARD, KINDS, GemmKind
+from ..packing import PackedWeights
+from ..quantization import BLOCK_WITH_TRANSPOSE, TRANSPOSED, TRANSPOSED_ROWWISE, fused_cast_outputs, run_cast, \
     scale_rows
-from .streams import stream_handle
-from .tensors import BF16, Framework
-from .util import ceil_div
+from ..streams import stream_handle
+from ..tensors import BF16, Framework
+from ..util import ceil_div
 
 _lib = torch.library.Library("cupygemm", "DEF")
 ops = torch.ops.cupygemm
