@@ -2,7 +2,8 @@
 # One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
 # Usage (from the repo root on the GPU machine):
 #   bash scripts/device_check.sh [tests] [tests-under-load] [tests-repeat N] [capture-probe] [bench] [peers] [decode]
-#                                [masked-full] [train-bench] [overhead] [chain] [casts] [jax] [timers] [sanitize] [pytest args...]
+#                                [masked-full] [train-bench] [train-step] [overhead] [chain] [casts] [jax] [timers]
+#                                [sanitize] [pytest args...]
 # tests: the gpu tests (log: gpu_tests.log). tests-under-load: the same beside another process running GEMMs
 # (scripts/gpu_load.py, for LOAD_SECONDS, default 600, and stopped when the tests end; log:
 # gpu_tests_under_load.log, the load's own lines at its end). tests-repeat N: the gpu tests N times in a row (default
@@ -13,6 +14,7 @@
 # M = 64 and 128 seed shapes against every peer, cupygemm with packed (L2-side-aware) weights too. train-bench: the
 # weight-gradient kinds (wgrad, k_grouped_wgrad; DeepGEMM 03d0be3 test_core's 18 shapes) against DeepGEMM's wgrad
 # functions in the same run (after peers; cupygemm alone when deep_gemm does not import; log: train_bench.log).
+# train-step: `cupygemm train-step --jax` (train_step.json, train_step.log).
 set -uo pipefail
 OUT=${OUT:-/tmp/cupygemm-out}
 mkdir -p "$OUT"
@@ -110,6 +112,8 @@ for s in "${steps[@]}"; do
         --markdown 2>&1 | tee "$OUT/train_bench.log" ;;
     overhead) python3 -m cupygemm overhead --markdown --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
     chain) python3 -m cupygemm chain --json "$OUT/chain.json" 2>&1 | tee "$OUT/chain.log" ;;
+    train-step)  # forward + backward of one FP8 linear layer against BF16 and torch._scaled_mm (torch and JAX)
+      python3 -m cupygemm train-step --jax --json "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.log" ;;
     casts)  # the FP8 casts (fused transpose casts too) at DeepSeek-V3 training sizes, against a D2D copy
       python3 -m cupygemm cast-bench --json "$OUT/casts.json" 2>&1 | tee "$OUT/casts.log" ;;
     jax)  # cupygemm.jax in a lax.scan, with and without XLA command buffers; the FP8 MLP example
