@@ -13,10 +13,8 @@ from typing import Iterator
 import torch
 
 import cupygemm.torch  # noqa: F401 - defines the operators
-from cupygemm.torch.layers import COLUMNS_WGRAD_OP
 
 FP8 = torch.float8_e4m3fn
-_COLUMNS_ARGS = "Tensor a, Tensor sfa, Tensor b, Tensor sfb, Tensor group_sizes, Tensor(a!) out, int stream=-1"
 
 
 def _cast(x: torch.Tensor, block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,12 +43,22 @@ def per_block_cast_to_fp8(x, *args):
     return _cast(x, 128)
 
 
-def per_token_cast_to_fp8_transposed(x, *args):
-    return _cast(x.T, 1)
+def _transposed(x, m_major_scales):
+    q_t, s_t = _cast(x.T, 1)
+    if m_major_scales:  # the GEMMs' layout: [ceil(T/128), round_up(d, 4)] storage, s_t its transposed view
+        d = s_t.shape[0]
+        buf = torch.zeros(s_t.shape[1], -(-d // 4) * 4)
+        buf[:, :d] = s_t.T
+        s_t = buf[:, :d].T
+    return q_t, s_t
 
 
-def per_token_cast_to_fp8_transposed_rowwise(x, *args):
-    return (*_cast(x.T, 1), *_cast(x, 1))
+def per_token_cast_to_fp8_transposed(x, m_major_scales=False, *args):
+    return _transposed(x, m_major_scales)
+
+
+def per_token_cast_to_fp8_transposed_rowwise(x, m_major_scales=False, *args):
+    return (*_transposed(x, m_major_scales), *_cast(x, 1))
 
 
 def per_block_cast_to_fp8_with_transpose(x, *args):
@@ -87,13 +95,6 @@ _IMPLS = [per_token_cast_to_fp8, per_block_cast_to_fp8, per_token_cast_to_fp8_tr
           per_token_cast_to_fp8_transposed_rowwise, per_block_cast_to_fp8_with_transpose, gemm_fp8_fp8_bf16_nt,
           m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, wgrad_gemm_fp8_fp8_fp32_nt_out,
           k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns_out]
-
-
-_FRAGMENT = None
-if not hasattr(torch.ops.cupygemm, COLUMNS_WGRAD_OP):  # the kind is on its way into main: its schema and fake
-    _FRAGMENT = torch.library.Library("cupygemm", "FRAGMENT")
-    _FRAGMENT.define(f"{COLUMNS_WGRAD_OP}({_COLUMNS_ARGS}) -> ()")
-    torch.library.register_fake(f"cupygemm::{COLUMNS_WGRAD_OP}", lambda *args: None, lib=_FRAGMENT)
 
 
 @contextlib.contextmanager

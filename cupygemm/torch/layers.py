@@ -90,11 +90,11 @@ def _rows(x2d: torch.Tensor, rows: int) -> torch.Tensor:
 
 def _cast_tokens(t: torch.Tensor, rowwise: bool, columns: bool) -> tuple[Any, ...]:
     """(q_t, s_t, q, s) of t [T, d]: the 1x128 cast of t^T (along tokens) and/or of t; the ones not asked for are
-    None. Both come from one pass."""
+    None. Both come from one pass. s_t comes in the M-major layout the weight-gradient kernels read in place."""
     if rowwise and columns:
-        return _ops.per_token_cast_to_fp8_transposed_rowwise.default(t)
+        return _ops.per_token_cast_to_fp8_transposed_rowwise.default(t, True)
     if columns:
-        return (*_ops.per_token_cast_to_fp8_transposed.default(t), None, None)
+        return (*_ops.per_token_cast_to_fp8_transposed.default(t, True), None, None)
     return (None, None, *_ops.per_token_cast_to_fp8.default(t))
 
 
@@ -164,7 +164,7 @@ class _FP8LinearFunction(torch.autograd.Function):
             x2d, weight = ctx.saved_tensors
             xq_t = xs_t = wq_t = ws_t = None
             if need_dw:
-                xq_t, xs_t = _ops.per_token_cast_to_fp8_transposed.default(x2d)
+                xq_t, xs_t = _ops.per_token_cast_to_fp8_transposed.default(x2d, True)
             if need_dx:
                 w = weight if weight.is_contiguous() else weight.contiguous()
                 _, _, wq_t, ws_t = _ops.per_block_cast_to_fp8_with_transpose.default(w)
@@ -265,7 +265,7 @@ class _FP8GroupedLinearFunction(torch.autograd.Function):
             group_sizes, m_indices, x2d, weight = ctx.saved_tensors
             xq_t = xs_t = wq_t = ws_t = None
             if need_dw:
-                xq_t, xs_t = _ops.per_token_cast_to_fp8_transposed.default(x2d)
+                xq_t, xs_t = _ops.per_token_cast_to_fp8_transposed.default(x2d, True)
             if need_dx:
                 _, _, wq_t, ws_t = _expert_weights(weight, True)
         else:
