@@ -55,8 +55,8 @@ def test_dense_matches_float64(x_shape, w_dtype):
 def test_fp32_weight_accumulates_into_grad_with_no_autograd_add():
     """Two micro-batches: weight.grad is the one tensor allocated by the first, holds exactly the sum of the
     micro-batches' dW (as autograd's own accumulation of returned dWs gives it), and autograd received no gradient
-    for the weight (a tensor hook sees every gradient autograd would accumulate; here it sees None): the kernel's in-place add was the
-    only one."""
+    for the weight (a tensor hook sees every gradient autograd would accumulate; here it sees None): the kernel's
+    in-place add was the only one."""
     torch.manual_seed(1)
     xs = [torch.randn(48, 256, dtype=torch.bfloat16) for _ in range(2)]
     dys = [torch.randn(48, 128, dtype=torch.bfloat16) for _ in range(2)]

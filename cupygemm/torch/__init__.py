@@ -255,4 +255,4 @@ for _kind in KINDS:
 
 
 # The layers use the operators defined above.
-from .layers import FP8GroupedLinear, FP8Linear, fp8_grouped_linear, fp8_linear  # noqa: E402
+from .layers import FP8GroupedLinear, FP8Linear, fp8_grouped_linear, fp8_linear  # noqa: E402,F401

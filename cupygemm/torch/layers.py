@@ -20,10 +20,11 @@ temporary. ``accumulate_into_grad`` states it: None (default) means "when the we
 dW to autograd (which adds it with its own kernel), True demands it (ValueError for other weights). What follows
 from it, like Megatron's:
 
-* autograd's ``AccumulateGrad`` never sees this gradient: hooks on it (``register_post_accumulate_grad_hook``,
-  DistributedDataParallel's reducer) do not fire for it; reduce ``weight.grad`` yourself after the backward, or pass
-  ``accumulate_into_grad=False`` under DDP. ``weight.grad`` must be a dense, contiguous FP32 tensor when it exists
-  (else the layer adds a temporary into it).
+* autograd receives no gradient for the weight: tensor hooks (``weight.register_hook``) are called with None;
+  ``register_post_accumulate_grad_hook`` hooks still run, after the kernel's add, and see the accumulated
+  ``weight.grad``. DistributedDataParallel's reducer has not been tried with it: pass
+  ``accumulate_into_grad=False`` there, or reduce ``weight.grad`` yourself after the backward. ``weight.grad``
+  should be a dense, contiguous FP32 tensor when it exists (otherwise the layer adds a temporary into it).
 * CUDA graphs: if ``weight.grad`` exists at capture, every replay adds into that tensor (zero it where you want,
   e.g. ``optimizer.zero_grad(set_to_none=False)`` inside or outside the graph); if it is None at capture (torch's
   whole-network recipe sets grads to None before capture), the zeros are allocated from the graph's pool and
