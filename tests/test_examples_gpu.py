@@ -12,7 +12,8 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-NEEDS = {"torch_quickstart.py": "torch", "jax_quickstart.py": "jax", "jax_fp8_mlp.py": "jax"}
+NEEDS = {"torch_quickstart.py": "torch", "jax_quickstart.py": "jax", "jax_fp8_mlp.py": "jax",
+         "train_fp8_mlp_torch.py": "torch"}
 # DeepGEMM's gate for one GEMM. The MLP example chains eight quantized GEMMs (four layers, two each) and compares
 # with float32 throughout, so each re-quantization of the activations adds its rounding: it measures 1.1e-3.
 GATE = {"jax_fp8_mlp.py": 2e-3, "jax_expert_parallel_moe.py": 3e-3}

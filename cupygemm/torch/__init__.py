@@ -29,8 +29,9 @@ transpose casts ``per_token_cast_to_fp8_transposed(x, bool m_major_scales=False,
 ``per_block_cast_to_fp8_with_transpose(x, stream=-1) -> (q, s, q_t, s_t)``.
 
 The GEMMs take A and B as ``float8_e4m3fn`` (or ``uint8`` bits); the casts return ``float8_e4m3fn`` and ``float32``
-scales. There is no autograd formula on these operators: ``cupygemm.torch``'s differentiable layers are built from
-them.
+scales. There is no autograd formula on these operators: the differentiable layers built from them are
+:func:`fp8_linear` / :class:`FP8Linear` and, for MoE experts, :func:`fp8_grouped_linear` / :class:`FP8GroupedLinear`
+(:mod:`cupygemm.torch.layers`).
 """
 from __future__ import annotations
 
@@ -41,15 +42,15 @@ try:
 except ImportError as e:  # a bare "No module named" does not say that the CUDA build is the one needed
     raise type(e)("cupygemm.torch needs PyTorch with CUDA: pip install torch", name=e.name) from e
 
-from . import frameworks
-from .gemm import run, same_framework
-from .kinds import FORWARD, KINDS, GemmKind
-from .packing import PackedWeights
-from .quantization import BLOCK_WITH_TRANSPOSE, TRANSPOSED, TRANSPOSED_ROWWISE, fused_cast_outputs, run_cast, \
+from .. import frameworks
+from ..gemm import run, same_framework
+from ..kinds import FORWARD, KINDS, GemmKind
+from ..packing import PackedWeights
+from ..quantization import BLOCK_WITH_TRANSPOSE, TRANSPOSED, TRANSPOSED_ROWWISE, fused_cast_outputs, run_cast, \
     scale_rows
-from .streams import stream_handle
-from .tensors import BF16, Framework
-from .util import ceil_div
+from ..streams import stream_handle
+from ..tensors import BF16, Framework
+from ..util import ceil_div
 
 _lib = torch.library.Library("cupygemm", "DEF")
 ops = torch.ops.cupygemm
@@ -251,3 +252,7 @@ def _public(kind: GemmKind) -> Callable[..., Any]:
 
 for _kind in KINDS:
     globals()[_kind.api] = _public(_kind)
+
+
+# The layers use the operators defined above.
+from .layers import FP8GroupedLinear, FP8Linear, fp8_grouped_linear, fp8_linear  # noqa: E402,F401
