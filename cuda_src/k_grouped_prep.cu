@@ -4,12 +4,18 @@
 // address, K extent and row stride (K) replaced. Launched on the GEMM's stream just before it, so a CUDA graph (or
 // a jitted JAX function) with new sizes needs no host round trip.
 //
+// Two layouts of A and B. Flat (row strides 0): group g's [rows][k_g] matrix is its own block, back to back, at
+// element rows * (k_0 + ... + k_{g-1}). Columns (row strides > 0): one [rows][K] matrix per operand (a MoE layer's
+// transposed dY and X) whose consecutive column ranges are the groups; a group must then start on a 128-column
+// boundary, so that the 1x128 scale blocks of the whole matrix are its own (its first scale row is its first column
+// / 128).
+//
 // Every CTA scans all G sizes (a few hundred cycles per 256 groups) and then writes what belongs to its own
 // kGroupsPerCta groups, one group per warp: the maps of G groups are built in parallel, and no CTA waits for
 // another. A group is computed iff k > 0, k % 16 == 0 (TMA row strides), the sizes before it sum to a multiple of 16
-// (16-byte aligned A and B), it ends within the flat operands (k_capacity) and its scale rows within the scales
-// (scale_rows). Groups failing that (other than k = 0) are counted in the header's num_invalid and left untouched,
-// like empty ones; the host may read the count.
+// (16-byte aligned A and B; in the columns layout, of 128), it ends within the operands (k_capacity) and its scale
+// rows within the scales (scale_rows). Groups failing that (other than k = 0) are counted in the header's
+// num_invalid and left untouched, like empty ones; the host may read the count.
 #include "k_grouped_workspace.cuh"
 #include "ptx_tensormap.cuh"
 
@@ -65,12 +71,14 @@ struct OwnGroup {
 
 // tmap_a / tmap_b: the templates (3-D tile maps over the flat A / B with the GEMM's boxes, cupygemm/contract_wgrad.py);
 // a / b: the flat operands; k_capacity: the K the flat operands hold (min over A and B of their bytes / rows);
-// scale_rows: the rows the stacked scales hold (min over SFA and SFB).
+// scale_rows: the rows the stacked scales hold (min over SFA and SFB); a_row_stride / b_row_stride: 0 for the flat
+// layout, else the columns layout's row strides in bytes.
 extern "C" __global__ void __launch_bounds__(cupygemm::kPrepThreads, 1)
     cupygemm_k_grouped_prep(const __grid_constant__ cupygemm::TmaDescriptor tmap_a,
                             const __grid_constant__ cupygemm::TmaDescriptor tmap_b, const int* batch_sizes,
                             const uint8_t* a, const uint8_t* b, uint8_t* workspace, uint32_t num_groups,
-                            uint32_t shape_m, uint32_t shape_n, uint32_t k_capacity, uint32_t scale_rows) {
+                            uint32_t shape_m, uint32_t shape_n, uint32_t k_capacity, uint32_t scale_rows,
+                            uint32_t a_row_stride, uint32_t b_row_stride) {
   using namespace cupygemm;
   const KGroupedWorkspace ws{workspace, num_groups};
   __shared__ PrepCounts warp_sums[kPrepWarps];
@@ -89,8 +97,9 @@ extern "C" __global__ void __launch_bounds__(cupygemm::kPrepThreads, 1)
     const PrepCounts incl = block_inclusive_sum(PrepCounts{k, kb, 0, 0}, warp_sums, total);
     const uint64_t k_prefix = carry.k + incl.k - k;
     const uint32_t scale_row0 = carry.kb + incl.kb - kb;
-    const bool valid = raw > 0 && k % 16 == 0 && k_prefix % 16 == 0 && k_prefix + k <= k_capacity &&
-                       uint64_t(scale_row0) + kb <= scale_rows;
+    const bool columns = a_row_stride != 0;
+    const bool valid = raw > 0 && k % 16 == 0 && k_prefix % (columns ? 128 : 16) == 0 &&
+                       k_prefix + k <= k_capacity && uint64_t(scale_row0) + kb <= scale_rows;
     const bool invalid = raw != 0 && !valid;
     PrepCounts flags;
     const PrepCounts slots =
@@ -117,13 +126,17 @@ extern "C" __global__ void __launch_bounds__(cupygemm::kPrepThreads, 1)
   for (uint32_t op = 0; op < 2; ++op) {
     const TmaDescriptor& tmpl = op == 0 ? tmap_a : tmap_b;
     const uint32_t rows = op == 0 ? shape_m : shape_n;
+    const uint32_t row_stride = op == 0 ? a_row_stride : b_row_stride;
     reinterpret_cast<uint32_t*>(map)[lane] = reinterpret_cast<const uint32_t*>(&tmpl)[lane];
     __syncwarp();
     if (lane == 0) {
-      tensormap_replace_address(map, (op == 0 ? a : b) + rows * k_prefix);
+      // Flat: the group's own [rows][k] block. Columns: the group's columns of the shared matrix, its K extent
+      // clipping the box at the group's end exactly as a flat group's does.
+      const uint64_t stride = row_stride ? row_stride : k;  // bytes from one row to the next (e4m3)
+      tensormap_replace_address(map, (op == 0 ? a : b) + (row_stride ? k_prefix : rows * k_prefix));
       tensormap_replace_dim<0>(map, k);
-      tensormap_replace_stride<0>(map, k);                     // bytes from one row to the next: K (e4m3)
-      tensormap_replace_stride<1>(map, uint64_t(k) * rows);    // the (unit) group dimension, for consistency
+      tensormap_replace_stride<0>(map, stride);
+      tensormap_replace_stride<1>(map, stride * rows);  // the (unit) group dimension, for consistency
     }
     __syncwarp();
     tensormap_copy_release(ws.map(g, op), map);

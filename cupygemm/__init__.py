@@ -7,6 +7,8 @@ Entry points (DeepGEMM-compatible names and semantics):
 - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked` - MoE grouped GEMM, masked layout
 - :func:`wgrad_gemm_fp8_fp8_fp32_nt` - D += A @ B.T, both operands scaled 1x128, FP32 D (weight gradients)
 - :func:`k_grouped_wgrad_gemm_fp8_fp8_fp32_nt` - the same per group, each with its own K (MoE weight gradients)
+- :func:`k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns` - the same with the groups as column ranges of one matrix
+  (the transposed casts of a MoE layer's dY and X)
 - :func:`fp8_gemm_nt`, :func:`m_grouped_fp8_gemm_nt_contiguous`, :func:`m_grouped_fp8_gemm_nt_masked`,
   :func:`k_grouped_fp8_gemm_nt_contiguous` - the same under DeepGEMM 2.x's names
 - :func:`pack_weights` - B packed once so that each SM reads its tiles from its own L2 side (pass it as ``rhs``)
@@ -34,6 +36,7 @@ from .kinds.forward import (
 from .kinds.training import (
     k_grouped_fp8_gemm_nt_contiguous,
     k_grouped_wgrad_gemm_fp8_fp8_fp32_nt,
+    k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns,
     wgrad_gemm_fp8_fp8_fp32_nt,
 )
 from .layout import (
@@ -57,6 +60,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_masked",
     "wgrad_gemm_fp8_fp8_fp32_nt",
     "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
+    "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns",
     "k_grouped_fp8_gemm_nt_contiguous",
     "pack_weights",
     "PackedWeights",

@@ -267,11 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
     from cupygemm.bench.jax_scan import add_parser as add_jax_scan_parser
     from cupygemm.bench.options import add_bench_parser
     from cupygemm.bench.overhead import add_parser as add_overhead_parser
+    from cupygemm.bench.train_step import add_parser as add_train_step_parser
 
     add_overhead_parser(sub)
     add_jax_scan_parser(sub)
     add_chain_parser(sub)
     add_cast_bench_parser(sub)
+    add_train_step_parser(sub)
     add_bench_parser(sub)
     return p
 

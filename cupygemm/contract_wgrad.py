@@ -5,6 +5,7 @@ The two training GEMM kinds ("1D1D": both operands scaled per 1x128 along K, FP3
 
     wgrad            D[M, N]    += A[M, K] . B[N, K]^T                      (N, K compile-time; M at run time)
     k_grouped_wgrad  D[g][M, N] += A_g[M, k_g] . B_g[N, k_g]^T, g < G      (M, N compile-time; k_g on the device)
+    k_grouped_wgrad_columns: the same kernel, A_g and B_g the g-th column ranges of one [M, K] and one [N, K] matrix
 
 with ``sum_k A[m, k] B[n, k] sfa[k // 128][m] sfb[k // 128][n]`` per element (FP32 promotion every 128 of K). For a
 :class:`WgradConfig` this module states
@@ -26,6 +27,10 @@ Layouts the kernels read (elements; strides outermost first):
   N; SFA float32 [sum_g ceil(k_g/128)][sfa_ld] (group g's K blocks from row ``sum_{h<g} ceil(k_h/128)``), SFB likewise;
   D float32 [G][M][ld_d] with any group stride (a multiple of 4); ``batch_sizes`` int32 [G] on the device (each k_g a
   multiple of 16, 0 allowed).
+* k-grouped, columns layout: A uint8 [M][lda >= K] and B [N][ldb >= K] as dense; group g is columns
+  ``[k_0 + ... + k_{g-1}, ... + k_g)``, which must start on a multiple of 128; SFA and SFB are the dense layout's
+  (the whole matrix's K blocks, so group g's first scale row is its first column / 128). The prep kernel takes the
+  row strides (``a_row_stride``/``b_row_stride``, bytes; 0 for the flat layout).
 
 Nothing here needs a GPU or device pointers.
 """
@@ -60,8 +65,8 @@ WGRAD_PARAMS = (DESC,) * 5 + (PTR, U32, U32)
 # --- the k-grouped prep kernel -------------------------------------------------------------------------------------
 PREP_FILE, PREP_ENTRY = "k_grouped_prep.cu", "cupygemm_k_grouped_prep"
 PREP_PARAM_NAMES = ("tmap_a", "tmap_b", "batch_sizes", "a", "b", "workspace", "num_groups", "shape_m", "shape_n",
-                    "k_capacity", "scale_rows")
-PREP_PARAMS = (DESC, DESC, PTR, PTR, PTR, PTR, U32, U32, U32, U32, U32)
+                    "k_capacity", "scale_rows", "a_row_stride", "b_row_stride")
+PREP_PARAMS = (DESC, DESC, PTR, PTR, PTR, PTR, U32, U32, U32, U32, U32, U32, U32)
 #: Threads per prep CTA, and groups per CTA (one warp each).
 PREP_THREADS = 256
 PREP_GROUPS_PER_CTA = PREP_THREADS // 32

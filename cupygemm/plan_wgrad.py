@@ -69,6 +69,7 @@ class WgradPlan:
     scratch_floats: int  # the k-grouped workspace, in floats (0: none)
     tmaps: tuple[TmaSpec, ...]  # A, B, SFA, SFB, D
     scale_rows: int = 0  # k-grouped: the stacked scales' rows
+    row_strides: tuple[int, int] = (0, 0)  # k-grouped, columns layout: A's and B's row strides in bytes (flat: 0)
     scratch_counters: int = 0
     pdl: bool = False
     _packed: dict = field(default_factory=dict, repr=False)
@@ -100,7 +101,7 @@ class WgradPlan:
         if self.grouped:
             k_capacity = min(self.k, 2**32 - 1)
             prep = _PREP.pack(self.device, (maps[0], maps[1], layout, a, b, workspace, self.num_groups, self.m, self.n,
-                                            k_capacity, self.scale_rows))
+                                            k_capacity, self.scale_rows) + self.row_strides)
         params = self.kernel.launcher.pack(maps + (workspace if self.grouped else 0, self.m, self.num_groups))
         if len(self._packed) >= _PACKED_LIMIT:
             del self._packed[next(iter(self._packed))]
@@ -113,7 +114,11 @@ class WgradPlan:
         from .plan import _span
 
         ta, tb, tsa, tsb, td = self.tmaps
-        a_bytes, b_bytes = (self.m * self.k, self.n * self.k) if self.grouped else (_span(ta, 1), _span(tb, 1))
+        if self.grouped:
+            lda, ldb = self.row_strides
+            a_bytes, b_bytes = (lda or self.k) * self.m, (ldb or self.k) * self.n
+        else:
+            a_bytes, b_bytes = _span(ta, 1), _span(tb, 1)
         d_bytes = _span(td, 4)
         d_end = d + d_bytes
         for name, ptr, size in (("lhs[0] (A)", a, a_bytes), ("lhs[1] (A scales)", sfa, _span(tsa, 4)),
@@ -129,10 +134,13 @@ def plan(kind: Any, m: int, n: int, k: int, num_groups: int, device: int, a_stri
          scale_rows: int) -> WgradPlan:
     """The plan of a validated 1D1D problem (see :func:`cupygemm.plan.plan_gemm`); memoized. Strides in bytes, as the
     arrays have them (None: C-contiguous); ``sfa_m_pad``/``sfb_m_pad``: the scales' row strides in floats as the
-    kernel reads them; ``scale_rows``: k-grouped, the stacked scales' rows."""
-    grouped = kind.name == "k_grouped_wgrad"
-    ld_a = (a_strides or (k,))[0] if not grouped else 0
-    ld_b = (b_strides or (k,))[0] if not grouped else 0
+    kernel reads them; ``scale_rows``: the flat k-grouped kind's stacked scales' rows (the other kinds' follow from
+    K)."""
+    grouped, flat = "G" in kind.out_dims, "F" in kind.a_dims
+    ld_a = 0 if flat else (a_strides or (k,))[0]
+    ld_b = 0 if flat else (b_strides or (k,))[0]
+    if grouped and not flat:
+        scale_rows = ceil_div(k, cw.BLOCK_K)
     d_strides = d_strides or ((m * n * 4, n * 4, 4) if grouped else (n * 4, 4))
     return _plan(kind, m, n, k, num_groups, device, ld_a, ld_b, tuple(d_strides), sfa_m_pad, sfb_m_pad, scale_rows,
                  get_num_sms())
@@ -143,7 +151,7 @@ def _plan(kind: Any, m: int, n: int, k: int, num_groups: int, device: int, ld_a:
           d_strides: tuple[int, ...], sfa_m_pad: int, sfb_m_pad: int, scale_rows: int, num_sms: int) -> WgradPlan:
     import cupy
 
-    grouped = kind.name == "k_grouped_wgrad"
+    grouped = "G" in kind.out_dims
     with cupy.cuda.Device(device):
         info = require_hopper()
     expected = max(1, k // max(num_groups, 1)) if grouped else k
@@ -155,8 +163,8 @@ def _plan(kind: Any, m: int, n: int, k: int, num_groups: int, device: int, ld_a:
 def plan_config(kind: Any, cfg: cw.WgradConfig, m: int, n: int, k: int, num_groups: int, device: int, ld_a: int,
                 ld_b: int, d_strides: tuple[int, ...], sfa_m_pad: int, sfb_m_pad: int, scale_rows: int) -> WgradPlan:
     """The plan of one problem on a given ``cfg`` (not memoized: the chooser's plans are, through :func:`plan`;
-    tests and tuning force configs here). Row strides ``ld_a``/``ld_b`` in bytes (dense), ``d_strides`` D's in
-    bytes."""
+    tests and tuning force configs here). Row strides ``ld_a``/``ld_b`` in bytes (dense and the k-grouped columns
+    layout; 0 for the flat k-grouped one), ``d_strides`` D's in bytes."""
     import cupy
 
     with cupy.cuda.Device(device):
@@ -171,8 +179,9 @@ def plan_config(kind: Any, cfg: cw.WgradConfig, m: int, n: int, k: int, num_grou
     else:
         specs = cw.tma_specs(cfg, m, lda=ld_a, ldb=ld_b, sfa_ld=sfa_m_pad, sfb_ld=sfb_m_pad, ld_d=ld_d)
         workspace = 0
+    row_strides = (ld_a, ld_b) if cfg.kind == cw.KIND_K_GROUPED else (0, 0)
     return WgradPlan(kind, m, n, k, num_groups, device, cfg, kernel, cw.grid(cfg, kernel.max_clusters), cfg.threads,
-                     cfg.smem_bytes, sfa_m_pad, sfb_m_pad, workspace, specs, scale_rows)
+                     cfg.smem_bytes, sfa_m_pad, sfb_m_pad, workspace, specs, scale_rows, row_strides)
 
 
 def clear() -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "grouped_masked_reference",
     "wgrad_reference",
     "k_grouped_wgrad_reference",
+    "k_grouped_wgrad_columns_reference",
     "calc_diff",
     "bf16_to_float32",
 ]
@@ -308,6 +309,36 @@ def k_grouped_wgrad_reference(a_flat: Any, sfa: Any, b_flat: Any, sfb: Any, c: A
             out[g] += a @ b.T
         k0 += k
         row0 += kb
+    return out
+
+
+def k_grouped_wgrad_columns_reference(a_bits: Any, sfa: Any, b_bits: Any, sfb: Any, c: Any,
+                                      group_sizes: Any) -> np.ndarray:
+    """Columns-layout k-grouped weight-gradient reference: ``out[g] = c[g] + dequant(A)[:, o_g:o_g+k_g] @
+    dequant(B)[:, o_g:o_g+k_g].T`` in float64, ``o_g = sum_{h<g} k_h``.
+
+    ``a_bits`` [m, T], ``b_bits`` [n, T] e4m3 bits; ``sfa`` [m, ceil(T/128)] and ``sfb`` [n, ceil(T/128)] (the
+    transposed casts' layout: the whole matrix's 1x128 blocks); ``c`` [G, m, n]. Every non-empty group but the last
+    must start on a multiple of 128 columns (its blocks are then its own). Returns float64 [G, m, n].
+    """
+    a_bits, b_bits = _host(a_bits, "a_bits"), _host(b_bits, "b_bits")
+    _check_ndim(a_bits, 2, "a_bits", "[m, T]")
+    _check_ndim(b_bits, 2, "b_bits", "[n, T]")
+    sizes = [int(s) for s in _host(group_sizes, "group_sizes").reshape(-1)]
+    c = _host(c, "c").astype(np.float64)
+    _check_ndim(c, 3, "c", "[G, m, n]")
+    if len(sizes) != c.shape[0] or min(sizes, default=0) < 0 or sum(sizes) > a_bits.shape[1]:
+        raise ValueError(f"group_sizes: expected {c.shape[0]} non-negative sizes summing to at most "
+                         f"{a_bits.shape[1]}, got {sizes}")
+    a = dequantize_per_token(a_bits, sfa)
+    b = dequantize_per_token(b_bits, sfb)
+    out = c.copy()
+    k0 = 0
+    for g, k in enumerate(sizes):
+        if k and k0 % GROUP:
+            raise ValueError(f"group_sizes: group {g} starts at column {k0}, not a multiple of {GROUP}")
+        out[g] += a[:, k0:k0 + k] @ b[:, k0:k0 + k].T
+        k0 += k
     return out
 
 

@@ -18,7 +18,7 @@ from cupygemm import reference as ref
 from cupygemm.bench import cases, kinds, metrics, providers, report, run, training
 from cupygemm.bench.cases import Shape, Sizes
 from cupygemm.kinds import KINDS, kind_named
-from cupygemm.kinds.training import check_k_grouped_wgrad, check_wgrad
+from cupygemm.kinds.training import check_column_sizes, check_k_grouped_wgrad, check_k_grouped_wgrad_columns, check_wgrad
 from cupygemm.tensors import View
 
 WGRAD_SEED = {(m, n, k) for k in (4096, 8192) for m, n in ((7168, 2112), (1536, 24576), (512, 32768), (16384, 7168),
@@ -81,7 +81,7 @@ def test_shapes_on_the_command_line():
         cases.select_shapes(["normal", "wgrad"], [(64, 2112, 7168)])
     with pytest.raises(cases.BenchUsageError, match="exactly one of masked, k_grouped_wgrad"):
         cases.select_shapes(["masked", "k_grouped_wgrad"], [(2, 512, 4096, 7168)])
-    with pytest.raises(cases.BenchUsageError, match="a shape of contiguous, masked, k_grouped_wgrad, but --kinds"):
+    with pytest.raises(cases.BenchUsageError, match="a shape of contiguous, masked, k_grouped_wgrad, k_grouped_wgrad_columns, but --kinds"):
         cases.select_shapes(["wgrad"], [(4, 2048, 7168, 4096)])
     for dims, msg in [((7170, 2112, 4096), "multiples of 4"), ((7168, 2110, 4096), "multiples of 4"),
                       ((7168, 2112, 4100), "multiple of 16"), ((0, 2112, 4096), "positive")]:
@@ -196,6 +196,37 @@ def test_operands_are_quantized_per_group_in_the_forms_each_provider_uses_in_pla
     again = _inputs(shape)
     np.testing.assert_array_equal(again.a, inp.a)
     np.testing.assert_array_equal(again.residual, inp.residual)
+
+
+def test_columns_layout_holds_the_k_grouped_groups_side_by_side():
+    """The columns kind's operands are the k-grouped kind's, each group's block moved to its own column range of one
+    [M, T] matrix (the same draws), with the same stacked scales; the kind's check reads them in place and the
+    reference computes each group from its columns. Sizes not starting on 128 columns are refused on the host."""
+    flat = _inputs(KG)
+    cols = training.build_inputs(Shape("k_grouped_wgrad_columns", KG.dims), flat.sizes, np,
+                                 np.random.default_rng(cases.shape_seed(KG, 0)), ref.per_token_cast_to_fp8_reference)
+    m, n, ks = KG.m, KG.n, flat.k_sizes
+    assert cols.a.shape == (m, sum(ks)) and cols.b.shape == (n, sum(ks)) and cols.k_sizes == ks
+    np.testing.assert_array_equal(cols.sfa_t, flat.sfa_t)
+    for gf, gc in zip(flat.groups(), cols.groups()):
+        for key in ("a", "b", "x", "y", "sfa", "sfb"):
+            np.testing.assert_array_equal(gf[key], gc[key])
+    (a, sfa), (b, sfb) = training.cupygemm_operands(cols)
+    views = tuple(_view(x, i) for i, x in enumerate((a, sfa, b, sfb, cols.residual, cols.batch_sizes)))
+    p = check_k_grouped_wgrad_columns(views)
+    assert (p.m, p.n, p.k, p.num_groups) == (m, n, sum(ks), KG.groups) and p.sfa_m_major and p.sfb_m_major
+    want = ref.k_grouped_wgrad_reference(flat.a, flat.sfa_t, flat.b, flat.sfb_t, flat.residual, ks)
+    got = ref.k_grouped_wgrad_columns_reference(cols.a, sfa, cols.b, sfb, cols.residual, ks)
+    np.testing.assert_array_equal(got, want)
+    check_column_sizes(np.asarray(ks), p)
+    with pytest.raises(ValueError, match="group 1 starts at column 48"):
+        check_column_sizes(np.asarray([48, 128, 0]), p)
+    with pytest.raises(ValueError, match="sum to"):
+        check_column_sizes(np.asarray([128, sum(ks)]), p)
+    with pytest.raises(TypeError, match="accumulates into out"):
+        check_k_grouped_wgrad_columns(views[:4] + (None, views[5]))
+    with pytest.raises(ValueError, match=r"expected shape \(3,\)"):
+        check_k_grouped_wgrad_columns(views[:5] + (_view(np.zeros(2, np.int32), 6),))
 
 
 # ---- cupygemm and DeepGEMM with stand-ins ---------------------------------------------------------------------------

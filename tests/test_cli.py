@@ -26,7 +26,7 @@ def _one_line_about_hopper(res: subprocess.CompletedProcess, program: str) -> No
     assert lines[0].startswith(f"{program}: no CUDA GPU visible") and "Hopper" in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("cmd", ["overhead", "chain", "jax-scan", "bench"])
+@pytest.mark.parametrize("cmd", ["overhead", "chain", "jax-scan", "bench", "train-step"])
 def test_gpu_commands_without_a_gpu_say_so_in_one_line(cmd):
     _one_line_about_hopper(_run(["-m", "cupygemm", cmd]), f"cupygemm {cmd}")
 

@@ -234,3 +234,41 @@ def test_jax_matches_the_eager_bits():
     got = jax.jit(cj.wgrad_gemm_fp8_fp8_fp32_nt)(ja, jnp.asarray(cp.asnumpy(sfa)), jb, jnp.asarray(cp.asnumpy(sfb)),
                                                  jnp.asarray(cp.asnumpy(residual)))
     assert (np.asarray(got).view(np.uint32) == cp.asnumpy(want).view(np.uint32)).all()
+
+
+def test_jax_k_grouped_kinds_match_the_eager_bits():
+    """Both k-grouped kinds through cupygemm.jax (jit, sizes traced) give the eager call's bits: the flat kind (its
+    stacked scale rows reach the plan from the operand's shape) and the columns kind (the transposed casts' operands,
+    row-major scales made M-major by an XLA op)."""
+    jax = pytest.importorskip("jax")
+    try:
+        jax.devices("gpu")
+    except RuntimeError:
+        pytest.skip("JAX has no GPU backend")
+    import jax.numpy as jnp
+
+    import cupygemm.jax as cj
+
+    def j(x):
+        x = cp.asnumpy(x)
+        return jnp.asarray(x).view(jnp.float8_e4m3fn) if x.dtype == np.uint8 else jnp.asarray(x)
+
+    ga, gsa, gb, gsb, gres, _, _ = _grouped_operands(128, 256, [256, 384], 14)
+    want = gres.copy()
+    cupygemm.k_grouped_wgrad_gemm_fp8_fp8_fp32_nt((ga, gsa), (gb, gsb), want, [256, 384])
+    got = jax.jit(cj.k_grouped_wgrad_gemm_fp8_fp8_fp32_nt)(j(ga), j(gsa), j(gb), j(gsb),
+                                                            jnp.asarray([256, 384], jnp.int32), j(gres))
+    assert (np.asarray(got).view(np.uint32) == cp.asnumpy(want).view(np.uint32)).all()
+
+    rng = cp.random.default_rng(15)
+    sizes = [384, 0, 256, 80]
+    dy = rng.standard_normal((sum(sizes), 192), dtype=cp.float32).astype(cp.float16)
+    x = rng.standard_normal((sum(sizes), 320), dtype=cp.float32).astype(cp.float16)
+    a, sa = cupygemm.per_token_cast_to_fp8_transposed(dy)
+    b, sb = cupygemm.per_token_cast_to_fp8_transposed(x)
+    res = rng.standard_normal((4, 192, 320), dtype=cp.float32)
+    want = res.copy()
+    cupygemm.k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns((a, sa), (b, sb), want, sizes)
+    got = jax.jit(cj.k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns)(j(a), j(sa), j(b), j(sb),
+                                                                    jnp.asarray(sizes, jnp.int32), j(res))
+    assert (np.asarray(got).view(np.uint32) == cp.asnumpy(want).view(np.uint32)).all()

@@ -359,3 +359,52 @@ def test_k_grouped_cuda_graph_replay_with_new_sizes():
         stream.synchronize()
         grp.check(d, c, sizes, with_data=i == 0)
         assert workspace_header(ws) == (sum(1 for s in sizes if s), 0)
+
+
+# ------------------------------------------------------------------------------------------------ k-grouped, columns
+def moe_operands(t, m, n, seed):
+    """A MoE layer's weight-gradient operands: dY [T, M] and X [T, N] in BF16, cast transposed (A = dY^T [M, T],
+    B = X^T [N, T], scales [rows, ceil(T/128)] row-major), as the layers make them."""
+    rng = cp.random.default_rng(seed)
+    dy, x = randn_bf16((t, m), rng), randn_bf16((t, n), rng)
+    a, sa = cupygemm.per_token_cast_to_fp8_transposed(dy)
+    b, sb = cupygemm.per_token_cast_to_fp8_transposed(x)
+    return dy, x, a, sa, b, sb, rng
+
+
+@pytest.mark.parametrize("m,n,sizes", [(256, 384, [512, 0, 128, 384 + 48]), (2048, 7168, [1024, 896, 1152, 1024]),
+                                       (300, 200, [128, 128, 0, 0, 256, 16])])
+def test_k_grouped_columns_against_each_groups_columns(m, n, sizes):
+    """out[g] += A[:, cols_g] . B[:, cols_g]^T for the consecutive column ranges of the transposed casts, with the
+    sizes on the device (the last group ends anywhere; an empty group keeps out[g])."""
+    t = sum(sizes) + 32  # columns past the groups are never read
+    dy, x, a, sa, b, sb, rng = moe_operands(t, m, n, seed=m + len(sizes))
+    _, d, c = residual_in((len(sizes), m, n), n, rng)
+    got = cupygemm.k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns((a, sa), (b, sb), d, cp.asarray(sizes, cp.int32))
+    assert got is d
+    cp.cuda.get_current_stream().synchronize()
+    da, db = dequant_rows(a, sa, 1), dequant_rows(b, sb, 1)
+    off = 0
+    for g, k in enumerate(sizes):
+        if k:
+            check(d[g], c[g], da[:, off:off + k], db[:, off:off + k], dy[off:off + k].T, x[off:off + k].T)
+        else:
+            assert bool((d[g].view(cp.uint32) == c[g].view(cp.uint32)).all())
+        off += k
+    again = cp.array(c)
+    cupygemm.k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns((a, sa), (b, sb), again, sizes)  # a host list
+    assert bool((again.view(cp.uint32) == d.view(cp.uint32)).all()), "not bitwise repeatable"
+
+
+def test_k_grouped_columns_misaligned_group_is_skipped_on_the_device_and_refused_on_the_host():
+    """A group starting off a 128-column boundary would read another group's scale blocks: the kernel skips it (and
+    every later one, which starts off the boundary too), a host list is refused before any launch."""
+    m, n, sizes = 64, 96, [128, 48, 128]
+    _, _, a, sa, b, sb, rng = moe_operands(512, m, n, seed=3)
+    _, d, c = residual_in((3, m, n), n, rng)
+    cupygemm.k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns((a, sa), (b, sb), d, cp.asarray(sizes, cp.int32))
+    cp.cuda.get_current_stream().synchronize()
+    check(d[0], c[0], dequant_rows(a, sa, 1)[:, :128], dequant_rows(b, sb, 1)[:, :128])
+    assert bool((d[2].view(cp.uint32) == c[2].view(cp.uint32)).all())
+    with pytest.raises(ValueError, match="group 2 starts at column 176"):
+        cupygemm.k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns((a, sa), (b, sb), d, sizes)

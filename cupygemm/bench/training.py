@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..kinds import ONE_D_ONE_D
+from ..kinds import ONE_D_ONE_D, GemmKind
 from ..kinds.training import K_ALIGN
 from ..util import ceil_div
 from . import providers
@@ -90,7 +90,8 @@ class TrainingInputs:
 
     shape: Shape
     sizes: Sizes
-    a: Any  # uint8 e4m3 bits: [M, K] (wgrad) or flat (k-grouped: the groups' [M, k_g] back to back)
+    a: Any  # uint8 e4m3 bits: [M, K] (wgrad; k-grouped columns: the groups' columns side by side) or flat
+    # (k-grouped: the groups' [M, k_g] back to back)
     b: Any  # likewise with N
     sfa_t: Any  # float32 [sum_g ceil(k_g/128), M] C-contiguous: the groups' 1x128 scales stacked transposed
     sfb_t: Any  # float32 [sum_g ceil(k_g/128), N]
@@ -106,14 +107,18 @@ class TrainingInputs:
     def groups(self) -> list[dict[str, Any]]:
         """Per group: views of its A [M, k], B [N, k], their scales [M, kb] / [N, kb] (views of the stacks), x, y."""
         m, n = self.shape.m, self.shape.n
-        a, b, x, y = (v.reshape(-1) for v in (self.a, self.b, self.x, self.y))
+        columns = self.a.ndim == 2
+        a, b, x, y = (v if columns else v.reshape(-1) for v in (self.a, self.b, self.x, self.y))
         out, off, kb_off = [], 0, 0
         for k in self.k_sizes:
             kb = ceil_div(k, 128)
-            ra, rb = slice(m * off, m * (off + k)), slice(n * off, n * (off + k))
-            out.append({"k": k, "a": a[ra].reshape(m, k), "b": b[rb].reshape(n, k),
-                        "sfa": self.sfa_t[kb_off:kb_off + kb].T, "sfb": self.sfb_t[kb_off:kb_off + kb].T,
-                        "x": x[ra].reshape(m, k), "y": y[rb].reshape(n, k)})
+            if columns:
+                ga, gb, gx, gy = (v[:, off:off + k] for v in (a, b, x, y))
+            else:
+                ra, rb = slice(m * off, m * (off + k)), slice(n * off, n * (off + k))
+                ga, gb, gx, gy = a[ra].reshape(m, k), b[rb].reshape(n, k), x[ra].reshape(m, k), y[rb].reshape(n, k)
+            out.append({"k": k, "a": ga, "b": gb, "sfa": self.sfa_t[kb_off:kb_off + kb].T,
+                        "sfb": self.sfb_t[kb_off:kb_off + kb].T, "x": gx, "y": gy})
             off += k
             kb_off += kb
         return out
@@ -144,8 +149,15 @@ def build_inputs(shape: Shape, sizes: Sizes, xp: Any, rng: Any,
             s_dst[kb_off:kb_off + kb] = s.T
         off += k
         kb_off += kb
-    if "F" not in kind.a_dims:  # dense: A [M, K], B [N, K]
-        a, x, b, y = a.reshape(m, total), x.reshape(m, total), b.reshape(n, total), y.reshape(n, total)
+    if "F" not in kind.a_dims:  # A [M, K], B [N, K]; k-grouped columns: group g's block is its columns
+        cols = []
+        for flat, rows in ((a, m), (x, m), (b, n), (y, n)):
+            blocks, off = [], 0
+            for k in ks:
+                blocks.append(flat[rows * off:rows * (off + k)].reshape(rows, k))
+                off += k
+            cols.append(blocks[0] if len(blocks) == 1 else xp.concatenate(blocks, axis=1))
+        a, x, b, y = cols
     inp = TrainingInputs(shape, sizes, a, b, sfa_t, sfb_t, x, y, residual)
     if kind.layout:
         inp.batch_sizes = xp.asarray(np.asarray(ks, dtype=np.int32))
@@ -270,6 +282,10 @@ class TrainingBench(BenchKind):
     title = "weight-gradient kinds (1D1D kernel: A and B scaled 1x128 along K, FP32 out accumulated)"
     peers = ("deepgemm",)
 
+    def supports(self, peer: str, kind: GemmKind) -> bool:
+        """DeepGEMM has no columns layout (its k-grouped call wants each group's own block)."""
+        return peer in self.peers and not ("G" in kind.out_dims and "F" not in kind.a_dims)
+
     def check_shape(self, shape: Shape) -> None:
         if shape.m % 4 or shape.n % 4:
             raise BenchUsageError(f"shape {shape.label}: M and N must be multiples of 4 (16-byte aligned scale "
@@ -277,6 +293,10 @@ class TrainingBench(BenchKind):
                                   f"N = {shape.n}")
         if shape.k % K_ALIGN:
             raise BenchUsageError(f"shape {shape.label}: K must be a multiple of {K_ALIGN} (got {shape.k})")
+        columns = "G" in shape.descriptor.out_dims and "F" not in shape.descriptor.a_dims
+        if columns and shape.k % K_STEP:
+            raise BenchUsageError(f"shape {shape.label}: the columns layout's groups start on multiples of "
+                                  f"{K_STEP} columns: K must be one (got {shape.k})")
         if shape.groups > 1 and shape.k <= K_STEP * (shape.groups - 1):
             raise BenchUsageError(f"shape {shape.label}: K (each group's base tokens) must exceed "
                                   f"{K_STEP} x (G - 1) = {K_STEP * (shape.groups - 1)}, so that every group's drawn "

@@ -1,8 +1,8 @@
 """Where cupygemm.jax's custom calls go: the FFI target, its handler per platform, and the planner.
 
 A :class:`Backend` is an XLA platform and a planner. ``plan(kind, m, n, k, num_groups, static)`` (``sides=True``
-added for side-aware packed weights) returns ``{xla_device_ordinal: plan}``, plans with the attributes and
-``launch`` of :func:`cupygemm.plan.plan_gemm`'s. The CUDA backend (:data:`CUDA`) plans on every local GPU of this
+added for side-aware packed weights, ``scale_rows`` for the flat k-grouped kind) returns ``{xla_device_ordinal:
+plan}``, plans with the attributes and ``launch`` of :func:`cupygemm.plan.plan_gemm`'s. The CUDA backend (:data:`CUDA`) plans on every local GPU of this
 process. The CPU tests install a backend whose plans compute on the host (:class:`use_backend`), which runs the
 whole package, the handler included, without a GPU.
 
@@ -46,9 +46,9 @@ def local_gpus() -> list[int]:
 
 
 def plan_cuda(kind: Any, m: int, n: int, k: int, num_groups: int, static: int | None,
-              sides: bool = False) -> dict[int, Any]:
+              sides: bool = False, scale_rows: int = 0) -> dict[int, Any]:
     """The CUDA backend's planner: :func:`cupygemm.plan.plan_gemm` on every local GPU (compiling and loading the
-    kernel there now, at trace time)."""
+    kernel there now, at trace time). ``scale_rows``: the flat k-grouped kind's stacked scale rows."""
     try:
         gpus = local_gpus()
     except RuntimeError as e:
@@ -61,7 +61,8 @@ def plan_cuda(kind: Any, m: int, n: int, k: int, num_groups: int, static: int | 
     plans = {}
     for ordinal in gpus:
         with cupy.cuda.Device(ordinal):
-            plans[ordinal] = plan_gemm(kind, m, n, k, num_groups, ordinal, expected_m=static, sides=sides)
+            plans[ordinal] = plan_gemm(kind, m, n, k, num_groups, ordinal, expected_m=static, sides=sides,
+                                       scale_rows=scale_rows)
     return plans
 
 

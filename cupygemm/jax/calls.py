@@ -86,7 +86,10 @@ def entry(kind: GemmKind, static: int | None, packed: PackedSpec | None, p: Prob
         hit = be.entries.get(key)
     if hit is not None:
         return hit
-    plans = be.plan(kind, p.m, p.n, p.k, p.num_groups, static, **({"sides": True} if packed is not None else {}))
+    extra: dict[str, Any] = {"sides": True} if packed is not None else {}
+    if "F" in kind.a_dims:  # flat groups: the stacked scales' rows are not implied by the sizes on the host
+        extra["scale_rows"] = int(operands[1].shape[0])
+    plans = be.plan(kind, p.m, p.n, p.k, p.num_groups, static, **extra)
     if not plans:
         raise CupygemmDeviceError("cupygemm.jax: no local GPU to plan the GEMM for")
     first = next(iter(plans.values()))

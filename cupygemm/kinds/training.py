@@ -1,7 +1,9 @@
 """The 1D1D kernel's kinds (cuda_src/fp8_wgrad.cu): both operands scaled per 1x128 along K, FP32 out accumulated in
 place. They are the weight gradients of the recipe (``/shared/docs``: dW [N, K] += dY^T @ X, K = tokens): dense
-(:func:`wgrad_gemm_fp8_fp8_fp32_nt`) and, for MoE experts, one launch over every expert's own token count
-(:func:`k_grouped_wgrad_gemm_fp8_fp8_fp32_nt`). Semantics are DeepGEMM 03d0be3's; the k-grouped kind also takes the
+(:func:`wgrad_gemm_fp8_fp8_fp32_nt`) and, for MoE experts, one launch over every expert's own token count, with each
+expert's operands as their own blocks (:func:`k_grouped_wgrad_gemm_fp8_fp8_fp32_nt`, DeepGEMM's layout) or as
+consecutive column ranges of one matrix (:func:`k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns`, what the transposed
+casts of a MoE layer's dY and X give when each expert's tokens are a consecutive run of rows). Semantics are DeepGEMM 03d0be3's; the k-grouped kind also takes the
 group sizes as an int32 array on the device, so it runs inside CUDA graphs and ``jax.jit`` with sizes that change.
 """
 from __future__ import annotations
@@ -109,6 +111,31 @@ def check_k_grouped_wgrad(views: tuple[View | None, ...], static: int | None = N
     return Problem(K_GROUPED_WGRAD, m, n, k_total, g, True, m, dev, (g, m, n), None, True, n, None)
 
 
+def check_k_grouped_wgrad_columns(views: tuple[View | None, ...], static: int | None = None,
+                                  names: Names = EAGER) -> Problem:
+    a, sfa, b, sfb, out, group_sizes = views
+    m, n, k = validate.nt_operands(a, b, names, "K (the token count)")
+    if k % K_ALIGN:
+        raise ValueError(f"K must be a multiple of {K_ALIGN} (16-byte aligned FP8 rows for TMA), got K = {k}")
+    if out is None:
+        raise TypeError(f"{names.out}: the k-grouped weight gradient accumulates into out (FP32 [G, M, N]); pass it")
+    if out.ndim != 3:
+        raise ValueError(f"{names.out}: expected a 3-D [G, M, N] float32 array, got shape {tuple(out.shape)}")
+    g = out.shape[0]
+    _fp32_out(out, (g, m, n), names.out)
+    validate.int32_vector(group_sizes, names.layout or "group_sizes", g)
+    kb = ceil_div(k, 128)
+    sfa, a_in_place, m_pad, a_strides = _row_scales(sfa, m, kb, names.sfa)
+    sfb, b_in_place, n_pad, b_strides = _row_scales(sfb, n, kb, names.sfb)
+    validate.rows_tma_unless_empty(a, names.a)
+    validate.rows_tma_unless_empty(b, names.b)
+    validate.check_limits(G=g)
+    dev = validate.device_of([a, sfa, b, sfb, out, group_sizes],
+                             ["A", "A scales", "B", "B scales", "out", names.layout or "group_sizes"])
+    return Problem(K_GROUPED_WGRAD_COLUMNS, m, n, k, g, a_in_place, m_pad, dev, (g, m, n), a_strides, b_in_place,
+                   n_pad, b_strides)
+
+
 def check_batch_sizes(sizes: np.ndarray, problem: Problem) -> None:
     """Host check of k-grouped sizes (``CUPYGEMM_CHECK_INPUTS=1`` and host lists): non-negative multiples of 16 that
     fit the operands; ValueError naming the first bad entry."""
@@ -120,6 +147,24 @@ def check_batch_sizes(sizes: np.ndarray, problem: Problem) -> None:
     total = int(sizes.astype(np.int64).sum())
     if total > problem.k:
         raise ValueError(f"batch_sizes sum to {total} tokens, but A and B hold {problem.k}")
+
+
+def check_column_sizes(sizes: np.ndarray, problem: Problem) -> None:
+    """Host check of the columns layout's sizes: as :func:`check_batch_sizes`, and every group but the last starts
+    on a multiple of 128 columns (so every one but the last non-empty group is a multiple of 128)."""
+    sizes = np.asarray(sizes)
+    bad = np.nonzero((sizes < 0) | (sizes % K_ALIGN != 0))[0]
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"group_sizes[{i}] = {int(sizes[i])}: expected a non-negative multiple of {K_ALIGN}")
+    starts = np.concatenate([[0], np.cumsum(sizes.astype(np.int64))])
+    off = np.nonzero((sizes > 0) & (starts[:-1] % 128 != 0))[0]
+    if off.size:
+        i = int(off[0])
+        raise ValueError(f"group_sizes: group {i} starts at column {int(starts[i])}, not a multiple of 128 (each "
+                         f"group's tokens must fill whole 1x128 scale blocks; pad every group but the last to 128)")
+    if starts[-1] > problem.k:
+        raise ValueError(f"group_sizes sum to {int(starts[-1])} tokens, but A and B hold {problem.k}")
 
 
 #: The bench's shapes (DeepGEMM 03d0be3 test_core's): wgrad (M, N, K = tokens), k-grouped (G, M, N, K = each group's
@@ -139,6 +184,12 @@ K_GROUPED_WGRAD = register(GemmKind(
     check=check_k_grouped_wgrad, check_layout=check_batch_sizes, a_dims="F", b_dims="F", out_dims="GMN",
     layout="batch_sizes", out_dtype=F32, accumulates=True, b_block_scales=False, shape_dims="GMNK",
     seed_shapes=K_GROUPED_WGRAD_SHAPES))
+K_GROUPED_WGRAD_COLUMNS = register(GemmKind(
+    name="k_grouped_wgrad_columns", kid=5, api="k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns",
+    summary="D[g] += A[:, K_g] @ B[:, K_g].T over consecutive column ranges K_g of A and B, FP32 D",
+    family=ONE_D_ONE_D, check=check_k_grouped_wgrad_columns, check_layout=check_column_sizes, a_dims="MK",
+    b_dims="NK", out_dims="GMN", layout="group_sizes", out_dtype=F32, accumulates=True, b_block_scales=False,
+    shape_dims="GMNK", seed_shapes=K_GROUPED_WGRAD_SHAPES))
 
 
 # ---- the public functions --------------------------------------------------------------------------------------
@@ -188,16 +239,50 @@ def k_grouped_wgrad_gemm_fp8_fp8_fp32_nt(lhs: tuple[Any, Any], rhs: tuple[Any, A
     return call(K_GROUPED_WGRAD, lhs, rhs, out, batch_sizes, None, stream)
 
 
-def _device_sizes(sizes: Sequence[int], lhs: Any, stream: Any) -> Any:
+def k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any,
+                                                 group_sizes: Any, *, stream: Any = None) -> Any:
+    """``out[g] += A[:, o_g:o_g+k_g] @ B[:, o_g:o_g+k_g].T`` (``o_g = k_0 + ... + k_{g-1}``), one launch: the MoE
+    experts' weight gradients when each expert's tokens are a consecutive run of rows of dY [T, N] and X [T, K], so
+    that their transposed casts (:func:`cupygemm.per_token_cast_to_fp8_transposed`) hold the experts as column ranges.
+
+    Args:
+        lhs: ``(A, SFA)``: A float8_e4m3fn (or uint8 bits) [M, T], K-major; SFA float32 [M, ceil(T/128)] in any
+            layout (the transposed cast's row-major one is copied per call; M-major TMA-aligned is used in place) or
+            the stack [ceil(T/128), M], as for :func:`wgrad_gemm_fp8_fp8_fp32_nt`.
+        rhs: ``(B, SFB)``: B [N, T] and SFB likewise.
+        out: float32 [G, M, N], accumulated into in place. Required.
+        group_sizes: the k_g: an int32 array [G] on the device (read by the kernel: no host synchronization,
+            capturable in a CUDA graph, traceable in ``cupygemm.jax``) or a host list. Each k_g is a non-negative
+            multiple of 16, every group starts on a multiple of 128 columns (pad each expert's tokens to 128; the
+            last group may end anywhere), and they sum to at most T. On the device, groups breaking that are
+            skipped (their ``out[g]`` untouched); ``CUPYGEMM_CHECK_INPUTS=1`` (and host lists) report them as
+            ValueError instead.
+        stream: as for :func:`cupygemm.gemm_fp8_fp8_bf16_nt`.
+
+    Returns ``out``. T % 16 == 0. Bitwise repeatable.
+    """
+    if isinstance(group_sizes, (list, tuple, np.ndarray)):
+        group_sizes = _device_sizes(group_sizes, lhs, stream, "group_sizes", 128)
+    return call(K_GROUPED_WGRAD_COLUMNS, lhs, rhs, out, group_sizes, None, stream)
+
+
+def _device_sizes(sizes: Sequence[int], lhs: Any, stream: Any, name: str = "batch_sizes", start_align: int = 1
+                  ) -> Any:
     """Host group sizes as an int32 array of A's framework on its device, copied on the call's stream (checked on
     the host first: they are known there)."""
     host = np.asarray(sizes)
     if host.ndim != 1 or host.dtype.kind not in "iu":
-        raise TypeError(f"batch_sizes: expected a list of ints or an int32 device array, got {sizes!r}")
+        raise TypeError(f"{name}: expected a list of ints or an int32 device array, got {sizes!r}")
     bad = np.nonzero((host < 0) | (host % K_ALIGN != 0))[0]
     if bad.size:
         i = int(bad[0])
-        raise ValueError(f"batch_sizes[{i}] = {int(host[i])}: expected a non-negative multiple of {K_ALIGN}")
+        raise ValueError(f"{name}[{i}] = {int(host[i])}: expected a non-negative multiple of {K_ALIGN}")
+    starts = np.cumsum(host.astype(np.int64)) - host
+    off = np.nonzero((host > 0) & (starts % start_align != 0))[0]
+    if off.size:
+        i = int(off[0])
+        raise ValueError(f"{name}: group {i} starts at column {int(starts[i])}, not a multiple of {start_align} "
+                         f"(pad every group but the last to a multiple of {start_align})")
     from ..tensors import device_array
 
     a = lhs[0] if isinstance(lhs, (tuple, list)) else lhs
@@ -232,4 +317,5 @@ def k_grouped_fp8_gemm_nt_contiguous(a: tuple[Any, Any], b: tuple[Any, Any], d: 
     return k_grouped_wgrad_gemm_fp8_fp8_fp32_nt(a, b, d, ks_tensor if ks_tensor is not None else ks, stream=stream)
 
 
-__all__ = ["wgrad_gemm_fp8_fp8_fp32_nt", "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt", "k_grouped_fp8_gemm_nt_contiguous"]
+__all__ = ["wgrad_gemm_fp8_fp8_fp32_nt", "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
+           "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns", "k_grouped_fp8_gemm_nt_contiguous"]

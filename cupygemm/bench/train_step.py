@@ -1,0 +1,278 @@
+"""``cupygemm train-step``: forward + backward of one linear layer ``y = x @ W^T`` at DeepSeek-V3's six dense (N, K)
+pairs and ``--tokens`` T (4096), all casts included, against the same step in BF16 and through ``torch._scaled_mm``.
+
+A step takes x [T, K], W [N, K] and dy [T, N] (BF16) and returns y, dx and dW. Steps, each timed in the same run:
+
+* ``bf16``: ``torch.mm`` for the forward, dgrad and wgrad (autograd of ``x @ W.T``);
+* ``cupygemm``: :func:`cupygemm.torch.fp8_linear` (autograd): the fused transpose casts of x, W and dy, then the
+  forward, dgrad (NT kernel on W's FP8 transpose) and wgrad (1x128 x 1x128, FP32) GEMMs;
+* ``scaled_mm``: the same casts (cupygemm's, so that the GEMMs are what differs), with cuBLASLt's block-scaled FP8
+  through ``torch._scaled_mm`` for the forward and dgrad (1x128 x 128x128) and, where the installed torch/CUDA
+  takes it, the wgrad (1x128 x 1x128; else ``torch.mm`` in BF16, said in the row's ``scaled_mm_wgrad``);
+* with ``--jax``: ``jax_bf16`` (``jnp.dot`` under ``jax.vjp``) and ``jax_cupygemm`` (:func:`cupygemm.jax.fp8_linear`
+  under ``jax.vjp``), each one jitted function.
+
+Where the time goes: cupygemm's parts timed alone in the same run: ``cast_x`` (x and x^T, one pass), ``cast_w`` (W and
+W^T), ``cast_dy`` (dy and dy^T), ``fwd``, ``dgrad``, ``wgrad`` (GEMMs).
+
+Timing: torch steps and parts with CUDA events around each call on torch's stream, after an untimed 1 GiB memset that
+flushes L2; the median of ``--iters``. JAX steps: wall time of ``--iters`` jitted calls back to back (XLA queues
+them; the host is not the bound at these sizes) over the count, after a warm-up call. Checks: dx and dW of every
+step against the float64 product of the unquantized inputs (DeepGEMM's calc_diff; the FP8 ones within 2e-3).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+from ..shapes import NORMAL_NK
+from .options import help_text
+
+#: calc_diff allowed for an FP8 step's dx and dW against the unquantized float64 product (issue 48).
+CALC_DIFF_LIMIT = 2e-3
+STEPS = ("bf16", "cupygemm", "scaled_mm")
+PARTS = ("cast_x", "cast_w", "cast_dy", "fwd", "dgrad", "wgrad")
+
+
+def _calc_diff(torch: Any, got: Any, want: Any) -> float:
+    x, y = got.double(), want
+    den = float((x * x + y * y).sum())
+    return 0.0 if den == 0 else 1.0 - 2.0 * float((x * y).sum()) / den
+
+
+def _scaled_mm(torch: Any, a: Any, sa: Any, bt: Any, sb: Any, out_dtype: Any) -> Any:
+    r = torch._scaled_mm(a, bt, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    return r[0] if isinstance(r, tuple) else r
+
+
+def _m_major(s: Any) -> Any:
+    """Scales [rows, kb] with strides (1, rows): cuBLASLt's 1x128 layout."""
+    return s.t().contiguous().t()
+
+
+def torch_steps(torch: Any, x: Any, w: Any, dy: Any) -> tuple[dict[str, Callable[[], tuple]], str]:
+    """The steps (each returns (y, dx, dW)) and how ``scaled_mm`` computes its wgrad."""
+    import cupygemm
+    import cupygemm.torch as ct
+
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    fp8 = torch.float8_e4m3fn
+
+    def bf16():
+        y = xg @ wg.t()
+        dx, dw = torch.autograd.grad(y, (xg, wg), dy)
+        return y, dx, dw
+
+    def ours():
+        y = ct.fp8_linear(xg, wg)
+        dx, dw = torch.autograd.grad(y, (xg, wg), dy)
+        return y, dx, dw
+
+    def peer_parts():
+        xqt, xst, xq, xs = cupygemm.per_token_cast_to_fp8_transposed(x, rowwise=True)
+        wq, ws, wqt, wst = cupygemm.per_block_cast_to_fp8(w, with_transpose=True)
+        y = _scaled_mm(torch, xq, _m_major(xs), wq.t(), ws.t(), torch.bfloat16)
+        dyqt, dyst, dyq, dys = cupygemm.per_token_cast_to_fp8_transposed(dy, rowwise=True)
+        dx = _scaled_mm(torch, dyq, _m_major(dys), wqt.t(), wst.t(), torch.bfloat16)
+        return y, dx, (dyqt, dyst, xqt, xst)
+
+    # cuBLASLt's 1x128 x 1x128 recipe (if this torch has it): A = dy^T [N, T], B = x^T as [T, K] column-major, each
+    # scaled per row and 128 of T; the scale layout it takes is tried in the forms it may want, and kept only if it
+    # computes dW (checked against the BF16 product).
+    def wgrad_with(layout):
+        def wgrad(ops):
+            dyqt, dyst, xqt, xst = ops
+            return _scaled_mm(torch, dyqt, _m_major(dyst), xqt.t(), layout(xst), torch.float32)
+        return wgrad
+
+    want = (dy.t().double() @ x.double())
+    mode, wgrad_scaled = "torch.mm (BF16): _scaled_mm has no 1x128 x 1x128 recipe here", None
+    for label, layout in (("scale_b [K, T/128] K-major", _m_major), ("scale_b [T/128, K]", lambda s: s.t())):
+        try:
+            _, _, ops = peer_parts()
+            got = wgrad_with(layout)(ops)
+            torch.cuda.synchronize()
+        except (RuntimeError, ValueError) as e:
+            mode = f"torch.mm (BF16): _scaled_mm refused 1x128 x 1x128 ({str(e).splitlines()[0][:160]})"
+            continue
+        if _calc_diff(torch, got, want) <= CALC_DIFF_LIMIT:
+            mode, wgrad_scaled = f"_scaled_mm 1x128 x 1x128, {label}", wgrad_with(layout)
+            break
+        mode = f"torch.mm (BF16): _scaled_mm 1x128 x 1x128 ran but computed something else ({label})"
+
+    def scaled():
+        y, dx, ops = peer_parts()
+        dw = wgrad_scaled(ops) if wgrad_scaled is not None else dy.t() @ x
+        return y, dx, dw
+
+    return {"bf16": bf16, "cupygemm": ours, "scaled_mm": scaled}, mode
+
+
+def torch_parts(torch: Any, x: Any, w: Any, dy: Any) -> dict[str, Callable[[], Any]]:
+    """cupygemm's pieces of a step, each alone, on buffers made once."""
+    import cupygemm
+
+    t, k = x.shape
+    n = w.shape[0]
+    xqt, xst, xq, xs = cupygemm.per_token_cast_to_fp8_transposed(x, rowwise=True)
+    wq, ws, wqt, wst = cupygemm.per_block_cast_to_fp8(w, with_transpose=True)
+    dyqt, dyst, dyq, dys = cupygemm.per_token_cast_to_fp8_transposed(dy, rowwise=True)
+    y, dx = x.new_empty((t, n)), x.new_empty((t, k))
+    dw = torch.zeros((n, k), dtype=torch.float32, device=x.device)
+    return {
+        "cast_x": lambda: cupygemm.per_token_cast_to_fp8_transposed(x, rowwise=True),
+        "cast_w": lambda: cupygemm.per_block_cast_to_fp8(w, with_transpose=True),
+        "cast_dy": lambda: cupygemm.per_token_cast_to_fp8_transposed(dy, rowwise=True),
+        "fwd": lambda: cupygemm.gemm_fp8_fp8_bf16_nt((xq, xs), (wq, ws), y),
+        "dgrad": lambda: cupygemm.gemm_fp8_fp8_bf16_nt((dyq, dys), (wqt, wst), dx),
+        "wgrad": lambda: cupygemm.wgrad_gemm_fp8_fp8_fp32_nt((dyqt, dyst), (xqt, xst), dw),
+    }
+
+
+def jax_steps(x: Any, w: Any, dy: Any) -> dict[str, Callable[[], Any]]:
+    """The JAX steps: one jitted function each, (x, W, dy) -> (y, dx, dW)."""
+    import jax
+    import jax.numpy as jnp
+
+    import cupygemm.jax as cj
+
+    def step(f):
+        def run(x, w, dy):
+            y, vjp = jax.vjp(f, x, w)
+            return (y,) + vjp(dy)
+        return jax.jit(run)
+
+    bf16, ours = step(lambda x, w: jnp.dot(x, w.T)), step(cj.fp8_linear)
+    return {"jax_bf16": lambda: bf16(x, w, dy), "jax_cupygemm": lambda: ours(x, w, dy)}
+
+
+def _time_jax(call: Callable[[], Any], iters: int) -> float:
+    import jax
+
+    jax.block_until_ready(call())
+    start = time.perf_counter()
+    outs = [call() for _ in range(iters)]
+    jax.block_until_ready(outs)
+    return (time.perf_counter() - start) / iters * 1e6
+
+
+def measure_pair(torch: Any, n: int, k: int, tokens: int, iters: int, timer: Any, with_jax: bool,
+                 log: Callable[[str], None]) -> dict[str, Any]:
+    """One (N, K) pair's row: step times, part times, checks."""
+    from .metrics import summarize_times
+
+    gen = torch.Generator(device="cuda").manual_seed(n * 7 + k)
+    x = torch.randn((tokens, k), device="cuda", generator=gen).bfloat16()
+    w = (torch.randn((n, k), device="cuda", generator=gen) / k ** 0.5).bfloat16()
+    dy = torch.randn((tokens, n), device="cuda", generator=gen).bfloat16()
+    want_dx = dy.double() @ w.double()
+    want_dw = dy.double().t() @ x.double()
+    steps, wgrad_mode = torch_steps(torch, x, w, dy)
+    row: dict[str, Any] = {"n": n, "k": k, "tokens": tokens, "us": {}, "calc_diff": {}, "scaled_mm_wgrad": wgrad_mode}
+    for name, call in steps.items():
+        _, dx, dw = call()
+        row["calc_diff"][name] = {"dx": _calc_diff(torch, dx, want_dx), "dw": _calc_diff(torch, dw, want_dw)}
+        row["us"][name] = summarize_times(timer.time_events(call, iters))["us"]
+    parts = torch_parts(torch, x, w, dy)
+    row["parts_us"] = {}
+    for name, call in parts.items():
+        call()
+        row["parts_us"][name] = summarize_times(timer.time_events(call, iters))["us"]
+    if with_jax:
+        import jax.numpy as jnp
+
+        jx, jw, jdy = (jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16) for t in (x, w, dy))
+        for name, call in jax_steps(jx, jw, jdy).items():
+            _, dx, dw = call()
+            row["calc_diff"][name] = {"dx": _calc_diff(torch, torch.from_dlpack(dx).float(), want_dx),
+                                      "dw": _calc_diff(torch, torch.from_dlpack(dw).float(), want_dw)}
+            row["us"][name] = _time_jax(call, iters)
+    us = row["us"]
+    row["speedup_vs_bf16"] = us["bf16"] / us["cupygemm"]
+    row["speedup_vs_scaled_mm"] = us["scaled_mm"] / us["cupygemm"]
+    if with_jax:
+        row["jax_speedup_vs_bf16"] = us["jax_bf16"] / us["jax_cupygemm"]
+    fp8 = [s for s in row["calc_diff"] if "bf16" not in s]
+    row["check"] = all(max(row["calc_diff"][s].values()) <= CALC_DIFF_LIMIT for s in fp8)
+    log(f"{n}x{k}: " + ", ".join(f"{s} {v:.0f} us" for s, v in us.items()) +
+        f"; x{row['speedup_vs_bf16']:.2f} vs BF16, x{row['speedup_vs_scaled_mm']:.2f} vs _scaled_mm; parts " +
+        ", ".join(f"{p} {v:.0f}" for p, v in row["parts_us"].items()) + ("" if row["check"] else "  CHECK FAILED"))
+    return row
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    from .metrics import geomean
+
+    out = {"speedup_vs_bf16_geomean": geomean(r["speedup_vs_bf16"] for r in rows),
+           "speedup_vs_bf16_min": min(r["speedup_vs_bf16"] for r in rows),
+           "speedup_vs_scaled_mm_geomean": geomean(r["speedup_vs_scaled_mm"] for r in rows),
+           "speedup_vs_scaled_mm_min": min(r["speedup_vs_scaled_mm"] for r in rows)}
+    if all("jax_speedup_vs_bf16" in r for r in rows):
+        out["jax_speedup_vs_bf16_geomean"] = geomean(r["jax_speedup_vs_bf16"] for r in rows)
+    return out
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    steps = list(rows[0]["us"])
+    head = "| N x K | " + " | ".join(f"{s} us" for s in steps) + " | vs BF16 | vs _scaled_mm | " + \
+        " | ".join(PARTS) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(f"| {r['n']} x {r['k']} | " + " | ".join(f"{r['us'][s]:.0f}" for s in steps) +
+                     f" | {r['speedup_vs_bf16']:.2f}x | {r['speedup_vs_scaled_mm']:.2f}x | " +
+                     " | ".join(f"{r['parts_us'][p]:.0f}" for p in PARTS) + " |")
+    s = summary(rows)
+    lines += ["", f"geomean: {s['speedup_vs_bf16_geomean']:.2f}x BF16 (min {s['speedup_vs_bf16_min']:.2f}x), "
+                  f"{s['speedup_vs_scaled_mm_geomean']:.2f}x _scaled_mm (min {s['speedup_vs_scaled_mm_min']:.2f}x)"
+              + (f"; JAX {s['jax_speedup_vs_bf16_geomean']:.2f}x jnp.dot BF16" if "jax_speedup_vs_bf16_geomean" in s
+                 else "")]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..device import require_hopper_or_exit
+
+    require_hopper_or_exit("cupygemm train-step")
+    try:
+        import torch
+    except ImportError:
+        print("cupygemm train-step: needs torch with CUDA (it times the step in torch: pip install torch)",
+              file=sys.stderr)
+        return 1
+    from .overhead import environment
+    from .timing import Timer
+
+    if args.jax:  # JAX shares the GPU with torch here: no 75 % preallocation
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    pairs = tuple(tuple(p) for p in args.nk) if args.nk else NORMAL_NK
+    timer = Timer()
+    rows = [measure_pair(torch, n, k, args.tokens, args.iters, timer, args.jax,
+                         log=lambda s: print(s, file=sys.stderr)) for n, k in pairs]
+    print(markdown(rows))
+    ok = all(r["check"] for r in rows)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(["cupygemm train-step"] + sys.argv[2:]), "tokens": args.tokens,
+                       "iters": args.iters, "timing": __doc__.split("Timing: ", 1)[1].split("\n\n")[0],
+                       "environment": environment(), "summary": summary(rows), "all_checks_pass": ok, "rows": rows},
+                      f, indent=1)
+    return 0 if ok else 1
+
+
+def add_parser(sub: Any) -> None:
+    from .casts import _nk_arg
+
+    sp = sub.add_parser("train-step", help="forward + backward of one FP8 linear layer (casts included) against BF16 "
+                        "and torch._scaled_mm, with where the time goes", description=help_text(__doc__),
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.add_argument("--tokens", type=int, default=4096, help="T, the tokens of x and dy (default 4096)")
+    sp.add_argument("--nk", type=_nk_arg, default=None, metavar="NxK[,NxK...]",
+                    help="the (N, K) pairs (default: DeepSeek-V3's six dense projections)")
+    sp.add_argument("--iters", type=int, default=30, help="timed steps per row (default 30)")
+    sp.add_argument("--jax", action="store_true", help="also time the JAX steps (jnp.dot BF16, cupygemm.jax.fp8_linear)")
+    sp.add_argument("--json", metavar="FILE", help="write the rows, the summary and the environment as JSON")
+    sp.set_defaults(func=run)
