@@ -60,13 +60,11 @@ class _Static(NamedTuple):
 
 
 def _gemm(name: str) -> Any:
-    """A kind's JAX function, looked up when the layer is traced (so a kind that a newer main adds is found)."""
+    """The JAX function of the kind whose eager function is ``cupygemm.NAME`` (cupygemm.jax makes them from the
+    descriptors after importing this module)."""
     from . import frontend
 
-    for kind in KINDS:
-        if kind.api == name:
-            return frontend.public(kind)
-    raise NotImplementedError(f"cupygemm.jax.{name} is not available in this build of cupygemm")
+    return frontend.public(next(kind for kind in KINDS if kind.api == name))
 
 
 def _dtype_name(dt: Any) -> str:
