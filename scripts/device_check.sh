@@ -2,8 +2,8 @@
 # One device call: install, run the gpu tests, run the benchmark; everything lands under $OUT.
 # Usage (from the repo root on the GPU machine):
 #   bash scripts/device_check.sh [tests] [tests-under-load] [tests-repeat N] [capture-probe] [bench] [peers] [decode]
-#                                [masked-full] [train-bench] [train-step] [overhead] [chain] [casts] [jax] [timers]
-#                                [sanitize] [pytest args...]
+#                                [masked-full] [train-bench] [train-step] [train-examples] [multigpu] [overhead] [chain]
+#                                [casts] [jax] [timers] [sanitize] [pytest args...]
 # tests: the gpu tests (log: gpu_tests.log). tests-under-load: the same beside another process running GEMMs
 # (scripts/gpu_load.py, for LOAD_SECONDS, default 600, and stopped when the tests end; log:
 # gpu_tests_under_load.log, the load's own lines at its end). tests-repeat N: the gpu tests N times in a row (default
@@ -14,7 +14,9 @@
 # M = 64 and 128 seed shapes against every peer, cupygemm with packed (L2-side-aware) weights too. train-bench: the
 # weight-gradient kinds (wgrad, k_grouped_wgrad; DeepGEMM 03d0be3 test_core's 18 shapes) against DeepGEMM's wgrad
 # functions in the same run (after peers; cupygemm alone when deep_gemm does not import; log: train_bench.log).
-# train-step: `cupygemm train-step --jax` (train_step.json, train_step.log).
+# train-step: `cupygemm train-step --jax` (train_step.json, train_step.log). train-examples: the two FP8 training
+# examples (train_torch.json, train_jax.json). multigpu (two GPUs): `-m multigpu` tests, the expert-parallel examples,
+# `cupygemm multigpu` and the JAX example's --bench (multigpu_*.json, multigpu_*.log).
 set -uo pipefail
 OUT=${OUT:-/tmp/cupygemm-out}
 mkdir -p "$OUT"
@@ -114,6 +116,16 @@ for s in "${steps[@]}"; do
     chain) python3 -m cupygemm chain --json "$OUT/chain.json" 2>&1 | tee "$OUT/chain.log" ;;
     train-step)  # forward + backward of one FP8 linear layer against BF16 and torch._scaled_mm (torch and JAX)
       python3 -m cupygemm train-step --jax --json "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.log" ;;
+    train-examples)  # the FP8-vs-BF16 training examples, their loss curves and step times as JSON
+      python3 examples/train_fp8_mlp_torch.py --out "$OUT/train_torch.json" 2>&1 | tee "$OUT/train_examples.log"
+      python3 examples/train_fp8_mlp_jax.py --out "$OUT/train_jax.json" 2>&1 | tee -a "$OUT/train_examples.log" ;;
+    multigpu)  # two or more GPUs: the multigpu tests, both expert-parallel examples, both multi-GPU benchmarks
+      python3 -m pytest -q -m multigpu -rfEs tests 2>&1 | tee "$OUT/multigpu_tests.log" | tail -n 30
+      torchrun --nproc-per-node 2 examples/torch_expert_parallel_moe.py 2>&1 | tee "$OUT/multigpu_examples.log"
+      python3 examples/jax_expert_parallel_moe.py 2>&1 | tee -a "$OUT/multigpu_examples.log"
+      python3 -m cupygemm multigpu --out "$OUT/multigpu_torch.json" 2>&1 | tee "$OUT/multigpu_bench.log"
+      python3 examples/jax_expert_parallel_moe.py --bench --out "$OUT/multigpu_jax.json" 2>&1 \
+        | tee -a "$OUT/multigpu_bench.log" ;;
     casts)  # the FP8 casts (fused transpose casts too) at DeepSeek-V3 training sizes, against a D2D copy
       python3 -m cupygemm cast-bench --json "$OUT/casts.json" 2>&1 | tee "$OUT/casts.log" ;;
     jax)  # cupygemm.jax in a lax.scan, with and without XLA command buffers; the FP8 MLP example

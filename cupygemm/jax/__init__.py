@@ -12,7 +12,9 @@ Import this module explicitly (``import cupygemm.jax``); ``import cupygemm`` nev
 - :func:`per_token_cast_to_fp8_transposed` (of ``x.T``, the weight gradients' operands) and
   :func:`per_block_cast_to_fp8_with_transpose` (W and W^T, the data gradients' B);
 - :func:`per_token_cast_to_fp8`, :func:`per_block_cast_to_fp8`: jittable FP8 casts returning
-  ``jnp.float8_e4m3fn`` values and float32 scales, bit-exact with :mod:`cupygemm.reference`.
+  ``jnp.float8_e4m3fn`` values and float32 scales, bit-exact with :mod:`cupygemm.reference`;
+- :func:`fp8_linear`, :func:`fp8_grouped_linear`: differentiable FP8 layers (``jax.custom_vjp``: forward, dgrad
+  and wgrad GEMMs in FP8 with the DeepSeek-V3 recipe), dense and MoE (:mod:`.layers`).
 
 Operands are JAX arrays (concrete or traced) with DeepGEMM's shapes: A ``float8_e4m3fn`` (or ``uint8`` e4m3 bits),
 row-major SFA ``[M, ceil(K/128)]`` float32 (per group for the masked kind), SFB ``[..., ceil(N/128), ceil(K/128)]``
@@ -56,7 +58,8 @@ loop of kernel launches); :mod:`.batching` says how a kind's descriptor picks it
 Results of a folded call can differ from separate calls in the last BF16 bit (another kernel config may split K
 differently); each is within the kernels' accuracy.
 
-``jax.grad`` (any differentiation) raises TypeError: these are raw kernels without a VJP.
+``jax.grad`` (any differentiation) of the GEMM functions raises TypeError: these are raw kernels without a VJP.
+Train through :func:`fp8_linear` and :func:`fp8_grouped_linear`, whose VJPs call them.
 
 ``shard_map``: the GEMMs and the casts trace inside it; their results vary along the mesh axes their operands
 vary along (:mod:`cupygemm.jax.vma`). Each device runs its own call on its own shard. Under plain ``jit`` over
@@ -95,6 +98,7 @@ from .casts import per_block_cast_to_fp8, per_block_cast_to_fp8_with_transpose, 
 from .casts import per_token_cast_to_fp8_transposed as _transposed
 from .casts import per_token_cast_to_fp8_transposed_rowwise as _transposed_rowwise
 from .frontend import public as _public
+from .layers import fp8_grouped_linear, fp8_linear
 
 
 def per_token_cast_to_fp8_transposed(x, *, rowwise: bool = False):
@@ -109,5 +113,6 @@ for _kind in KINDS:
     globals()[_kind.api] = _public(_kind)
 
 __all__ = ["TARGET", *(_kind.api for _kind in KINDS), "per_token_cast_to_fp8", "per_block_cast_to_fp8",
-           "per_token_cast_to_fp8_transposed", "per_block_cast_to_fp8_with_transpose"]
+           "per_token_cast_to_fp8_transposed", "per_block_cast_to_fp8_with_transpose", "fp8_linear",
+           "fp8_grouped_linear"]
 del _kind

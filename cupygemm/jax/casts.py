@@ -46,8 +46,11 @@ def _quantize_groups(x: jax.Array, amax: jax.Array) -> tuple[jax.Array, jax.Arra
     """(e4m3 values of x scaled by 448/amax, scales amax/448), x already grouped with amax broadcastable."""
     amax = jnp.maximum(amax, jnp.float32(_MIN_AMAX))
     # XLA rewrites a division by a broadcast constant into a multiplication by its rounded reciprocal, which is
-    # not amax / 448 in the last bit; a divisor it cannot see through keeps the IEEE division.
-    amax, divisor = lax.optimization_barrier((amax, jnp.full(amax.shape, _FP8_MAX, jnp.float32)))
+    # not amax / 448 in the last bit; a divisor it cannot see through keeps the IEEE division. The divisor is made
+    # from amax so that under vmap it is batched like amax: a constant would leave the barrier unbatched and be
+    # broadcast after it, which XLA rewrites again (A / broadcast(B) -> A * broadcast(1 / B)).
+    divisor = jnp.where(amax == amax, jnp.float32(_FP8_MAX), jnp.float32(_FP8_MAX))
+    amax, divisor = lax.optimization_barrier((amax, divisor))
     scale = amax / divisor
     factor = jnp.float32(_FP8_MAX) / amax
     y = jnp.clip(x * factor, jnp.float32(-_FP8_MAX), jnp.float32(_FP8_MAX))
