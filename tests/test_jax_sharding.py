@@ -86,7 +86,7 @@ _PRELUDE = textwrap.dedent("""
             out[:] = ref.wgrad_reference(_host(a, np.uint8, (m, k)), sa, _host(b, np.uint8, (n, k)), sb, out.copy())
 
     class Planner(HostPlanner):
-        def __call__(self, kind, m, n, k, g, expected_m, sides=False):
+        def __call__(self, kind, m, n, k, g, expected_m, sides=False, scale_rows=0):
             if kind in (WGRAD, KGROUPED):
                 return {{0: WgradPlan(kind, m, n, k, g)}}
             return super().__call__(kind, m, n, k, g, expected_m, sides)

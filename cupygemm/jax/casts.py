@@ -127,12 +127,35 @@ def cast(entry: str, jnp_impl: Callable, x: Any) -> tuple[jax.Array, jax.Array]:
     quantization._prepare(checks.view(x, "x"))  # trace-time checks, the eager path's
     if backend.current() is not backend.CUDA or 0 in x.shape:
         return jnp_impl(x)
+    return _partitioned(entry, jnp_impl)(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _partitioned(entry: str, jnp_impl: Callable) -> Callable:
+    """The cast by platform, with its partitioning rule (:mod:`.sharding`) and a ``vmap`` rule (custom partitioning
+    has none): a mapped 1x128 cast is one cast of the stacked rows (rows are independent), a mapped 128x128 cast one
+    cast per element (its blocks must not straddle two elements)."""
     from . import sharding  # jax.experimental, imported where it is used
 
     def run(x: jax.Array) -> tuple[jax.Array, jax.Array]:
         return lax.platform_dependent(x, cuda=functools.partial(ffi_cast, entry), default=jnp_impl)
-    rule = sharding.cast_rule(run, x, block_rows=entry == "per_block_cast_to_fp8")
-    return tuple(sharding.apply(rule, x))
+
+    def impl(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        rule = sharding.cast_rule(run, x, block_rows=entry == "per_block_cast_to_fp8")
+        return tuple(sharding.apply(rule, x))
+
+    op = jax.custom_batching.custom_vmap(impl)
+
+    @op.def_vmap
+    def rule(axis_size: int, in_batched: list[bool], x: jax.Array) -> tuple[tuple, tuple[bool, bool]]:
+        if not in_batched[0]:
+            return op(x), (False, False)
+        if entry == "per_token_cast_to_fp8":
+            v, m, n = x.shape
+            q, s = op(x.reshape(v * m, n))
+            return (q.reshape(v, m, n), s.reshape(v, m, s.shape[-1])), (True, True)
+        return lax.map(op, x), (True, True)
+    return op
 
 
 @jax.jit
