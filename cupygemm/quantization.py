@@ -29,6 +29,7 @@ gives ``per_block_cast_to_fp8(w.T)`` as well (dgrad's B operand). Each is bit-ex
 """
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, NamedTuple
 
@@ -194,6 +195,7 @@ class CastOutput(NamedTuple):
     buffer: tuple[int, int]
 
 
+@functools.lru_cache(maxsize=1024)  # per call on the hot path; a pure function of ints
 def fused_cast_outputs(entry: str, m: int, n: int, m_major_scales: bool = False) -> tuple[CastOutput, ...]:
     """The results of fused cast ``entry`` of an ``[m, n]`` input, in the order the cast returns them:
 
@@ -308,7 +310,7 @@ def per_block_cast_to_fp8(x: Any, *, with_transpose: bool = False, stream: Any =
     ``with_transpose=True`` returns ``(q, s, q_t, s_t)`` from one pass over ``x``: also ``q_t`` e4m3fn [n, m] and
     ``s_t = s.T`` (float32 [ceil(n/128), ceil(m/128)], C-contiguous), which equal ``per_block_cast_to_fp8(x.T)``
     bit for bit (a block's scale is the same for x and x.T): the FP8 W^T that the dgrad GEMM reads (a torch operator
-    for torch tensors; in ``cupygemm.jax`` the cast and XLA's transposes).
+    for torch tensors, an XLA custom call of the same kernel in ``cupygemm.jax``).
     """
     if with_transpose:
         return _route_fused(BLOCK_WITH_TRANSPOSE, "per_block_cast_to_fp8", x, stream, False)
@@ -329,8 +331,8 @@ def per_token_cast_to_fp8_transposed(x: Any, *, rowwise: bool = False, m_major_s
     ``(1, round_up(d, 4))``, 16-byte aligned), so a GEMM on ``(q_t, s_t)`` copies no scales; otherwise ``s_t`` is
     row-major. Results are made by the framework of ``x``, on the caller's stream (``stream=`` overrides it).
     ``x`` is bfloat16, float16 or float32 with unit inner stride and any row stride. torch tensors go through a
-    torch operator; JAX arrays through ``cupygemm.jax`` (XLA's transpose, then the per-token cast kernel: bit for bit
-    the same; JAX arrays have no strides, so ``m_major_scales=True`` is a TypeError there).
+    torch operator; JAX arrays through ``cupygemm.jax`` (the same kernel as an XLA custom call; JAX arrays have no
+    strides, so ``m_major_scales=True`` is a TypeError there).
     """
     return _route_fused(TRANSPOSED_ROWWISE if rowwise else TRANSPOSED, "per_token_cast_to_fp8_transposed", x, stream,
                         m_major_scales)

@@ -258,6 +258,9 @@ def cupy_view(v: View) -> "cupy.ndarray":
     return cupy.ndarray(v.shape, dtype, cupy.cuda.MemoryPointer(mem, 0), v.strides)
 
 
+_torch_empty_args: dict[tuple[np.dtype, int], dict[str, Any]] = {}  # (dtype, device) -> torch.empty's keywords
+
+
 def empty(framework: Framework, shape: tuple[int, ...], dtype: np.dtype, device: int,
           stream: int | None = None) -> Any:
     """A new uninitialized GPU array made by the caller's framework (torch for torch callers, else CuPy).
@@ -273,8 +276,12 @@ def empty(framework: Framework, shape: tuple[int, ...], dtype: np.dtype, device:
             return empty(framework, shape, dtype, device)
     if framework is Framework.TORCH:
         torch = sys.modules["torch"]
-        tdtype = {v: k for k, v in _torch_dtype_map(torch).items()}[dtype]
-        return torch.empty(shape, dtype=tdtype, device=torch.device("cuda", device))
+        args = _torch_empty_args.get((dtype, device))
+        if args is None:  # made once: a dict reversal and a torch.device per call cost more than the allocation
+            tdtype = {v: k for k, v in _torch_dtype_map(torch).items()}[dtype]
+            args = _torch_empty_args.setdefault((dtype, device), {"dtype": tdtype,
+                                                                  "device": torch.device("cuda", device)})
+        return torch.empty(shape, **args)
     cp = require_cupy()
     with cp.cuda.Device(device):
         return cp.empty(shape, dtype=U8 if dtype == FP8_E4M3 else dtype)

@@ -233,3 +233,37 @@ def test_torch_operators_of_the_fused_casts():
         assert g.shape == w.shape and g.stride() == w.stride()
         assert torch.equal(g.view(torch.uint8) if g.dtype == torch.float8_e4m3fn else g,
                            w.view(torch.uint8) if w.dtype == torch.float8_e4m3fn else w)
+
+
+@pytest.mark.parametrize("shape", [(4096, 7168), (1000, 2112), (77, 300)])
+def test_jax_fused_casts_are_the_eager_ones(shape):
+    """cupygemm.jax's transposed casts run the fused kernel as one custom call (one pass over x, no XLA transpose)
+    and give the eager fused casts' bits, under jit and under vmap (one call per element)."""
+    jax = pytest.importorskip("jax")
+    try:
+        jax.devices("gpu")
+    except RuntimeError:
+        pytest.skip("JAX has no GPU backend")
+    import jax.numpy as jnp
+
+    import cupygemm.jax as cj
+
+    x = randn_bf16(shape, seed=sum(shape))
+    jx = jnp.asarray(cp.asnumpy(x.view(cp.uint16))).view(jnp.bfloat16)
+    cases = [(cupygemm.per_token_cast_to_fp8_transposed(x, rowwise=True),
+              cj.per_token_cast_to_fp8_transposed, dict(rowwise=True)),
+             (cupygemm.per_token_cast_to_fp8_transposed(x), cj.per_token_cast_to_fp8_transposed, {}),
+             (cupygemm.per_block_cast_to_fp8(x, with_transpose=True), cj.per_block_cast_to_fp8_with_transpose, {})]
+    for want, fn, kw in cases:
+        got = jax.jit(lambda v: fn(v, **kw))(jx)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert np.array_equal(np.asarray(g).view(np.uint8).reshape(-1),
+                                  cp.asnumpy(cp.ascontiguousarray(w)).view(np.uint8).reshape(-1))
+        hlo = jax.jit(lambda v: fn(v, **kw)).lower(jx).compile().as_text()  # the CUDA branch only
+        assert "transpose(" not in hlo, "an XLA transpose beside the fused cast"
+    both = jnp.stack([jx, -jx])
+    q_t, s_t, q, s = jax.vmap(lambda v: cj.per_token_cast_to_fp8_transposed(v, rowwise=True))(both)
+    want = cupygemm.per_token_cast_to_fp8_transposed(x, rowwise=True)
+    assert np.array_equal(np.asarray(q_t[0]).view(np.uint8), cp.asnumpy(want[0]).view(np.uint8))
+    assert np.array_equal(np.asarray(s_t[1]), cp.asnumpy(want[1]))

@@ -18,7 +18,8 @@ W^T), ``cast_dy`` (dy and dy^T), ``fwd``, ``dgrad``, ``wgrad`` (GEMMs).
 Timing: torch steps and parts with CUDA events around each call on torch's stream, after an untimed 1 GiB memset that
 flushes L2; the median of ``--iters``. JAX steps: wall time of ``--iters`` jitted calls back to back (XLA queues
 them; the host is not the bound at these sizes) over the count, after a warm-up call. Checks: dx and dW of every
-step against the float64 product of the unquantized inputs (DeepGEMM's calc_diff; the FP8 ones within 2e-3).
+step against the float64 product of the unquantized inputs (DeepGEMM's calc_diff): cupygemm's within 2e-3 (the
+exit status), the peers' reported (``scaled_mm_check``).
 """
 from __future__ import annotations
 
@@ -196,11 +197,15 @@ def measure_pair(torch: Any, n: int, k: int, tokens: int, iters: int, timer: Any
     row["speedup_vs_scaled_mm"] = us["scaled_mm"] / us["cupygemm"]
     if with_jax:
         row["jax_speedup_vs_bf16"] = us["jax_bf16"] / us["jax_cupygemm"]
-    fp8 = [s for s in row["calc_diff"] if "bf16" not in s]
-    row["check"] = all(max(row["calc_diff"][s].values()) <= CALC_DIFF_LIMIT for s in fp8)
+    ours = [s for s in row["calc_diff"] if "cupygemm" in s]
+    row["check"] = all(max(row["calc_diff"][s].values()) <= CALC_DIFF_LIMIT for s in ours)
+    # The peer is timed as it is; where its results are off (cuBLASLt's block-scaled GEMM with a reduction that is
+    # not a multiple of 128, e.g. dgrad over N = 2112), its row says so and the comparison is with a wrong result.
+    row["scaled_mm_check"] = max(row["calc_diff"]["scaled_mm"].values()) <= CALC_DIFF_LIMIT
     log(f"{n}x{k}: " + ", ".join(f"{s} {v:.0f} us" for s, v in us.items()) +
         f"; x{row['speedup_vs_bf16']:.2f} vs BF16, x{row['speedup_vs_scaled_mm']:.2f} vs _scaled_mm; parts " +
-        ", ".join(f"{p} {v:.0f}" for p, v in row["parts_us"].items()) + ("" if row["check"] else "  CHECK FAILED"))
+        ", ".join(f"{p} {v:.0f}" for p, v in row["parts_us"].items()) + ("" if row["check"] else "  CHECK FAILED")
+        + ("" if row["scaled_mm_check"] else "  (_scaled_mm's result is off)"))
     return row
 
 

@@ -121,6 +121,107 @@ def ffi_cast(entry: str, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return vma.to_varying(q, axes), vma.to_varying(s, axes)
 
 
+def _fused_plan_cuda(entry: str, dtype: np.dtype, m: int, n: int) -> dict[int, Callable]:
+    """Per local GPU, the launch of fused cast ``entry`` (cuda_src/cast_transpose.cu), loaded now; the results come
+    in :func:`cupygemm.quantization.fused_cast_outputs`'s order, dense."""
+    names = [o.name for o in quantization.fused_cast_outputs(entry, m, n)]
+    launches = {}
+    try:
+        gpus = backend.local_gpus()
+    except RuntimeError:  # traced for CUDA where JAX has none (platform_dependent traces every branch)
+        gpus = []
+    for ordinal in gpus:
+        quantization.load_fused_cast(entry, dtype, ordinal)
+
+        def launch(stream: int, a: list[int], r: list[int], ordinal: int = ordinal) -> None:
+            p = dict(zip(names, r))
+            quantization.launch_fused_cast(entry, dtype, a[0], p["q_t"], p["s_t"], p.get("q", 0), p.get("s", 0), m,
+                                           n, n, stream, ordinal)
+
+        launches[ordinal] = launch
+    return launches
+
+
+def ffi_fused_cast(entry: str, x: jax.Array) -> tuple[jax.Array, ...]:
+    """A fused transpose cast as an XLA custom call of cupygemm's kernel: one pass over ``x``, bit for bit the
+    eager fused cast's results."""
+    m, n = x.shape
+    dtype = np.dtype(x.dtype)
+    key = (entry, str(dtype), m, n)
+    eid = _cast_entries.get(key)
+    outs = quantization.fused_cast_outputs(entry, m, n)
+    if eid is None:
+        handler = backend.handler(backend.CUDA)
+        eid = handler.add(xla_ffi.FfiEntry(f"{entry} {m}x{n} {dtype}", 1, len(outs),
+                                           _fused_plan_cuda(entry, dtype, m, n)))
+        _cast_entries[key] = eid
+    results = [jax.ShapeDtypeStruct(o.shape, jnp.float8_e4m3fn if o.dtype == quantization.FP8_E4M3 else jnp.float32)
+               for o in outs]
+    got = jax.ffi.ffi_call(backend.TARGET, results, vmap_method="sequential")(x, entry_id=np.int64(eid))
+    axes = vma.varying(x)
+    return tuple(vma.to_varying(r, axes) for r in got)
+
+
+def transposed_jnp(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``per_token_jnp(x.T)``."""
+    return per_token_jnp(jnp.swapaxes(x, 0, 1))
+
+
+def transposed_rowwise_jnp(x: jax.Array) -> tuple[jax.Array, ...]:
+    return (*per_token_jnp(jnp.swapaxes(x, 0, 1)), *per_token_jnp(x))
+
+
+def block_with_transpose_jnp(x: jax.Array) -> tuple[jax.Array, ...]:
+    """A 128x128 block's scale is the same for ``x`` and ``x.T``: the transposes of ``per_block_jnp(x)``."""
+    q, s = per_block_jnp(x)
+    return q, s, jnp.swapaxes(q, 0, 1), jnp.swapaxes(s, 0, 1)
+
+
+#: The fused casts' factor names per result (:mod:`.sharding`: "/" marks a dimension of 128-blocks).
+_FUSED_RESULTS = {
+    quantization.TRANSPOSED: (("k", "m"), ("k", "m/")),
+    quantization.TRANSPOSED_ROWWISE: (("k", "m"), ("k", "m/"), ("m", "k"), ("m", "k/")),
+    quantization.BLOCK_WITH_TRANSPOSE: (("m", "k"), ("m/", "k/"), ("k", "m"), ("k/", "m/")),
+}
+_FUSED_JNP = {quantization.TRANSPOSED: transposed_jnp, quantization.TRANSPOSED_ROWWISE: transposed_rowwise_jnp,
+              quantization.BLOCK_WITH_TRANSPOSE: block_with_transpose_jnp}
+
+
+def fused_cast(entry: str, x: Any) -> tuple[jax.Array, ...]:
+    """One fused cast: checked as the eager cast checks its input, then the CUDA kernel or ``jnp`` by platform,
+    with its partitioning rule and a ``vmap`` rule (one call per mapped element)."""
+    x = jnp.asarray(x) if not isinstance(x, jax.Array) else x
+    quantization._prepare(checks.view(x, "x"))
+    jnp_impl = _FUSED_JNP[entry]
+    if backend.current() is not backend.CUDA or 0 in x.shape:
+        return jnp_impl(x)
+    return _partitioned_fused(entry)(x)
+
+
+@functools.lru_cache(maxsize=None)
+def _partitioned_fused(entry: str) -> Callable:
+    from . import sharding  # jax.experimental, imported where it is used
+
+    jnp_impl = _FUSED_JNP[entry]
+
+    def run(x: jax.Array) -> tuple[jax.Array, ...]:
+        return lax.platform_dependent(x, cuda=functools.partial(ffi_fused_cast, entry), default=jnp_impl)
+
+    def impl(x: jax.Array) -> tuple[jax.Array, ...]:
+        rule = sharding.Rule(run, (("m", "k"),), _FUSED_RESULTS[entry], (tuple(x.shape),), ("m", "k"))
+        return tuple(sharding.apply(rule, x))
+
+    op = jax.custom_batching.custom_vmap(impl)
+
+    @op.def_vmap
+    def rule(axis_size: int, in_batched: list[bool], x: jax.Array) -> tuple[tuple, tuple[bool, ...]]:
+        count = len(_FUSED_RESULTS[entry])
+        if not in_batched[0]:
+            return op(x), (False,) * count
+        return lax.map(op, x), (True,) * count
+    return op
+
+
 def cast(entry: str, jnp_impl: Callable, x: Any) -> tuple[jax.Array, jax.Array]:
     """One cast: checked as the eager cast checks its input, then the CUDA kernel or ``jnp`` by platform."""
     x = jnp.asarray(x) if not isinstance(x, jax.Array) else x
@@ -187,19 +288,21 @@ for _f in (per_token_cast_to_fp8, per_block_cast_to_fp8):
 @jax.jit
 def per_token_cast_to_fp8_transposed(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``per_token_cast_to_fp8(x.T)``: the K-major FP8 copy of ``x.T`` (``x`` [T, d]) with 1x128 scales along T, the
-    weight-gradient GEMM's operand. XLA transposes, then the cast kernel runs (bit for bit the eager fused cast)."""
-    return per_token_cast_to_fp8(jnp.swapaxes(jnp.asarray(x), 0, 1))
+    weight-gradient GEMM's operand; on CUDA the fused transpose cast (one pass over ``x``, bit for bit the eager
+    one's results)."""
+    return fused_cast(quantization.TRANSPOSED, x)
 
 
 @jax.jit
 def per_token_cast_to_fp8_transposed_rowwise(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """``(*per_token_cast_to_fp8(x.T), *per_token_cast_to_fp8(x))``: both layouts a linear layer's step needs."""
-    return (*per_token_cast_to_fp8_transposed(x), *per_token_cast_to_fp8(x))
+    """``(*per_token_cast_to_fp8(x.T), *per_token_cast_to_fp8(x))``: both layouts a linear layer's step needs, from one
+    pass over ``x`` on CUDA."""
+    return fused_cast(quantization.TRANSPOSED_ROWWISE, x)
 
 
 @jax.jit
 def per_block_cast_to_fp8_with_transpose(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """``(q, s, q.T, s.T)`` of ``per_block_cast_to_fp8(x)``: a 128x128 block's scale is the same for ``x`` and
-    ``x.T``, so these equal ``per_block_cast_to_fp8(x.T)`` bit for bit (the dgrad GEMM's W^T)."""
-    q, s = per_block_cast_to_fp8(x)
-    return q, s, jnp.swapaxes(q, 0, 1), jnp.swapaxes(s, 0, 1)
+    """``(q, s, q_t, s_t)``: ``per_block_cast_to_fp8(x)`` and ``per_block_cast_to_fp8(x.T)`` (a 128x128 block's
+    scale is the same for ``x`` and ``x.T``, so ``s_t = s.T``), from one pass over ``x`` on CUDA: the dgrad GEMM's
+    W^T."""
+    return fused_cast(quantization.BLOCK_WITH_TRANSPOSE, x)

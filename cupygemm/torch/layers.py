@@ -139,7 +139,7 @@ class _FP8LinearFunction(torch.autograd.Function):
         tokens, k, n = layer_shapes.linear_dims(x.shape, weight.shape)
         rows = layer_shapes.padded_tokens(tokens)
         need_dx, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        x2d = _rows(x.reshape(tokens, k), rows)
+        x2d = _rows(x if x.dim() == 2 else x.reshape(tokens, k), rows)
         xq_t, xs_t, xq, xs = _cast_tokens(x2d, True, need_dw and not recompute)
         w = weight if weight.is_contiguous() else weight.contiguous()
         if need_dx and not recompute:
@@ -154,7 +154,8 @@ class _FP8LinearFunction(torch.autograd.Function):
             ctx.save_for_backward(x2d if need_dw else None, weight)
         else:
             ctx.save_for_backward(xq_t, xs_t, wq_t, ws_t, weight if accumulate else None)
-        return y[:tokens].reshape(*x.shape[:-1], n)
+        y = y if rows == tokens else y[:tokens]
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], n)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -171,10 +172,13 @@ class _FP8LinearFunction(torch.autograd.Function):
                 _, _, wq_t, ws_t = _ops.per_block_cast_to_fp8_with_transpose.default(w)
         else:
             xq_t, xs_t, wq_t, ws_t, weight = ctx.saved_tensors
-        dyq_t, dys_t, dyq, dys = _cast_tokens(_rows(dy.reshape(tokens, n), rows), need_dx, need_dw)
+        dyq_t, dys_t, dyq, dys = _cast_tokens(_rows(dy if dy.dim() == 2 else dy.reshape(tokens, n), rows), need_dx,
+                                              need_dw)
         dx = dw = None
         if need_dx:
-            dx = _ops.gemm_fp8_fp8_bf16_nt.default(dyq, dys, wq_t, ws_t)[:tokens].reshape(ctx.x_shape)
+            dx = _ops.gemm_fp8_fp8_bf16_nt.default(dyq, dys, wq_t, ws_t)
+            dx = dx if rows == tokens else dx[:tokens]
+            dx = dx if len(ctx.x_shape) == 2 else dx.reshape(ctx.x_shape)
             dx = dx if ctx.x_dtype == torch.bfloat16 else dx.to(ctx.x_dtype)
         if need_dw:
             def run(out: torch.Tensor) -> None:
