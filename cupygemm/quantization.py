@@ -195,7 +195,6 @@ class CastOutput(NamedTuple):
     buffer: tuple[int, int]
 
 
-@functools.lru_cache(maxsize=1024)  # per call on the hot path; a pure function of ints
 def fused_cast_outputs(entry: str, m: int, n: int, m_major_scales: bool = False) -> tuple[CastOutput, ...]:
     """The results of fused cast ``entry`` of an ``[m, n]`` input, in the order the cast returns them:
 
@@ -219,6 +218,10 @@ def fused_cast_outputs(entry: str, m: int, n: int, m_major_scales: bool = False)
     if entry == TRANSPOSED:
         return q_t, s_t
     return q_t, s_t, CastOutput("q", (m, n), FP8_E4M3, (m, n)), CastOutput("s", (m, nb), F32, (m, nb))
+
+
+#: :func:`fused_cast_outputs` memoized for the call path (ints only: torch's fake implementations pass SymInts).
+_fused_outputs = functools.lru_cache(maxsize=1024)(fused_cast_outputs)
 
 
 def fused_cast_threads(dtype: Any) -> int:
@@ -282,7 +285,7 @@ def _make_output(framework: Framework, out: CastOutput, device: int, alloc_strea
 
 def _run_fused(entry: str, v: View, m: int, n: int, ld: int, stream: int, framework: Framework,
                m_major_scales: bool, alloc_stream: int | None = None) -> tuple[Any, ...]:
-    outs = fused_cast_outputs(entry, m, n, m_major_scales)
+    outs = _fused_outputs(entry, m, n, m_major_scales)
     arrays = tuple(_make_output(framework, o, v.device, alloc_stream) for o in outs)
     ptrs = {o.name: _ptr(a) for o, a in zip(outs, arrays)}
     launch_fused_cast(entry, v.dtype, v.ptr, ptrs["q_t"], ptrs["s_t"], ptrs.get("q", 0), ptrs.get("s", 0), m, n, ld,

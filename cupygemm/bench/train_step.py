@@ -1,9 +1,12 @@
 """``cupygemm train-step``: forward + backward of one linear layer ``y = x @ W^T`` at DeepSeek-V3's six dense (N, K)
 pairs and ``--tokens`` T (4096), all casts included, against the same step in BF16 and through ``torch._scaled_mm``.
 
-A step takes x [T, K], W [N, K] and dy [T, N] (BF16) and returns y, dx and dW. Steps, each timed in the same run:
+A step takes x [T, K] and dy [T, N] (BF16) and W [N, K] (``--weights``: an FP32 master weight by default, whose
+gradient accumulates in ``W.grad`` over micro-batches) and makes y, dx and W's gradient. Steps, each timed in the
+same run:
 
-* ``bf16``: ``torch.mm`` for the forward, dgrad and wgrad (autograd of ``x @ W.T``);
+* ``bf16``: ``torch.mm`` for the forward, dgrad and wgrad (autograd of ``x @ W.bfloat16().T``: W's BF16 copy, and
+  dW converted and added into ``W.grad``);
 * ``cupygemm``: :func:`cupygemm.torch.fp8_linear` (autograd): the fused transpose casts of x, W and dy, then the
   forward, dgrad (NT kernel on W's FP8 transpose) and wgrad (1x128 x 1x128, FP32) GEMMs;
 * ``scaled_mm``: the same casts (cupygemm's, so that the GEMMs are what differs), with cuBLASLt's block-scaled FP8
@@ -15,9 +18,13 @@ A step takes x [T, K], W [N, K] and dy [T, N] (BF16) and returns y, dx and dW. S
 Where the time goes: cupygemm's parts timed alone in the same run: ``cast_x`` (x and x^T, one pass), ``cast_w`` (W and
 W^T), ``cast_dy`` (dy and dy^T), ``fwd``, ``dgrad``, ``wgrad`` (GEMMs).
 
-Timing: torch steps and parts with CUDA events around each call on torch's stream, after an untimed 1 GiB memset that
-flushes L2; the median of ``--iters``. JAX steps: wall time of ``--iters`` jitted calls back to back (XLA queues
-them; the host is not the bound at these sizes) over the count, after a warm-up call. Checks: dx and dW of every
+Timing: the torch steps are captured in a CUDA graph each and the replays timed with CUDA events, after an untimed
+1 GiB memset that flushes L2 (the GPU's time, whatever the host costs); the median of ``--iters``. The parts: the
+same events around each eager call. ``eager_us``: wall time per eager step over ``--iters`` steps back to back (no
+flush): where it exceeds ``us``, the host is the bound (torch's autograd and each call's Python). JAX steps: wall
+time of ``--iters`` jitted calls back to back over the count, after a warm-up call, with XLA's command buffers on
+(``XLA_FLAGS`` as the README says, set here unless the environment sets it), so that the custom calls replay
+inside CUDA graphs. Checks: dx and dW of every
 step against the float64 product of the unquantized inputs (DeepGEMM's calc_diff): cupygemm's within 2e-3 (the
 exit status), the peers' reported (``scaled_mm_check``).
 """
@@ -37,6 +44,8 @@ from .options import help_text
 CALC_DIFF_LIMIT = 2e-3
 STEPS = ("bf16", "cupygemm", "scaled_mm")
 PARTS = ("cast_x", "cast_w", "cast_dy", "fwd", "dgrad", "wgrad")
+#: XLA's command buffers for custom calls (the README's JAX section): replays without the Python handler.
+JAX_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
 
 
 def _calc_diff(torch: Any, got: Any, want: Any) -> float:
@@ -55,23 +64,34 @@ def _m_major(s: Any) -> Any:
     return s.t().contiguous().t()
 
 
-def torch_steps(torch: Any, x: Any, w: Any, dy: Any) -> tuple[dict[str, Callable[[], tuple]], str]:
-    """The steps (each returns (y, dx, dW)) and how ``scaled_mm`` computes its wgrad."""
+def torch_steps(torch: Any, x: Any, w: Any, dy: Any) -> tuple[dict[str, Callable[[], tuple]], Callable[[], None], str]:
+    """The steps (each returns (y, dx, W's gradient: ``w.grad`` after the step)), a reset (``w.grad = None``) and how
+    ``scaled_mm`` computes its wgrad.
+
+    ``w`` is the weight as training keeps it: an FP32 master weight (the default of ``--weights``), whose gradient
+    accumulates in ``w.grad`` over micro-batches, or BF16. BF16 step: ``x @ w.bfloat16().T`` under autograd (the
+    weight's BF16 copy, dW in BF16, converted and added into the FP32 ``w.grad``: autograd's own way); cupygemm's:
+    :func:`cupygemm.torch.fp8_linear` (dW added into ``w.grad`` by the wgrad kernel); the peer's: the same casts,
+    ``_scaled_mm`` and its dW added into ``w.grad``."""
     import cupygemm
     import cupygemm.torch as ct
 
     xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
-    fp8 = torch.float8_e4m3fn
+    master = w.dtype == torch.float32
+
+    def backward(y: Any) -> tuple:
+        xg.grad = None
+        torch.autograd.backward(y, dy, inputs=[xg, wg])
+        return y, xg.grad, wg.grad
 
     def bf16():
-        y = xg @ wg.t()
-        dx, dw = torch.autograd.grad(y, (xg, wg), dy)
-        return y, dx, dw
+        return backward(xg @ (wg.bfloat16() if master else wg).t())
 
     def ours():
-        y = ct.fp8_linear(xg, wg)
-        dx, dw = torch.autograd.grad(y, (xg, wg), dy)
-        return y, dx, dw
+        return backward(ct.fp8_linear(xg, wg))
+
+    def reset():
+        wg.grad = None
 
     def peer_parts():
         xqt, xst, xq, xs = cupygemm.per_token_cast_to_fp8_transposed(x, rowwise=True)
@@ -108,9 +128,13 @@ def torch_steps(torch: Any, x: Any, w: Any, dy: Any) -> tuple[dict[str, Callable
     def scaled():
         y, dx, ops = peer_parts()
         dw = wgrad_scaled(ops) if wgrad_scaled is not None else dy.t() @ x
-        return y, dx, dw
+        if wg.grad is None:
+            wg.grad = dw.to(w.dtype)
+        else:
+            wg.grad.add_(dw)
+        return y, dx, wg.grad
 
-    return {"bf16": bf16, "cupygemm": ours, "scaled_mm": scaled}, mode
+    return {"bf16": bf16, "cupygemm": ours, "scaled_mm": scaled}, reset, mode
 
 
 def torch_parts(torch: Any, x: Any, w: Any, dy: Any) -> dict[str, Callable[[], Any]]:
@@ -147,7 +171,7 @@ def jax_steps(x: Any, w: Any, dy: Any) -> dict[str, Callable[[], Any]]:
             return (y,) + vjp(dy)
         return jax.jit(run)
 
-    bf16, ours = step(lambda x, w: jnp.dot(x, w.T)), step(cj.fp8_linear)
+    bf16, ours = step(lambda x, w: jnp.dot(x, w.astype(jnp.bfloat16).T)), step(cj.fp8_linear)
     return {"jax_bf16": lambda: bf16(x, w, dy), "jax_cupygemm": lambda: ours(x, w, dy)}
 
 
@@ -161,23 +185,52 @@ def _time_jax(call: Callable[[], Any], iters: int) -> float:
     return (time.perf_counter() - start) / iters * 1e6
 
 
+def _graphed(torch: Any, call: Callable[[], Any]) -> Callable[[], None]:
+    """The step captured in a CUDA graph (warmed up on a side stream first, as torch's capture wants): its replay
+    times the GPU's work alone, whatever the host costs."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay
+
+
+def _eager_us(torch: Any, call: Callable[[], Any], iters: int) -> float:
+    """Microseconds per eager step, back to back with no flush: the host's cost where it exceeds the GPU's."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(iters):
+        call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / iters * 1e6
+
+
 def measure_pair(torch: Any, n: int, k: int, tokens: int, iters: int, timer: Any, with_jax: bool,
-                 log: Callable[[str], None]) -> dict[str, Any]:
+                 log: Callable[[str], None], weights: str = "float32") -> dict[str, Any]:
     """One (N, K) pair's row: step times, part times, checks."""
     from .metrics import summarize_times
 
     gen = torch.Generator(device="cuda").manual_seed(n * 7 + k)
     x = torch.randn((tokens, k), device="cuda", generator=gen).bfloat16()
-    w = (torch.randn((n, k), device="cuda", generator=gen) / k ** 0.5).bfloat16()
+    w = (torch.randn((n, k), device="cuda", generator=gen) / k ** 0.5).bfloat16().to(getattr(torch, weights))
     dy = torch.randn((tokens, n), device="cuda", generator=gen).bfloat16()
-    want_dx = dy.double() @ w.double()
+    want_dx = dy.double() @ w.double()  # W holds BF16 values in either dtype: the BF16 step computes the same
     want_dw = dy.double().t() @ x.double()
-    steps, wgrad_mode = torch_steps(torch, x, w, dy)
-    row: dict[str, Any] = {"n": n, "k": k, "tokens": tokens, "us": {}, "calc_diff": {}, "scaled_mm_wgrad": wgrad_mode}
+    steps, reset, wgrad_mode = torch_steps(torch, x, w, dy)
+    row: dict[str, Any] = {"n": n, "k": k, "tokens": tokens, "weights": str(w.dtype).replace("torch.", ""),
+                           "us": {}, "calc_diff": {}, "scaled_mm_wgrad": wgrad_mode}
+    row["eager_us"] = {}
     for name, call in steps.items():
+        reset()  # the check reads one step's gradient; the timed steps then accumulate, as micro-batches do
         _, dx, dw = call()
         row["calc_diff"][name] = {"dx": _calc_diff(torch, dx, want_dx), "dw": _calc_diff(torch, dw, want_dw)}
-        row["us"][name] = summarize_times(timer.time_events(call, iters))["us"]
+        row["us"][name] = summarize_times(timer.time_events(_graphed(torch, call), iters))["us"]
+        row["eager_us"][name] = _eager_us(torch, call, iters)
     parts = torch_parts(torch, x, w, dy)
     row["parts_us"] = {}
     for name, call in parts.items():
@@ -186,7 +239,8 @@ def measure_pair(torch: Any, n: int, k: int, tokens: int, iters: int, timer: Any
     if with_jax:
         import jax.numpy as jnp
 
-        jx, jw, jdy = (jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16) for t in (x, w, dy))
+        jx, jdy = (jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16) for t in (x, dy))
+        jw = jnp.asarray(w.float().cpu().numpy()).astype(jnp.dtype(weights))
         for name, call in jax_steps(jx, jw, jdy).items():
             _, dx, dw = call()
             row["calc_diff"][name] = {"dx": _calc_diff(torch, torch.from_dlpack(dx).float(), want_dx),
@@ -223,13 +277,15 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     steps = list(rows[0]["us"])
+    eager = [s for s in ("bf16", "cupygemm") if "eager_us" in rows[0]]
     head = "| N x K | " + " | ".join(f"{s} us" for s in steps) + " | vs BF16 | vs _scaled_mm | " + \
-        " | ".join(PARTS) + " |"
+        " | ".join(PARTS) + "".join(f" | {s} eager us" for s in eager) + " |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(f"| {r['n']} x {r['k']} | " + " | ".join(f"{r['us'][s]:.0f}" for s in steps) +
                      f" | {r['speedup_vs_bf16']:.2f}x | {r['speedup_vs_scaled_mm']:.2f}x | " +
-                     " | ".join(f"{r['parts_us'][p]:.0f}" for p in PARTS) + " |")
+                     " | ".join(f"{r['parts_us'][p]:.0f}" for p in PARTS) +
+                     "".join(f" | {r['eager_us'][s]:.0f}" for s in eager) + " |")
     s = summary(rows)
     lines += ["", f"geomean: {s['speedup_vs_bf16_geomean']:.2f}x BF16 (min {s['speedup_vs_bf16_min']:.2f}x), "
                   f"{s['speedup_vs_scaled_mm_geomean']:.2f}x _scaled_mm (min {s['speedup_vs_scaled_mm_min']:.2f}x)"
@@ -251,12 +307,13 @@ def run(args: argparse.Namespace) -> int:
     from .overhead import environment
     from .timing import Timer
 
-    if args.jax:  # JAX shares the GPU with torch here: no 75 % preallocation
+    if args.jax:  # JAX shares the GPU with torch here: no 75 % preallocation; custom calls inside CUDA graphs
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        os.environ.setdefault("XLA_FLAGS", JAX_COMMAND_BUFFERS)
     pairs = tuple(tuple(p) for p in args.nk) if args.nk else NORMAL_NK
     timer = Timer()
     rows = [measure_pair(torch, n, k, args.tokens, args.iters, timer, args.jax,
-                         log=lambda s: print(s, file=sys.stderr)) for n, k in pairs]
+                         log=lambda s: print(s, file=sys.stderr), weights=args.weights) for n, k in pairs]
     print(markdown(rows))
     ok = all(r["check"] for r in rows)
     if args.json:
@@ -278,6 +335,10 @@ def add_parser(sub: Any) -> None:
     sp.add_argument("--nk", type=_nk_arg, default=None, metavar="NxK[,NxK...]",
                     help="the (N, K) pairs (default: DeepSeek-V3's six dense projections)")
     sp.add_argument("--iters", type=int, default=30, help="timed steps per row (default 30)")
-    sp.add_argument("--jax", action="store_true", help="also time the JAX steps (jnp.dot BF16, cupygemm.jax.fp8_linear)")
+    sp.add_argument("--weights", choices=("float32", "bfloat16"), default="float32",
+                    help="the weight as training keeps it (default float32: a master weight whose gradient "
+                         "accumulates in w.grad)")
+    sp.add_argument("--jax", action="store_true",
+                    help="also time the JAX steps (jnp.dot BF16, cupygemm.jax.fp8_linear)")
     sp.add_argument("--json", metavar="FILE", help="write the rows, the summary and the environment as JSON")
     sp.set_defaults(func=run)
