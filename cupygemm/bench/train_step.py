@@ -18,13 +18,12 @@ same run:
 Where the time goes: cupygemm's parts timed alone in the same run: ``cast_x`` (x and x^T, one pass), ``cast_w`` (W and
 W^T), ``cast_dy`` (dy and dy^T), ``fwd``, ``dgrad``, ``wgrad`` (GEMMs).
 
-Timing: the torch steps are captured in a CUDA graph each and the replays timed with CUDA events, after an untimed
-1 GiB memset that flushes L2 (the GPU's time, whatever the host costs); the median of ``--iters``. The parts: the
-same events around each eager call. ``eager_us``: wall time per eager step over ``--iters`` steps back to back (no
-flush): where it exceeds ``us``, the host is the bound (torch's autograd and each call's Python). JAX steps: wall
-time of ``--iters`` jitted calls back to back over the count, after a warm-up call, with XLA's command buffers on
-(``XLA_FLAGS`` as the README says, set here unless the environment sets it), so that the custom calls replay
-inside CUDA graphs. Checks: dx and dW of every
+Timing: ``us`` is each step's GPU time, the sum of the durations of every kernel it launches (CUPTI, as ``cupygemm
+bench``; CUDA events around the step where CUPTI is missing), after an untimed 1 GiB memset that flushes L2; the
+median of ``--iters``. The parts: CUDA events around each eager call. ``eager_us``: wall time per step over
+``--iters`` steps back to back (no flush): where it exceeds ``us``, the host is the bound (torch's autograd and each
+call's Python; JAX's dispatch). JAX runs with XLA's command buffers on (``XLA_FLAGS`` as the README says, set here
+unless the environment sets it), so that the custom calls replay inside CUDA graphs. Checks: dx and dW of every
 step against the float64 product of the unquantized inputs (DeepGEMM's calc_diff): cupygemm's within 2e-3 (the
 exit status), the peers' reported (``scaled_mm_check``).
 """
@@ -185,19 +184,20 @@ def _time_jax(call: Callable[[], Any], iters: int) -> float:
     return (time.perf_counter() - start) / iters * 1e6
 
 
-def _graphed(torch: Any, call: Callable[[], Any]) -> Callable[[], None]:
-    """The step captured in a CUDA graph (warmed up on a side stream first, as torch's capture wants): its replay
-    times the GPU's work alone, whatever the host costs."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    return graph.replay
+def _gpu_us(timer: Any, kernel_timer: Any, call: Callable[[], Any], iters: int) -> float:
+    """The median GPU time of a step: the sum of its kernels' durations from CUPTI (whatever the host costs between
+    them; the kernels of every stream, XLA's too), each step after an untimed L2 flush; CUDA events around the step
+    where CUPTI is missing (then the host's gaps count too)."""
+    import cupy
+
+    from .metrics import summarize_times
+
+    if kernel_timer is None:
+        return summarize_times(timer.time_events(call, iters))["us"]
+    call()
+    cupy.cuda.runtime.deviceSynchronize()
+    times = kernel_timer.time(call, iters, before=timer.flush, sync=cupy.cuda.runtime.deviceSynchronize)
+    return summarize_times(times)["us"]
 
 
 def _eager_us(torch: Any, call: Callable[[], Any], iters: int) -> float:
@@ -211,7 +211,7 @@ def _eager_us(torch: Any, call: Callable[[], Any], iters: int) -> float:
 
 
 def measure_pair(torch: Any, n: int, k: int, tokens: int, iters: int, timer: Any, with_jax: bool,
-                 log: Callable[[str], None], weights: str = "float32") -> dict[str, Any]:
+                 log: Callable[[str], None], weights: str = "float32", kernel_timer: Any = None) -> dict[str, Any]:
     """One (N, K) pair's row: step times, part times, checks."""
     from .metrics import summarize_times
 
@@ -229,7 +229,7 @@ def measure_pair(torch: Any, n: int, k: int, tokens: int, iters: int, timer: Any
         reset()  # the check reads one step's gradient; the timed steps then accumulate, as micro-batches do
         _, dx, dw = call()
         row["calc_diff"][name] = {"dx": _calc_diff(torch, dx, want_dx), "dw": _calc_diff(torch, dw, want_dw)}
-        row["us"][name] = summarize_times(timer.time_events(_graphed(torch, call), iters))["us"]
+        row["us"][name] = _gpu_us(timer, kernel_timer, call, iters)
         row["eager_us"][name] = _eager_us(torch, call, iters)
     parts = torch_parts(torch, x, w, dy)
     row["parts_us"] = {}
@@ -245,7 +245,8 @@ def measure_pair(torch: Any, n: int, k: int, tokens: int, iters: int, timer: Any
             _, dx, dw = call()
             row["calc_diff"][name] = {"dx": _calc_diff(torch, torch.from_dlpack(dx).float(), want_dx),
                                       "dw": _calc_diff(torch, torch.from_dlpack(dw).float(), want_dw)}
-            row["us"][name] = _time_jax(call, iters)
+            row["us"][name] = _gpu_us(timer, kernel_timer, call, iters)
+            row["eager_us"][name] = _time_jax(call, iters)
     us = row["us"]
     row["speedup_vs_bf16"] = us["bf16"] / us["cupygemm"]
     row["speedup_vs_scaled_mm"] = us["scaled_mm"] / us["cupygemm"]
@@ -305,21 +306,26 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     from .overhead import environment
-    from .timing import Timer
+    from .timing import Timer, open_cupti_timer
 
     if args.jax:  # JAX shares the GPU with torch here: no 75 % preallocation; custom calls inside CUDA graphs
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         os.environ.setdefault("XLA_FLAGS", JAX_COMMAND_BUFFERS)
     pairs = tuple(tuple(p) for p in args.nk) if args.nk else NORMAL_NK
     timer = Timer()
+    kernel_timer, why = open_cupti_timer()
+    if kernel_timer is None:
+        print(f"cupygemm train-step: no CUPTI ({why}): CUDA events around each step instead", file=sys.stderr)
     rows = [measure_pair(torch, n, k, args.tokens, args.iters, timer, args.jax,
-                         log=lambda s: print(s, file=sys.stderr), weights=args.weights) for n, k in pairs]
+                         log=lambda s: print(s, file=sys.stderr), weights=args.weights, kernel_timer=kernel_timer)
+            for n, k in pairs]
     print(markdown(rows))
     ok = all(r["check"] for r in rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(["cupygemm train-step"] + sys.argv[2:]), "tokens": args.tokens,
                        "iters": args.iters, "timing": __doc__.split("Timing: ", 1)[1].split("\n\n")[0],
+                       "gpu_timer": "cupti" if kernel_timer is not None else f"events ({why})",
                        "environment": environment(), "summary": summary(rows), "all_checks_pass": ok, "rows": rows},
                       f, indent=1)
     return 0 if ok else 1
