@@ -398,6 +398,31 @@ def test_make_jaxpr_of_the_gradients_launches_nothing(planner):
                                                            "wgrad"]
 
 
+def test_make_jaxpr_with_the_default_backend_needs_no_gpu():
+    """With the real (CUDA) backend and no GPU in JAX, the layers' gradients still trace: each GEMM gets a trace-only
+    plan (no kernel is compiled or loaded); running the program is what needs the GPU."""
+    from cupygemm.jax import backend
+
+    try:
+        jax.devices("gpu")
+        pytest.skip("JAX has a GPU here: the plans are real ones (tests/test_layers_jax_gpu.py)")
+    except RuntimeError:
+        pass
+    assert backend.current() is backend.CUDA
+    x, w = jnp.zeros((37, 256), jnp.bfloat16), jnp.zeros((128, 256), jnp.float32)
+    jd = jax.make_jaxpr(jax.grad(_loss(cj.fp8_linear), argnums=(0, 1)))(x, w, jnp.zeros((37, 128)))
+    jg = jax.make_jaxpr(jax.grad(_loss(cj.fp8_grouped_linear), argnums=(0, 1)))(
+        x, jnp.zeros((2, 128, 256), jnp.float32), jnp.zeros((37, 128)), jnp.zeros(2, jnp.int32))
+    for jaxpr, dw in ((jd, "f32[128,256]"), (jg, "f32[2,128,256]")):
+        results = [line.split("=")[0].split(":")[-1].strip() for line in str(jaxpr).splitlines()
+                   if "ffi_call[" in line]
+        # the three GEMMs (forward y, dgrad dx, wgrad dW; 37 tokens padded to 48) among the casts' calls
+        assert [r for r in results if r.startswith("bf16") or r == dw] == ["bf16[48,128]", "bf16[48,256]", dw]
+    assert backend.CUDA.entries, "no GEMM was planned"
+    with pytest.raises(backend.CupygemmDeviceError, match="needs JAX with a CUDA GPU backend"):
+        backend.TraceOnlyPlan("no GPU").launch(0)
+
+
 def test_bad_input_is_refused_at_trace_time(planner):
     x, w = jnp.zeros((16, 256), jnp.bfloat16), jnp.zeros((128, 256), jnp.float32)
     with pytest.raises(ValueError, match="save: expected one of"):

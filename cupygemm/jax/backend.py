@@ -48,15 +48,34 @@ def local_gpus() -> list[int]:
     return ordinals
 
 
+#: The "ordinal" of a trace-only plan: no XLA device has it, so no launch is ever looked up for it.
+TRACE_ONLY = -1
+
+
+class TraceOnlyPlan:
+    """The plan of a GEMM traced where JAX has no GPU backend (``jax.make_jaxpr`` of a model on a CPU machine): the
+    traced program is complete (the scales' padding from the kind's check, no scratch), but nothing can run it."""
+
+    sfa_m_pad = sfb_m_pad = None
+    scratch_floats = scratch_counters = 0
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def launch(self, *args: Any, **kwargs: Any) -> None:
+        raise CupygemmDeviceError(f"cupygemm.jax needs JAX with a CUDA GPU backend (e.g. pip install "
+                                  f"'jax[cuda12]'): this GEMM was traced without one ({self.why})")
+
+
 def plan_cuda(kind: Any, m: int, n: int, k: int, num_groups: int, static: int | None,
               sides: bool = False, scale_rows: int = 0) -> dict[int, Any]:
     """The CUDA backend's planner: :func:`cupygemm.plan.plan_gemm` on every local GPU (compiling and loading the
-    kernel there now, at trace time). ``scale_rows``: the flat k-grouped kind's stacked scale rows."""
+    kernel there now, at trace time). ``scale_rows``: the flat k-grouped kind's stacked scale rows. Where JAX has no
+    GPU backend, one :class:`TraceOnlyPlan`: tracing works, running does not."""
     try:
         gpus = local_gpus()
-    except RuntimeError as e:
-        raise CupygemmDeviceError(
-            f"cupygemm.jax needs JAX with a CUDA GPU backend (e.g. pip install 'jax[cuda12]'): {e}") from e
+    except RuntimeError as e:  # no GPU backend: the program can be traced (make_jaxpr), not run
+        return {TRACE_ONLY: TraceOnlyPlan(str(e))}
     import cupy
 
     from ..plan import plan_gemm
