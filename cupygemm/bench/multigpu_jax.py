@@ -17,6 +17,7 @@ shardings those of :mod:`cupygemm.jax.sharding`'s rules.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from typing import Any, Callable
 
@@ -216,5 +217,7 @@ def bench(devices: list, tokens_per_device: int = 4096, hidden: int = 7168, inte
                                    ffn)
             rows.append({"layer": "tp_mlp", "scaling": scaling, "devices": n, "tokens": args[0].shape[0],
                          "ms": time_ms(f, args, repeats)})
-    return {"devices": [str(d) for d in devices], "tokens_per_device": tokens_per_device, "hidden": hidden,
-            "inter": inter, "experts_per_device": experts_per_device, "topk": topk, "ffn": ffn, "rows": rows}
+    return {"device": getattr(devices[0], "device_kind", str(devices[0])), "devices": [str(d) for d in devices],
+            "command": " ".join(sys.argv), "timing": "ms per call of the jitted layer (each call waited for), median of the repeats",
+            "tokens_per_device": tokens_per_device, "hidden": hidden, "inter": inter,
+            "experts_per_device": experts_per_device, "topk": topk, "ffn": ffn, "rows": rows}
