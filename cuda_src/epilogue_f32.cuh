@@ -3,7 +3,8 @@
 // swizzled as the D map says, so the 8-byte stores of a warp hit every bank twice: two wavefronts, the minimum),
 // and each slab is added into L2 with one cp.reduce.async.bulk.tensor. The reductions overlap the next tile's K
 // loop; elements past M or N are not written (the map's extents), nor the rows' padding up to ld_d. Every element
-// gets one add per launch, so results are repeatable bit for bit.
+// gets one add per launch, so results are repeatable bit for bit. With T::kStore the slabs are stored instead (D =
+// A B^T, the same sums), by the same bulk-group TMA path.
 //
 // With fewer staged slabs than the tile has (kStagedSlabs < kNumSlabs), the tile goes out in rounds through the
 // same buffer, each round waiting for the previous one's reads: less shared memory, more stages.
@@ -62,8 +63,12 @@ template <class T> struct EpilogueF32 {
         for (uint32_t i = 0; i < T::kStagedSlabs; ++i) {
           const uint32_t slab = slab0 + i;
           if (slab >= T::kNumSlabs) break;
-          tma_reduce_add_3d(&tmap_d, th.smem_d + i * T::kSlabBytes, n0 + static_cast<int>(slab * T::kSlabCols), row0,
-                            group);
+          const int col = n0 + static_cast<int>(slab * T::kSlabCols);
+          if constexpr (T::kStore) {
+            tma_store_3d(&tmap_d, th.smem_d + i * T::kSlabBytes, col, row0, group);
+          } else {
+            tma_reduce_add_3d(&tmap_d, th.smem_d + i * T::kSlabBytes, col, row0, group);
+          }
         }
         tma_store_commit();
       }

@@ -1,5 +1,6 @@
 // FP8 (e4m3) weight-gradient GEMMs with 1D1D scaling on Hopper: D[m, n] += sum_k A[m, k] B[n, k] sa[m, k/128]
-// sb[n, k/128], both operands scaled per 1x128 along K, FP32 promotion every 128 of K, FP32 D accumulated in place.
+// sb[n, k/128], both operands scaled per 1x128 along K, FP32 promotion every 128 of K, FP32 D accumulated in place
+// (or, dense with CUPYGEMM_WGRAD_STORE, stored: D = A B^T).
 // Two kinds: dense (one D; N and K compile-time, M at run time) and k-grouped (G groups of one M x N shape, each
 // with its own K from the device: the MoE weight gradient, D[g] += A_g B_g^T, one launch over all groups).
 //
@@ -80,6 +81,9 @@ __device__ __forceinline__ void fp8_wgrad(const TmaDescriptor& tmap_a, const Tma
 #ifndef CUPYGEMM_PINGPONG
 #define CUPYGEMM_PINGPONG 0
 #endif
+#ifndef CUPYGEMM_WGRAD_STORE
+#define CUPYGEMM_WGRAD_STORE 0
+#endif
 // Entry point with a fixed C name, instantiated from the constants the JIT defines. cupygemm/contract_wgrad.py states
 // its whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
 // Dense: tmap_a/tmap_b map A and B, workspace is unused (null), num_groups is 1. K-grouped: tmap_a/tmap_b are the
@@ -95,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                        CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N, CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG,
                                        CUPYGEMM_MATH_REGS, CUPYGEMM_PRODUCER_REGS, CUPYGEMM_SWIZZLE_D,
                                        CUPYGEMM_STAGED_SLABS, CUPYGEMM_RASTER_N, CUPYGEMM_MULTICAST,
-                                       CUPYGEMM_TWO_ACC_SETS, CUPYGEMM_PINGPONG>;
+                                       CUPYGEMM_TWO_ACC_SETS, CUPYGEMM_PINGPONG, CUPYGEMM_WGRAD_STORE>;
   cupygemm::fp8_wgrad<Traits>(tmap_a, tmap_b, tmap_sfa, tmap_sfb, tmap_d, workspace, shape_m, num_groups);
 }
 #endif

@@ -14,7 +14,7 @@ enum WgradKind : int { kWgradDense = 0, kWgradKGrouped = 1 };
 template <int kKind_, uint32_t SHAPE_M_, uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_,
           uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
           uint32_t kSwizzleD_, uint32_t kStagedSlabs_, uint32_t kRasterN_, int kMulticast_, bool kTwoAccSets_,
-          bool kPingPong_ = false>
+          bool kPingPong_ = false, bool kStore_ = false>
 struct WgradTraits {
   static constexpr int kKind = kKind_;
   static constexpr bool kKGrouped = kKind == kWgradKGrouped;
@@ -30,6 +30,10 @@ struct WgradTraits {
   // cores run them one after the other and each warpgroup promotes while the other's wgmmas run.
   static constexpr bool kPingPong = kPingPong_;
   static_assert(!kPingPong || (kNumMathWG_ == 2 && !kTwoAccSets_), "ping-pong: two math warpgroups, one set each");
+  // Store: D = A B^T, the epilogue's TMA stores replacing its reduce-adds, so D needs no zeros first (a fresh
+  // gradient). Dense only: a k-grouped group without tokens writes nothing, which only accumulation makes right.
+  static constexpr bool kStore = kStore_;
+  static_assert(!kStore || !kKGrouped, "store: dense only");
   static_assert(kKGrouped ? (SHAPE_M > 0 && SHAPE_K == 0) : (SHAPE_M == 0 && SHAPE_K > 0),
                 "dense: SHAPE_K given, M at run time; k-grouped: SHAPE_M given, K per group at run time");
 

@@ -5,7 +5,8 @@ Entry points (DeepGEMM-compatible names and semantics):
 - :func:`gemm_fp8_fp8_bf16_nt` - D = A @ B.T
 - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_contiguous` - MoE grouped GEMM, contiguous layout
 - :func:`m_grouped_gemm_fp8_fp8_bf16_nt_masked` - MoE grouped GEMM, masked layout
-- :func:`wgrad_gemm_fp8_fp8_fp32_nt` - D += A @ B.T, both operands scaled 1x128, FP32 D (weight gradients)
+- :func:`wgrad_gemm_fp8_fp8_fp32_nt` - D += A @ B.T, both operands scaled 1x128, FP32 D (weight gradients);
+  :func:`wgrad_gemm_fp8_fp8_fp32_nt_store`: D = A @ B.T (a fresh gradient, no zeros first)
 - :func:`k_grouped_wgrad_gemm_fp8_fp8_fp32_nt` - the same per group, each with its own K (MoE weight gradients)
 - :func:`k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns` - the same with the groups as column ranges of one matrix
   (the transposed casts of a MoE layer's dY and X)
@@ -38,6 +39,7 @@ from .kinds.training import (
     k_grouped_wgrad_gemm_fp8_fp8_fp32_nt,
     k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns,
     wgrad_gemm_fp8_fp8_fp32_nt,
+    wgrad_gemm_fp8_fp8_fp32_nt_store,
 )
 from .layout import (
     ceil_div,
@@ -59,6 +61,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
     "wgrad_gemm_fp8_fp8_fp32_nt",
+    "wgrad_gemm_fp8_fp8_fp32_nt_store",
     "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
     "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns",
     "k_grouped_fp8_gemm_nt_contiguous",

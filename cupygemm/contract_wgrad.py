@@ -161,7 +161,8 @@ class WgradConfig:
     clusters on neighbouring n blocks share A), 2 (on neighbouring m blocks, share B); dense only. ``swizzle``: bytes
     per row of a D staging slab (128: 32 floats, 64: 16, 32: 8; it must divide BLOCK_N's bytes). ``staged_slabs``:
     slabs staged at once per math warpgroup (0: the whole tile). ``raster``: n units per raster stripe.
-    ``two_acc_sets``: the K loop keeps one K block's wgmmas in flight while promoting the previous one."""
+    ``two_acc_sets``: the K loop keeps one K block's wgmmas in flight while promoting the previous one. ``store``
+    (dense only): D = A B^T, the epilogue stores its tiles instead of adding them into D."""
 
     kind: str
     shape_m: int
@@ -177,6 +178,7 @@ class WgradConfig:
     two_acc_sets: bool = False
     num_sms: int = 132
     pingpong: bool = False
+    store: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KIND_IDS:
@@ -189,8 +191,8 @@ class WgradConfig:
             if self.shape_m <= 0 or self.shape_k != 0:
                 raise ValueError(f"k_grouped_wgrad: shape_m must be positive and shape_k 0 (K is per group, on the "
                                  f"device), got shape_m={self.shape_m}, shape_k={self.shape_k}")
-            if self.multicast:
-                raise ValueError("k_grouped_wgrad: no multicast")
+            if self.multicast or self.store:
+                raise ValueError("k_grouped_wgrad: no multicast, no store (empty groups must keep D)")
         if self.shape_n <= 0:
             raise ValueError(f"shape_n must be positive, got {self.shape_n}")
         if self.block_m not in (64, 128):
@@ -265,7 +267,7 @@ class WgradConfig:
         return (f"{self.kind} {shape}: {self.block_m}x{self.block_n} {self.num_stages} stages, "
                 f"{self.staged}/{self.num_slabs} slabs of {self.slab_cols} floats, multicast {self.multicast}, "
                 f"raster {self.raster}{', two acc sets' if self.two_acc_sets else ''}"
-                f"{', ping-pong' if self.pingpong else ''}, {self.num_sms} SMs")
+                f"{', ping-pong' if self.pingpong else ''}{', store' if self.store else ''}, {self.num_sms} SMs")
 
 
 def defines(cfg: WgradConfig) -> dict[str, object]:
@@ -287,7 +289,7 @@ def defines(cfg: WgradConfig) -> dict[str, object]:
         "CUPYGEMM_MULTICAST": cfg.multicast,
         "CUPYGEMM_TWO_ACC_SETS": int(cfg.two_acc_sets),
         "CUPYGEMM_CLUSTER_ATTR": f"__cluster_dims__({cfg.cluster_size}, 1, 1)" if cfg.cluster_size > 1 else "",
-    } | ({"CUPYGEMM_PINGPONG": 1} if cfg.pingpong else {})
+    } | ({"CUPYGEMM_PINGPONG": 1} if cfg.pingpong else {}) | ({"CUPYGEMM_WGRAD_STORE": 1} if cfg.store else {})
 
 
 # --- per-problem launch values -------------------------------------------------------------------------------------
@@ -383,7 +385,7 @@ def _staging_and_stages(block_m: int, block_n: int, swizzle: int, num_kb: int, s
 
 
 def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_groups: int = 1, num_sms: int = 132,
-                        smem_limit: int = SMEM_LIMIT) -> WgradConfig:
+                        smem_limit: int = SMEM_LIMIT, store: bool = False) -> WgradConfig:
     """A config for one problem: dense ``m x n x k``, or k-grouped ``num_groups`` groups of ``m x n`` with about
     ``k_or_expected`` tokens each (only the choice depends on it).
 
@@ -392,7 +394,7 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     partner dimension has an even number of blocks (dense); each candidate's time is the rounds of tiles over the SMs
     times a tile's cycles (max of the wgmma and L2-load rates per K block plus a fixed cost, and an epilogue); the
     fastest wins (ties: fewer, larger tiles). Stages: as many as fit, up to 8, with the whole tile staged when 4 or
-    more stages remain.
+    more stages remain. ``store``: the dense kernel that stores D (the choice is the same).
     """
     if kind not in KIND_IDS:
         raise ValueError(f"kind: expected one of {list(KIND_IDS)}, got {kind!r}")
@@ -432,4 +434,5 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     n_units = ceil_div(ceil_div(n, block_n), 2) if mc == 1 else ceil_div(n, block_n)
     raster = max(1, min(16 // (2 if mc == 1 else 1), n_units))
     return WgradConfig(kind, m if kind == KIND_K_GROUPED else 0, n, k_or_expected if kind == KIND_WGRAD else 0,
-                       block_m, block_n, stages, mc, swizzle, 0 if slabs == num_slabs else slabs, raster, two, sms)
+                       block_m, block_n, stages, mc, swizzle, 0 if slabs == num_slabs else slabs, raster, two, sms,
+                       store=store)

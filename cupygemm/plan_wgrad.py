@@ -156,7 +156,7 @@ def _plan(kind: Any, m: int, n: int, k: int, num_groups: int, device: int, ld_a:
         info = require_hopper()
     expected = max(1, k // max(num_groups, 1)) if grouped else k
     cfg = cw.choose_wgrad_config(cw.KIND_K_GROUPED if grouped else cw.KIND_WGRAD, m, n, expected, num_groups, num_sms,
-                                 smem_limit=info.max_smem_per_block)
+                                 smem_limit=info.max_smem_per_block, store=not kind.accumulates)
     return plan_config(kind, cfg, m, n, k, num_groups, device, ld_a, ld_b, d_strides, sfa_m_pad, sfb_m_pad, scale_rows)
 
 

@@ -216,7 +216,7 @@ def plan(problems: Iterable[Problem], num_sms: int) -> list:
         elif kind.layout:  # k-grouped: the groups' M and N are the kernel's; K (tokens) only picks the config
             out.append(cw.choose_wgrad_config(cw.KIND_K_GROUPED, p.m, p.n, p.k, p.groups, num_sms))
         else:
-            out.append(cw.choose_wgrad_config(cw.KIND_WGRAD, p.m, p.n, p.k, 1, num_sms))
+            out.append(cw.choose_wgrad_config(cw.KIND_WGRAD, p.m, p.n, p.k, 1, num_sms, store=not kind.accumulates))
     return out
 
 

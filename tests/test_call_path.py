@@ -171,7 +171,8 @@ def test_deepgemm2_names(recorder):
     assert [e[0] for e in recorder] == ["plan", "launch"]
     with pytest.raises(ValueError, match="c: D = C"):
         cupygemm.fp8_gemm_nt(lhs, rhs, out, c=out)
-    with pytest.raises(ValueError, match="recipe"):
+    # recipe (1, 1, 128) without c is D = A @ B.T on both operands' 1x128 scales: these B scales are 128x128 ones
+    with pytest.raises(ValueError, match=r"rhs\[1\] \(B scales\)"):
         cupygemm.fp8_gemm_nt(lhs, rhs, out, recipe=(1, 1, 128))
     with pytest.raises(TypeError, match="unexpected keyword"):
         cupygemm.m_grouped_fp8_gemm_nt_masked(lhs, rhs, out, None, 1, bogus=1)

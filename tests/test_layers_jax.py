@@ -29,7 +29,7 @@ COLUMNS = "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns"
 
 class WgradHostPlan:
     """The weight-gradient kinds on host buffers, read as the kernel reads them: SFA [kb][sfa_m_pad] and SFB
-    [kb][sfb_m_pad] (1x128 scales along K, M- and N-major), FP32 out accumulated. The columns kind adds
+    [kb][sfb_m_pad] (1x128 scales along K, M- and N-major), FP32 out accumulated (stored by the storing kind). The columns kind adds
     ``out[g] += A[:, o_g:o_g+k_g] @ B[:, o_g:o_g+k_g].T`` with the group sizes read from the layout operand."""
 
     def __init__(self, kind, m, n, k, g):
@@ -47,7 +47,8 @@ class WgradHostPlan:
         SB = _host(sfb, np.float32, (kb, self.sfb_m_pad))[:, :n].T
         if self.kind.api != COLUMNS:
             D = _host(d, np.float32, (m, n))
-            D[:] = ref.wgrad_reference(A, SA, B, SB, D)
+            # the storing kind writes A @ B.T over whatever out held (XLA gives it an uninitialized buffer)
+            D[:] = ref.wgrad_reference(A, SA, B, SB, D if self.kind.accumulates else np.zeros_like(D))
             return
         D = _host(d, np.float32, (g, m, n))
         o = 0
@@ -182,7 +183,7 @@ def test_dense_matches_the_recipe_and_the_float64_math(planner, save, x_dtype, w
     assert ref.calc_diff(_f64(dx).reshape(74, 272), dy64 @ w64) < 2e-3
     assert ref.calc_diff(_f64(dw), dy64.T @ x64) < 2e-3
     kinds = sorted({p.kind.name for p in planner.plans})
-    assert kinds == ["normal", "wgrad"]  # forward and dgrad on the forward kernel, dW on the wgrad kernel
+    assert kinds == ["normal", "wgrad_store"]  # forward and dgrad on the forward kernel, dW on the wgrad kernel
 
 
 def test_dense_save_modes_give_the_same_gradients(planner):
@@ -395,7 +396,7 @@ def test_make_jaxpr_of_the_gradients_launches_nothing(planner):
         assert calls == ["bf16[48,128]", "bf16[48,256]", dw]
     assert planner.launches() == 0
     assert sorted({p.kind.name for p in planner.plans}) == ["contiguous", "k_grouped_wgrad_columns", "normal",
-                                                           "wgrad"]
+                                                           "wgrad_store"]
 
 
 def test_make_jaxpr_with_the_default_backend_needs_no_gpu():

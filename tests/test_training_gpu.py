@@ -272,3 +272,43 @@ def test_jax_k_grouped_kinds_match_the_eager_bits():
     got = jax.jit(cj.k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns)(j(a), j(sa), j(b), j(sb),
                                                                     jnp.asarray(sizes, jnp.int32), j(res))
     assert (np.asarray(got).view(np.uint32) == cp.asnumpy(want).view(np.uint32)).all()
+
+
+@pytest.mark.parametrize("m,n,k", [(2048, 7168, 4096), (7168, 2112, 4096)])
+def test_wgrad_store_at_training_sizes(m, n, k):
+    """The storing kernel (the chooser's configs at DeepSeek-V3 sizes, multicast ones among them) writes every
+    element: bitwise the accumulating kernel's result on zeros, over a NaN-filled out."""
+    a, sfa, b, sfb, _, _, _ = _wgrad_operands(m, n, k, 17)
+    want = cp.zeros((m, n), cp.float32)
+    cupygemm.wgrad_gemm_fp8_fp8_fp32_nt((a, sfa), (b, sfb), want)
+    out = cp.full((m, n), cp.nan, cp.float32)
+    cupygemm.wgrad_gemm_fp8_fp8_fp32_nt_store((a, sfa), (b, sfb), out)
+    cp.cuda.Device().synchronize()
+    assert (out.view(cp.uint32) == want.view(cp.uint32)).all()
+
+
+def test_wgrad_store_overwrites_out_with_the_accumulating_kernels_bits():
+    """The storing kind gives the bits of accumulating into zeros, whatever out held (NaN here), in CuPy, through
+    fp8_gemm_nt(c=None) and torch (its operator, functional); K == 0 gives zeros."""
+    a, sfa, b, sfb, _, x, y = _wgrad_operands(256, 384, 2048 + 48, 16)
+    want = cp.zeros((256, 384), cp.float32)
+    cupygemm.wgrad_gemm_fp8_fp8_fp32_nt((a, sfa), (b, sfb), want)
+    out = cp.full((256, 384), cp.nan, cp.float32)
+    assert cupygemm.wgrad_gemm_fp8_fp8_fp32_nt_store((a, sfa), (b, sfb), out) is out
+    new = cupygemm.wgrad_gemm_fp8_fp8_fp32_nt_store((a, sfa), (b, sfb))
+    d = cp.full((256, 384), cp.nan, cp.float32)
+    cupygemm.fp8_gemm_nt((a, sfa), (b, sfb), d, recipe=(1, 1, 128))
+    cp.cuda.Device().synchronize()
+    for got in (out, new, d):
+        assert (got.view(cp.uint32) == want.view(cp.uint32)).all()
+    empty = cp.full((256, 384), cp.nan, cp.float32)
+    cupygemm.wgrad_gemm_fp8_fp8_fp32_nt_store((a[:, :0], sfa[:, :0]), (b[:, :0], sfb[:, :0]), empty)
+    cp.cuda.Device().synchronize()
+    assert not empty.any()
+    torch = pytest.importorskip("torch")
+    ta, tb = torch.from_dlpack(a).view(torch.float8_e4m3fn), torch.from_dlpack(b).view(torch.float8_e4m3fn)
+    got = torch.ops.cupygemm.wgrad_gemm_fp8_fp8_fp32_nt_store(ta.view(torch.uint8), torch.from_dlpack(sfa),
+                                                              tb.view(torch.uint8), torch.from_dlpack(sfb))
+    assert torch.equal(got.view(torch.int32).cpu(), torch.from_dlpack(want).view(torch.int32).cpu())
+    torch.library.opcheck(torch.ops.cupygemm.wgrad_gemm_fp8_fp8_fp32_nt_store.default,
+                          (ta.view(torch.uint8), torch.from_dlpack(sfa), tb.view(torch.uint8), torch.from_dlpack(sfb)))

@@ -65,6 +65,8 @@ REPRESENTATIVE = {
     "dense-64x128-2acc": make(cw.KIND_WGRAD, 64, 128, two_acc_sets=True),
     "dense-64x160": make(cw.KIND_WGRAD, 64, 160),
     "dense-64x48-32B": make(cw.KIND_WGRAD, 64, 48, swizzle=32, n=2112),
+    "dense-128x128-store": make(cw.KIND_WGRAD, 128, 128, store=True),
+    "dense-128x128-mcB-store": make(cw.KIND_WGRAD, 128, 128, multicast=2, store=True),
     "kgrouped-128x128": make(cw.KIND_K_GROUPED, 128, 128, n=4096),
     "kgrouped-128x144": make(cw.KIND_K_GROUPED, 128, 144, n=4096),
     "kgrouped-128x96-2acc": make(cw.KIND_K_GROUPED, 128, 96, two_acc_sets=True),
@@ -86,7 +88,9 @@ def check_kernel_sass(cfg: cw.WgradConfig, sass: str) -> None:
     qgmma = re.findall(r"QGMMA\.64x(\d+)x32\.F32\.E4M3\.E4M3", sass)
     assert qgmma and set(qgmma) == {str(cfg.block_n)}, "FP8 wgmma of the tile's width"
     assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory traffic (register spills)"
-    assert len(re.findall(r"UTMAREDG\.3D\.ADD", sass)) == cfg.num_slabs, "one TMA reduce-add per slab (rounds unrolled)"
+    # One TMA reduce-add per slab (rounds unrolled), or one store per slab for the storing kernel.
+    reduces, stores = len(re.findall(r"UTMAREDG\.3D\.ADD", sass)), len(re.findall(r"UTMASTG\.3D", sass))
+    assert (reduces, stores) == ((0, cfg.num_slabs) if cfg.store else (cfg.num_slabs, 0))
     assert "UTMALDG.3D" in sass and "SYNCS.PHASECHK" in sass
     if cfg.num_math_wg == 2:
         assert f"USETMAXREG.DEALLOC.CTAPOOL {cfg.producer_regs:#x}" in sass

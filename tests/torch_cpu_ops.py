@@ -83,6 +83,10 @@ def wgrad_gemm_fp8_fp8_fp32_nt_out(a, sfa, b, sfb, out, *args):
     out += (_rows_scale(a, sfa, 1) @ _rows_scale(b, sfb, 1).T).float()
 
 
+def wgrad_gemm_fp8_fp8_fp32_nt_store(a, sfa, b, sfb, *args):
+    return (_rows_scale(a, sfa, 1) @ _rows_scale(b, sfb, 1).T).float()
+
+
 def k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns_out(a, sfa, b, sfb, group_sizes, out, *args):
     da, db = _rows_scale(a, sfa, 1), _rows_scale(b, sfb, 1)
     start = 0
@@ -93,7 +97,7 @@ def k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns_out(a, sfa, b, sfb, group_sizes
 
 _IMPLS = [per_token_cast_to_fp8, per_block_cast_to_fp8, per_token_cast_to_fp8_transposed,
           per_token_cast_to_fp8_transposed_rowwise, per_block_cast_to_fp8_with_transpose, gemm_fp8_fp8_bf16_nt,
-          m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, wgrad_gemm_fp8_fp8_fp32_nt_out,
+          m_grouped_gemm_fp8_fp8_bf16_nt_contiguous, wgrad_gemm_fp8_fp8_fp32_nt_out, wgrad_gemm_fp8_fp8_fp32_nt_store,
           k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns_out]
 
 

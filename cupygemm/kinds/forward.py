@@ -208,7 +208,8 @@ def fp8_gemm_nt(a: tuple[Any, Any], b: tuple[Any, Any], d: Any, c: Any = None, r
 
     With ``recipe=(1, 1, 128)`` (both operands scaled 1x128, the weight-gradient recipe), FP32 ``d`` and ``c``
     given, it computes ``d = c + a @ b.T`` through :func:`cupygemm.wgrad_gemm_fp8_fp8_fp32_nt` (``c`` may be ``d``
-    itself; otherwise ``c`` is copied into ``d`` first, on the call's stream).
+    itself; otherwise ``c`` is copied into ``d`` first, on the call's stream); with ``c=None`` (DeepGEMM asserts
+    there) ``d = a @ b.T`` through :func:`cupygemm.wgrad_gemm_fp8_fp8_fp32_nt_store`.
 
     Otherwise differences from DeepGEMM 2.x: ``c`` is not supported (ValueError unless None); ``recipe`` must be
     None or (1, 128, 128); SFA may be row-major or M-major, FP32 (no UE8M0 packing); ``d`` may be None (a new array

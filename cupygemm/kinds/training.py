@@ -50,7 +50,7 @@ def _fp32_out(out: View | None, shape: tuple[int, ...], name: str) -> None:
     validate.out_operand(out, shape, name, F32)
 
 
-def check_wgrad(views: tuple[View | None, ...], static: int | None = None, names: Names = EAGER) -> Problem:
+def _check_dense(views: tuple[View | None, ...], names: Names, kind: GemmKind) -> Problem:
     a, sfa, b, sfb, out = views[:5]
     m, n, k = validate.nt_operands(a, b, names, "K (the token count)")
     if k % K_ALIGN:
@@ -60,9 +60,21 @@ def check_wgrad(views: tuple[View | None, ...], static: int | None = None, names
     sfb, b_in_place, n_pad, b_strides = _row_scales(sfb, n, kb, names.sfb)
     validate.rows_tma_unless_empty(a, names.a)
     validate.rows_tma_unless_empty(b, names.b)
-    _fp32_out(out, (m, n), names.out)
-    dev = validate.device_of([a, sfa, b, sfb, out], ["A", "A scales", "B", "B scales", "out"])
-    return Problem(WGRAD, m, n, k, 1, a_in_place, m_pad, dev, (m, n), a_strides, b_in_place, n_pad, b_strides)
+    if kind.accumulates:
+        _fp32_out(out, (m, n), names.out)
+    else:
+        validate.out_operand(out, (m, n), names.out, F32)
+    operands = [(a, "A"), (sfa, "A scales"), (b, "B"), (sfb, "B scales")] + ([(out, "out")] if out is not None else [])
+    dev = validate.device_of([v for v, _ in operands], [name for _, name in operands])
+    return Problem(kind, m, n, k, 1, a_in_place, m_pad, dev, (m, n), a_strides, b_in_place, n_pad, b_strides)
+
+
+def check_wgrad(views: tuple[View | None, ...], static: int | None = None, names: Names = EAGER) -> Problem:
+    return _check_dense(views, names, WGRAD)
+
+
+def check_wgrad_store(views: tuple[View | None, ...], static: int | None = None, names: Names = EAGER) -> Problem:
+    return _check_dense(views, names, WGRAD_STORE)
 
 
 def _flat_fp8(v: View, name: str) -> int:
@@ -178,6 +190,11 @@ WGRAD = register(GemmKind(
     name="wgrad", kid=3, api="wgrad_gemm_fp8_fp8_fp32_nt", summary="D += A @ B.T, both scaled 1x128, FP32 D",
     family=ONE_D_ONE_D, check=check_wgrad, a_dims="MK", b_dims="NK", out_dims="MN", out_dtype=F32,
     accumulates=True, b_block_scales=False, seed_shapes=WGRAD_SHAPES))
+WGRAD_STORE = register(GemmKind(
+    name="wgrad_store", kid=6, api="wgrad_gemm_fp8_fp8_fp32_nt_store",
+    summary="D = A @ B.T, both scaled 1x128, FP32 D stored (a fresh weight gradient: no zeros first)",
+    family=ONE_D_ONE_D, check=check_wgrad_store, a_dims="MK", b_dims="NK", out_dims="MN", out_dtype=F32,
+    b_block_scales=False, seed_shapes=WGRAD_SHAPES))
 K_GROUPED_WGRAD = register(GemmKind(
     name="k_grouped_wgrad", kid=4, api="k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
     summary="D[g] += A_g @ B_g.T with each group's own K (MoE weight gradients), FP32 D", family=ONE_D_ONE_D,
@@ -212,6 +229,18 @@ def wgrad_gemm_fp8_fp8_fp32_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: 
     input.
     """
     return call(WGRAD, lhs, rhs, out, None, None, stream)
+
+
+def wgrad_gemm_fp8_fp8_fp32_nt_store(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any = None, *,
+                                     stream: Any = None) -> Any:
+    """``out = A @ B.T`` with both operands scaled per 1x128 block along K: :func:`wgrad_gemm_fp8_fp8_fp32_nt` for a
+    fresh weight gradient, whose output needs no zeros first (the kernel stores its tiles instead of adding them).
+
+    Operands as for :func:`wgrad_gemm_fp8_fp8_fp32_nt`; ``out`` float32 [M, N] (any contents; its row stride a
+    multiple of 4 elements) or None for a new array of the caller's framework. Returns it. K == 0 gives zeros.
+    Bitwise the same as accumulating into zeros.
+    """
+    return call(WGRAD_STORE, lhs, rhs, out, None, None, stream)
 
 
 def k_grouped_wgrad_gemm_fp8_fp8_fp32_nt(lhs: tuple[Any, Any], rhs: tuple[Any, Any], out: Any, batch_sizes: Any,
@@ -290,11 +319,12 @@ def _device_sizes(sizes: Sequence[int], lhs: Any, stream: Any, name: str = "batc
 
 
 def wgrad_dg2(a: tuple[Any, Any], b: tuple[Any, Any], d: Any, c: Any, *, stream: Any = None, **options: Any) -> Any:
-    """``fp8_gemm_nt(a, b, d, c, recipe=(1, 1, 128))``: d = c + a @ b.T (c may be d; else copied into d first)."""
-    if c is None:
-        raise ValueError("c: recipe (1, 1, 128) computes d = c + a @ b.T; pass c (it may be d itself)")
+    """``fp8_gemm_nt(a, b, d, c, recipe=(1, 1, 128))``: d = c + a @ b.T (c may be d; else copied into d first); with
+    ``c=None`` (where DeepGEMM asserts), d = a @ b.T (:func:`wgrad_gemm_fp8_fp8_fp32_nt_store`)."""
     if options:
         raise TypeError(f"unexpected keyword arguments {sorted(options)} with recipe (1, 1, 128)")
+    if c is None:
+        return wgrad_gemm_fp8_fp8_fp32_nt_store(a, b, d, stream=stream)
     from ..tensors import copy_into
 
     if c is not d:
@@ -317,5 +347,5 @@ def k_grouped_fp8_gemm_nt_contiguous(a: tuple[Any, Any], b: tuple[Any, Any], d: 
     return k_grouped_wgrad_gemm_fp8_fp8_fp32_nt(a, b, d, ks_tensor if ks_tensor is not None else ks, stream=stream)
 
 
-__all__ = ["wgrad_gemm_fp8_fp8_fp32_nt", "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
+__all__ = ["wgrad_gemm_fp8_fp8_fp32_nt", "wgrad_gemm_fp8_fp8_fp32_nt_store", "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt",
            "k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns", "k_grouped_fp8_gemm_nt_contiguous"]

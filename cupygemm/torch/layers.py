@@ -14,8 +14,8 @@ The token count is padded with zero rows to a multiple of 16 where the weight gr
 dX are sliced back.
 
 **Gradient accumulation without an add.** With an FP32 (master) weight that is a leaf, the weight-gradient kernel
-adds straight into ``weight.grad`` (allocated as zeros the first time) and the Function returns no gradient for the
-weight, as Megatron's gradient-accumulation fusion does: micro-batches accumulate with no extra kernel and no dW
+adds straight into ``weight.grad`` (or, where it is None, stores dW as it: no zeros written first) and the Function
+returns no gradient for the weight, as Megatron's gradient-accumulation fusion does: micro-batches accumulate with no extra kernel and no dW
 temporary. ``accumulate_into_grad`` states it: None (default) means "when the weight is an FP32 leaf", False returns
 dW to autograd (which adds it with its own kernel), True demands it (ValueError for other weights). What follows
 from it, like Megatron's:
@@ -27,8 +27,8 @@ from it, like Megatron's:
   should be a dense, contiguous FP32 tensor when it exists (otherwise the layer adds a temporary into it).
 * CUDA graphs: if ``weight.grad`` exists at capture, every replay adds into that tensor (zero it where you want,
   e.g. ``optimizer.zero_grad(set_to_none=False)`` inside or outside the graph); if it is None at capture (torch's
-  whole-network recipe sets grads to None before capture), the zeros are allocated from the graph's pool and
-  cleared by the graph itself, so each replay leaves that step's gradient there, which is what torch's own
+  whole-network recipe sets grads to None before capture), it is allocated from the graph's pool and stored by
+  the graph itself, so each replay leaves that step's gradient there, which is what torch's own
   ``AccumulateGrad`` does in that recipe. Either way, do not set the grads to None between replays: the graph keeps
   writing the captured tensor.
 * ``torch.compile``: :func:`fp8_linear` and :func:`fp8_grouped_linear` are opaque to Dynamo (a graph break around
@@ -99,33 +99,33 @@ def _cast_tokens(t: torch.Tensor, rowwise: bool, columns: bool) -> tuple[Any, ..
     return (None, None, *_ops.per_token_cast_to_fp8.default(t))
 
 
-def _grad_target(weight: torch.Tensor) -> torch.Tensor | None:
-    """``weight.grad``, allocated as zeros when missing; None when the kernel cannot add into it in place."""
-    g = weight.grad
-    if g is None:
-        g = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        weight.grad = g
-        return g
-    if g.dtype != torch.float32 or g.layout != torch.strided or not g.is_contiguous() or g.data_ptr() % 16:
-        return None
-    return g
+def _usable_grad(g: torch.Tensor) -> bool:
+    """Whether the kernel can add into ``weight.grad`` in place: dense, contiguous, FP32, 16-byte aligned."""
+    return g.dtype == torch.float32 and g.layout == torch.strided and g.is_contiguous() and g.data_ptr() % 16 == 0
 
 
 def _weight_grad(weight: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                 accumulate: bool, run: Any) -> torch.Tensor | None:
-    """Run the weight-gradient GEMM ``run(out)`` into ``weight.grad`` (accumulate: returns None) or into new zeros
-    (returns them as ``dtype``)."""
+                 accumulate: bool, add: Any, store: Any = None) -> torch.Tensor | None:
+    """The weight gradient: ``add(out)`` runs the GEMM adding into ``out``; ``store()`` (where the kind has one)
+    returns it in a new FP32 array, with no zeros written first. Accumulating: added into ``weight.grad`` (or stored
+    as it, when there is none yet) and None returned; else returned as ``dtype``."""
+    def fresh() -> torch.Tensor:
+        if store is not None:
+            return store()
+        out = torch.zeros(shape, dtype=torch.float32, device=device)
+        add(out)
+        return out
+
     if accumulate:
-        target = _grad_target(weight)
-        if target is not None:
-            run(target)
-            return None
-        tmp = torch.zeros(shape, dtype=torch.float32, device=device)
-        run(tmp)
-        weight.grad.add_(tmp)
+        g = weight.grad
+        if g is None:
+            weight.grad = fresh()
+        elif _usable_grad(g):
+            add(g)
+        else:
+            g.add_(fresh())
         return None
-    out = torch.zeros(shape, dtype=torch.float32, device=device)
-    run(out)
+    out = fresh()
     return out if dtype == torch.float32 else out.to(dtype)
 
 
@@ -181,10 +181,13 @@ class _FP8LinearFunction(torch.autograd.Function):
             dx = dx if len(ctx.x_shape) == 2 else dx.reshape(ctx.x_shape)
             dx = dx if ctx.x_dtype == torch.bfloat16 else dx.to(ctx.x_dtype)
         if need_dw:
-            def run(out: torch.Tensor) -> None:
+            def add(out: torch.Tensor) -> None:
                 _ops.wgrad_gemm_fp8_fp8_fp32_nt_out.default(dyq_t, dys_t, xq_t, xs_t, out)
 
-            dw = _weight_grad(weight, (n, k), ctx.w_dtype, dy.device, ctx.accumulate, run)
+            def store() -> torch.Tensor:
+                return _ops.wgrad_gemm_fp8_fp8_fp32_nt_store.default(dyq_t, dys_t, xq_t, xs_t)
+
+            dw = _weight_grad(weight, (n, k), ctx.w_dtype, dy.device, ctx.accumulate, add, store)
         return dx, dw, None, None
 
 
