@@ -306,6 +306,8 @@ def test_wgrad_store_overwrites_out_with_the_accumulating_kernels_bits():
     cp.cuda.Device().synchronize()
     assert not empty.any()
     torch = pytest.importorskip("torch")
+    from cupygemm import torch as _  # noqa: F401 - defines torch.ops.cupygemm
+
     ta, tb = torch.from_dlpack(a).view(torch.float8_e4m3fn), torch.from_dlpack(b).view(torch.float8_e4m3fn)
     got = torch.ops.cupygemm.wgrad_gemm_fp8_fp8_fp32_nt_store(ta.view(torch.uint8), torch.from_dlpack(sfa),
                                                               tb.view(torch.uint8), torch.from_dlpack(sfb))
