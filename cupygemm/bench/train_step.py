@@ -43,8 +43,6 @@ from .options import help_text
 CALC_DIFF_LIMIT = 2e-3
 STEPS = ("bf16", "cupygemm", "scaled_mm")
 PARTS = ("cast_x", "cast_w", "cast_dy", "fwd", "dgrad", "wgrad")
-#: XLA's command buffers for custom calls (the README's JAX section): replays without the Python handler.
-JAX_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
 
 
 def _calc_diff(torch: Any, got: Any, want: Any) -> float:
@@ -310,7 +308,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.jax:  # JAX shares the GPU with torch here: no 75 % preallocation; custom calls inside CUDA graphs
         os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        os.environ.setdefault("XLA_FLAGS", JAX_COMMAND_BUFFERS)
+        if "XLA_FLAGS" not in os.environ:
+            from ..jax.flags import enable_command_buffers
+
+            enable_command_buffers()
     pairs = tuple(tuple(p) for p in args.nk) if args.nk else NORMAL_NK
     timer = Timer()
     kernel_timer, why = open_cupti_timer()

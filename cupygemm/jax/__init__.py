@@ -40,6 +40,9 @@ Set, before JAX initializes its GPU backend (i.e. before the first JAX computati
 
     XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
 
+or call :func:`enable_command_buffers` before the first JAX computation (it sets them, keeping your other flags, and
+warns when JAX has started already).
+
 The handler declares itself command-buffer compatible; with these flags a jitted function (or a ``lax.scan``
 body) runs the Python handler only when XLA (re)records its graph, e.g. the first calls or when buffer addresses
 change, and replays the kernels after that. Addresses stay put where the GEMM's result is a ``lax.scan`` carry
@@ -97,6 +100,7 @@ from .backend import use_backend as _use_backend  # noqa: F401 - test hook
 from .casts import per_block_cast_to_fp8, per_block_cast_to_fp8_with_transpose, per_token_cast_to_fp8
 from .casts import per_token_cast_to_fp8_transposed as _transposed
 from .casts import per_token_cast_to_fp8_transposed_rowwise as _transposed_rowwise
+from .flags import enable_command_buffers
 from .frontend import public as _public
 from .layers import fp8_grouped_linear, fp8_linear
 
@@ -112,7 +116,7 @@ def per_token_cast_to_fp8_transposed(x, *, rowwise: bool = False):
 for _kind in KINDS:
     globals()[_kind.api] = _public(_kind)
 
-__all__ = ["TARGET", *(_kind.api for _kind in KINDS), "per_token_cast_to_fp8", "per_block_cast_to_fp8",
-           "per_token_cast_to_fp8_transposed", "per_block_cast_to_fp8_with_transpose", "fp8_linear",
-           "fp8_grouped_linear"]
+__all__ = ["TARGET", "enable_command_buffers", *(_kind.api for _kind in KINDS), "per_token_cast_to_fp8",
+           "per_block_cast_to_fp8", "per_token_cast_to_fp8_transposed", "per_block_cast_to_fp8_with_transpose",
+           "fp8_linear", "fp8_grouped_linear"]
 del _kind
