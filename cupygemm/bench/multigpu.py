@@ -7,7 +7,9 @@
   same total tokens (strong scaling: one GPU does all of it);
 * overlap: on each GPU the expert GEMMs alone (gate/up then down, contiguous layout, the tokens of a balanced
   routing), the same while NCCL all_reduces run beside them (NCCL's own stream, started from a side stream), and
-  again with ``set_num_sms`` leaving ``--spare-sms`` SMs to NCCL; with the all_reduce time alone.
+  again with ``set_num_sms`` leaving ``--spare-sms`` SMs to NCCL, then with the all_reduces on a communicator of
+  their own whose kernels take at most ``--spare-sms`` CTAs (``ncclConfig_t`` maxCTAs, through
+  ``ProcessGroupNCCL.Options``): the recipe for a GEMM beside background traffic; with the all_reduce times alone.
 
 Needs torch with CUDA and at least two Hopper GPUs; says so in one line otherwise. ``--out FILE`` writes the
 numbers with the device and the command as JSON.
@@ -94,7 +96,7 @@ def _overlap(world: int, rank: int, args: argparse.Namespace) -> dict[str, float
     nccl = _timed(lambda: dist.all_reduce(buf), args.iters)
     side = torch.cuda.Stream()
 
-    def beside() -> float:
+    def beside(group: Any = None) -> float:
         # enough all_reduces to outlast the timed GEMMs, queued first on a stream of their own
         count = int((alone * (args.iters + 2)) / max(nccl, 1e-3)) + 2
         gemms()
@@ -102,7 +104,7 @@ def _overlap(world: int, rank: int, args: argparse.Namespace) -> dict[str, float
         dist.barrier()
         with torch.cuda.stream(side):
             for _ in range(count):
-                dist.all_reduce(buf)
+                dist.all_reduce(buf, group=group)
         t = _timed(gemms, args.iters, align=False)
         torch.cuda.synchronize()
         return t
@@ -113,12 +115,35 @@ def _overlap(world: int, rank: int, args: argparse.Namespace) -> dict[str, float
     try:
         fewer = beside()
         fewer_alone = _timed(gemms, args.iters)
+        # The recipe: the background collective on a communicator of its own held to the spare SMs' worth of CTAs
+        # (ncclConfig_t maxCTAs), the GEMMs on the rest; the layers' communicator keeps NCCL's defaults.
+        limited, why = _limited_group(dist, args.spare_sms)
+        if limited is not None:
+            nccl_limited = _timed(lambda: dist.all_reduce(buf, group=limited), args.iters)
+            fewer_limited = beside(limited)
     finally:
         cupygemm.reset_num_sms()
-    return {"rows_per_expert": rows, "gemm_alone_ms": alone, "allreduce_alone_ms": nccl,
-            "allreduce_mib": args.allreduce_mib, "gemm_with_nccl_ms": with_nccl,
-            "num_sms_reduced": full - args.spare_sms, "gemm_reduced_sms_alone_ms": fewer_alone,
-            "gemm_reduced_sms_with_nccl_ms": fewer}
+    out = {"rows_per_expert": rows, "gemm_alone_ms": alone, "allreduce_alone_ms": nccl,
+           "allreduce_mib": args.allreduce_mib, "gemm_with_nccl_ms": with_nccl,
+           "num_sms_reduced": full - args.spare_sms, "gemm_reduced_sms_alone_ms": fewer_alone,
+           "gemm_reduced_sms_with_nccl_ms": fewer}
+    if limited is not None:
+        out |= {"nccl_max_ctas": args.spare_sms, "allreduce_limited_alone_ms": nccl_limited,
+                "gemm_reduced_sms_with_limited_nccl_ms": fewer_limited}
+    else:
+        out["limited_nccl"] = why
+    return out
+
+
+def _limited_group(dist: Any, ctas: int) -> tuple[Any, str | None]:
+    """A new NCCL communicator of every rank whose kernels use at most ``ctas`` CTAs (None and why, where this
+    torch cannot say so)."""
+    options = dist.ProcessGroupNCCL.Options()
+    config = getattr(options, "config", None)
+    if config is None or not hasattr(config, "max_ctas"):
+        return None, "this torch's ProcessGroupNCCL.Options has no config.max_ctas"
+    config.max_ctas = config.min_ctas = ctas
+    return dist.new_group(backend="nccl", pg_options=options), None
 
 
 def _worker(rank: int, world: int, port: int, gpus: int, args: argparse.Namespace, results: Any) -> None:
@@ -194,7 +219,11 @@ def run(args: argparse.Namespace) -> int:
           f"{o['gemm_alone_ms']:.3f} ms, beside NCCL all_reduce ({args.allreduce_mib} MiB, "
           f"{o['allreduce_alone_ms']:.3f} ms alone) {o['gemm_with_nccl_ms']:.3f} ms; with set_num_sms("
           f"{o['num_sms_reduced']}): alone {o['gemm_reduced_sms_alone_ms']:.3f} ms, beside NCCL "
-          f"{o['gemm_reduced_sms_with_nccl_ms']:.3f} ms")
+          f"{o['gemm_reduced_sms_with_nccl_ms']:.3f} ms" + (
+              f", beside NCCL on a communicator of at most {o['nccl_max_ctas']} CTAs (its all_reduce "
+              f"{o['allreduce_limited_alone_ms']:.3f} ms alone) {o['gemm_reduced_sms_with_limited_nccl_ms']:.3f} ms "
+              f"({o['gemm_reduced_sms_with_limited_nccl_ms'] / o['gemm_alone_ms']:.3f}x the GEMMs alone)"
+              if "nccl_max_ctas" in o else f"; {o['limited_nccl']}"))
     if args.out:
         from .overhead import environment
 
@@ -217,6 +246,7 @@ def add_parser(sub: Any) -> None:
     sp.add_argument("--topk", type=int, default=8, help="experts per token (default 8, as DeepSeek-V3)")
     sp.add_argument("--iters", type=int, default=10, help="timed forwards; the median is reported (default 10)")
     sp.add_argument("--allreduce-mib", type=int, default=64, help="all_reduce size beside the GEMMs (default 64)")
-    sp.add_argument("--spare-sms", type=int, default=16, help="SMs left to NCCL in the last timing (default 16)")
+    sp.add_argument("--spare-sms", type=int, default=4,
+                    help="SMs left to NCCL in the last timings, and the CTAs of the limited communicator (default 4)")
     sp.add_argument("--out", metavar="FILE", help="write the numbers, the device and the command as JSON")
     sp.set_defaults(func=run)
