@@ -737,7 +737,7 @@ def test_jax_functions_from_the_descriptors(cj):
                                                                "out=None"]
     assert set(cj.__all__) == {"TARGET", "per_token_cast_to_fp8", "per_block_cast_to_fp8",
                                "per_token_cast_to_fp8_transposed", "per_block_cast_to_fp8_with_transpose",
-                               "fp8_linear", "fp8_grouped_linear", *(k.api for k in KINDS)}
+                               "fp8_linear", "fp8_grouped_linear", "enable_command_buffers", *(k.api for k in KINDS)}
     for kind in KINDS:
         f = getattr(cj, kind.api)
         assert f.__module__ == "cupygemm.jax" and f.__name__ == kind.api
