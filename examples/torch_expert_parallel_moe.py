@@ -23,7 +23,6 @@ cupygemm.device.require_hopper_or_exit()  # one clear line, not CuPy's driver er
 
 import argparse  # noqa: E402
 import os  # noqa: E402
-import socket  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -80,9 +79,7 @@ def main() -> None:
     if args.spawn:
         if torch.cuda.device_count() < args.gpus:
             raise SystemExit(f"--spawn: {args.gpus} GPUs needed, {torch.cuda.device_count()} visible")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = parallel.free_port()
         torch.multiprocessing.spawn(_spawned, args=(args.gpus, port, args), nprocs=args.gpus)
     else:  # torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT
         run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)

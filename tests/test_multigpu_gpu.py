@@ -4,7 +4,6 @@ row-parallel FP8 linears and the expert-parallel MoE (cupygemm.bench.parallel) a
 from __future__ import annotations
 
 import os
-import socket
 import threading
 
 import pytest
@@ -157,18 +156,14 @@ def _rank(rank: int, world: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_nccl_column_row_parallel_and_expert_parallel_against_one_device():
     pytest.importorskip("torch")
     import torch.multiprocessing as mp
 
+    from cupygemm.bench import parallel
+
     results = mp.get_context("spawn").Queue()
-    mp.start_processes(_rank, args=(2, _free_port(), results), nprocs=2, start_method="spawn")
+    mp.start_processes(_rank, args=(2, parallel.free_port(), results), nprocs=2, start_method="spawn")
     got = dict(results.get(timeout=120) for _ in range(2))
     for rank, diffs in got.items():
         # column and row: one FP8 GEMM against the same quantized operands in float32; mlp and moe add the FP8

@@ -5,7 +5,6 @@ routing, padding and collective mistakes without a GPU; the GPU versions are in 
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -83,16 +82,10 @@ def _worker(rank: int, world: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_expert_and_tensor_parallel_layers_on_two_gloo_ranks():
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    mp.start_processes(_worker, args=(2, _free_port(), results), nprocs=2, start_method="spawn")
+    mp.start_processes(_worker, args=(2, parallel.free_port(), results), nprocs=2, start_method="spawn")
     got = sorted(results.get(timeout=60) for _ in range(2))
     for rank, moe_diff, tp_diff, pairs in got:
         assert pairs == TOKENS * TOPK

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 from typing import Any, Callable
@@ -176,9 +175,9 @@ def _worker(rank: int, world: int, port: int, gpus: int, args: argparse.Namespac
 def _spawn(world: int, gpus: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from .parallel import free_port
+
+    port = free_port()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     mp.start_processes(_worker, args=(world, port, gpus, args, results), nprocs=world, start_method="spawn")

@@ -16,6 +16,7 @@ Every layer keeps activations sharded by tokens between layers and moves FP8 byt
 """
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,13 @@ import cupygemm
 #: DeepSeek-V3's routed expert: hidden 7168, intermediate 2048.
 HIDDEN, INTERMEDIATE = 7168, 2048
 ALIGN = cupygemm.get_m_alignment_for_contiguous_layout()
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 for the processes' rendezvous (MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _torch() -> Any:

@@ -83,24 +83,37 @@ def per_block_jnp(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return q.reshape(mb * _GROUP, nb * _GROUP)[:m, :n], s.reshape(mb, nb)
 
 
-def _cast_plan_cuda(entry: str, dtype: np.dtype, m: int, n: int) -> dict[int, Callable]:
-    """Per local GPU, the launch of the CUDA cast kernel (the one the CuPy and torch paths run), loaded now."""
-    launches = {}
+def _launches(load: Callable[[int], Any], run: Callable[..., None]) -> dict[int, Callable]:
+    """Per local GPU, the cast kernel loaded now (``load(ordinal)``) and its launch ``run(ordinal, stream, args,
+    rets)``; none where JAX has no GPU (``platform_dependent`` traces the CUDA branch everywhere)."""
     try:
         gpus = backend.local_gpus()
-    except RuntimeError:  # traced for CUDA where JAX has none (platform_dependent traces every branch)
+    except RuntimeError:
         gpus = []
+    launches = {}
     for ordinal in gpus:
-        quantization._get_kernel(dtype, entry, ordinal)
-
-        def launch(stream: int, a: list[int], r: list[int], ordinal: int = ordinal) -> None:
-            quantization.launch_cast(entry, dtype, a[0], r[0], r[1], m, n, n, stream, ordinal)
-
-        launches[ordinal] = launch
+        load(ordinal)
+        launches[ordinal] = functools.partial(run, ordinal)
     return launches
 
 
 _cast_entries: dict[tuple, int] = {}
+
+
+def _custom_call(entry: str, x: jax.Array, results: list[jax.ShapeDtypeStruct],
+                 make_launches: Callable[[], dict[int, Callable]]) -> tuple[jax.Array, ...]:
+    """A cast of ``x`` as an XLA custom call of cupygemm's kernel (its handler entry made once per entry point,
+    dtype and shape); under ``shard_map`` the results vary as ``x`` does (as the ``jnp`` branch's do)."""
+    m, n = x.shape
+    key = (entry, str(np.dtype(x.dtype)), m, n)
+    eid = _cast_entries.get(key)
+    if eid is None:
+        handler = backend.handler(backend.CUDA)
+        eid = handler.add(xla_ffi.FfiEntry(f"{entry} {m}x{n} {key[1]}", 1, len(results), make_launches()))
+        _cast_entries[key] = eid
+    got = jax.ffi.ffi_call(backend.TARGET, results, vmap_method="sequential")(x, entry_id=np.int64(eid))
+    axes = vma.varying(x)
+    return tuple(vma.to_varying(r, axes) for r in got)
 
 
 def ffi_cast(entry: str, x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -108,58 +121,33 @@ def ffi_cast(entry: str, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     float division on the GPU is not IEEE-exact, so a jnp version can differ in the last bit of a scale)."""
     m, n = x.shape
     dtype = np.dtype(x.dtype)
-    key = (entry, str(dtype), m, n)
-    eid = _cast_entries.get(key)
-    if eid is None:
-        handler = backend.handler(backend.CUDA)
-        eid = handler.add(xla_ffi.FfiEntry(f"{entry} {m}x{n} {dtype}", 1, 2, _cast_plan_cuda(entry, dtype, m, n)))
-        _cast_entries[key] = eid
+
+    def run(ordinal: int, stream: int, a: list[int], r: list[int]) -> None:
+        quantization.launch_cast(entry, dtype, a[0], r[0], r[1], m, n, n, stream, ordinal)
+
     results = [jax.ShapeDtypeStruct((m, n), jnp.float8_e4m3fn),
                jax.ShapeDtypeStruct((quantization.scale_rows(entry, m), ceil_div(n, _GROUP)), jnp.float32)]
-    q, s = jax.ffi.ffi_call(backend.TARGET, results, vmap_method="sequential")(x, entry_id=np.int64(eid))
-    axes = vma.varying(x)  # under shard_map the results vary as x does (as the jnp branch's do)
-    return vma.to_varying(q, axes), vma.to_varying(s, axes)
-
-
-def _fused_plan_cuda(entry: str, dtype: np.dtype, m: int, n: int) -> dict[int, Callable]:
-    """Per local GPU, the launch of fused cast ``entry`` (cuda_src/cast_transpose.cu), loaded now; the results come
-    in :func:`cupygemm.quantization.fused_cast_outputs`'s order, dense."""
-    names = [o.name for o in quantization.fused_cast_outputs(entry, m, n)]
-    launches = {}
-    try:
-        gpus = backend.local_gpus()
-    except RuntimeError:  # traced for CUDA where JAX has none (platform_dependent traces every branch)
-        gpus = []
-    for ordinal in gpus:
-        quantization.load_fused_cast(entry, dtype, ordinal)
-
-        def launch(stream: int, a: list[int], r: list[int], ordinal: int = ordinal) -> None:
-            p = dict(zip(names, r))
-            quantization.launch_fused_cast(entry, dtype, a[0], p["q_t"], p["s_t"], p.get("q", 0), p.get("s", 0), m,
-                                           n, n, stream, ordinal)
-
-        launches[ordinal] = launch
-    return launches
+    return _custom_call(entry, x, results,
+                        lambda: _launches(lambda o: quantization._get_kernel(dtype, entry, o), run))
 
 
 def ffi_fused_cast(entry: str, x: jax.Array) -> tuple[jax.Array, ...]:
-    """A fused transpose cast as an XLA custom call of cupygemm's kernel: one pass over ``x``, bit for bit the
-    eager fused cast's results."""
+    """A fused transpose cast (cuda_src/cast_transpose.cu) as an XLA custom call: one pass over ``x``, bit for bit
+    the eager fused cast's results, in :func:`cupygemm.quantization.fused_cast_outputs`'s order, dense."""
     m, n = x.shape
     dtype = np.dtype(x.dtype)
-    key = (entry, str(dtype), m, n)
-    eid = _cast_entries.get(key)
     outs = quantization.fused_cast_outputs(entry, m, n)
-    if eid is None:
-        handler = backend.handler(backend.CUDA)
-        eid = handler.add(xla_ffi.FfiEntry(f"{entry} {m}x{n} {dtype}", 1, len(outs),
-                                           _fused_plan_cuda(entry, dtype, m, n)))
-        _cast_entries[key] = eid
+    names = [o.name for o in outs]
+
+    def run(ordinal: int, stream: int, a: list[int], r: list[int]) -> None:
+        p = dict(zip(names, r))
+        quantization.launch_fused_cast(entry, dtype, a[0], p["q_t"], p["s_t"], p.get("q", 0), p.get("s", 0), m, n, n,
+                                       stream, ordinal)
+
     results = [jax.ShapeDtypeStruct(o.shape, jnp.float8_e4m3fn if o.dtype == quantization.FP8_E4M3 else jnp.float32)
                for o in outs]
-    got = jax.ffi.ffi_call(backend.TARGET, results, vmap_method="sequential")(x, entry_id=np.int64(eid))
-    axes = vma.varying(x)
-    return tuple(vma.to_varying(r, axes) for r in got)
+    return _custom_call(entry, x, results,
+                        lambda: _launches(lambda o: quantization.load_fused_cast(entry, dtype, o), run))
 
 
 def transposed_jnp(x: jax.Array) -> tuple[jax.Array, jax.Array]:
