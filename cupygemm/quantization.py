@@ -245,6 +245,7 @@ def fused_cast_args(entry: str, x: int, q_t: int, s_t: int, q: int, s: int, m: i
 
 
 _FUSED_CASTS = SmallKernel(_kernel_source, _FUSED_KINDS, check=lambda dev: _check_device(require_cupy(), dev))
+_fused_params = PackedParams()  # as _params, for the fused casts
 
 
 def load_fused_cast(entry: str, dtype: Any, device: int) -> None:
@@ -269,7 +270,10 @@ def launch_fused_cast(entry: str, dtype: np.dtype, x: int, q_t: int, s_t: int, q
     if m <= 0 or n <= 0:
         return
     grid, args = fused_cast_args(entry, x, q_t, s_t, q, s, m, n, ld, m_major_scales)
-    params = _FUSED_CASTS.pack(device, args, dtype, entry)
+    key = (entry, dtype, device, args)  # the allocators hand the same buffers back step after step
+    params = _fused_params.get(key)
+    if params is None:
+        params = _fused_params.put(key, _FUSED_CASTS.pack(device, args, dtype, entry))
     if single_gpu():
         ensure_context(device)  # as CuPy's launches did: this may be the thread's first CUDA work
         _FUSED_CASTS.launch(device, stream, grid, fused_cast_threads(dtype), 0, params, dtype, entry)
