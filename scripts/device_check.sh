@@ -41,7 +41,7 @@ done
 # CPU). Writes the whole output to $1, shows its tail; returns pytest's status.
 gpu_tests() {
   local xdist=()
-  python3 -c "import xdist" 2>/dev/null && xdist=(-n 12)
+  python3 -c "import xdist" 2>/dev/null && xdist=(-n 12 --dist loadgroup)  # xdist_group marks share a worker
   python3 -m pytest -q -m gpu -rfEs ${xdist[@]+"${xdist[@]}"} tests ${pytest_args[@]+"${pytest_args[@]}"} 2>&1 \
     | tee "$1" | tail -n 40
   return "${PIPESTATUS[0]}"

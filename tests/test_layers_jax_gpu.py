@@ -8,7 +8,9 @@ import os
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.gpu
+# Training-size steps hold GBs in the frameworks' pools: one xdist worker runs both layer files, one test at a
+# time (scripts/device_check.sh passes --dist loadgroup), or twelve workers' pools exhaust the GPU.
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("training-sizes")]
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 

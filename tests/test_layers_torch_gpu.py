@@ -7,7 +7,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.gpu
+# Training-size steps hold GBs in the frameworks' pools: one xdist worker runs both layer files, one test at a
+# time (scripts/device_check.sh passes --dist loadgroup), or twelve workers' pools exhaust the GPU.
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("training-sizes")]
 
 import cupygemm  # noqa: E402
 
