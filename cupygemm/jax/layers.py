@@ -116,13 +116,17 @@ def _dense_forward(st: _Static, x: jax.Array, w: jax.Array) -> tuple[jax.Array, 
     return y, res
 
 
-def _dense_backward(st: _Static, res: tuple, dy: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _transposed_operands(st: _Static, res: tuple, cast_w: Any) -> tuple[jax.Array, ...]:
+    """The backward GEMMs' x^T and W^T in FP8 (``x_qt, x_st, w_qt, w_st``): saved by the forward (``save="fp8"``),
+    or cast again from the saved x and w."""
     if st.save == "fp8":
-        x_qt, x_st, w_qt, w_st = res
-    else:
-        xp, w = res
-        x_qt, x_st = _cast_xt(xp)
-        _, _, w_qt, w_st = _cast_w(w)
+        return tuple(res)
+    xp, w = res
+    return (*_cast_xt(xp), *cast_w(w)[2:])
+
+
+def _dense_backward(st: _Static, res: tuple, dy: jax.Array) -> tuple[jax.Array, jax.Array]:
+    x_qt, x_st, w_qt, w_st = _transposed_operands(st, res, _cast_w)
     t = dy.shape[0]
     n, k = w_qt.shape[1], w_qt.shape[0]
     dy_qt, dy_st, dy_q, dy_s = _cast_x(_pad_tokens(dy, x_qt.shape[1]))
@@ -211,12 +215,7 @@ def _grouped_forward(st: _Static, x: jax.Array, w: jax.Array, group_sizes: jax.A
 
 def _grouped_backward(st: _Static, res: tuple, dy: jax.Array) -> tuple[jax.Array, jax.Array, None]:
     *ops, group_sizes = res
-    if st.save == "fp8":
-        x_qt, x_st, w_qt, w_st = ops
-    else:
-        xp, w = ops
-        x_qt, x_st = _cast_xt(xp)
-        _, _, w_qt, w_st = _cast_w_grouped(w)
+    x_qt, x_st, w_qt, w_st = _transposed_operands(st, ops, _cast_w_grouped)
     t = dy.shape[0]
     g, k, n = w_qt.shape
     rows = x_qt.shape[1]
