@@ -7,6 +7,7 @@
 // parts are in their own headers (cuda_src/README.md): kernel_traits.cuh (constants, shared memory), scheduler.cuh,
 // producer.cuh, mainloop.cuh, reduction.cuh, epilogue.cuh. The JIT prepends the CUPYGEMM_* constants that
 // instantiate it.
+#include "b_prefetch.cuh"
 #include "epilogue.cuh"
 #include "kernel_traits.cuh"
 #include "mainloop.cuh"
@@ -68,6 +69,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     tma_prefetch_descriptor(&tmap_b);
     tma_prefetch_descriptor(&tmap_sfa);
     tma_prefetch_descriptor(&tmap_d);
+    if constexpr (T::kBPrefetchBytes > 0) prefetch_b_window<T>(tmap_b, sides.packed_b, num_groups);
     for (uint32_t s = 0; s < T::kNumStages; ++s) {
       mbarrier_init(&smem.full_bar[s], 1);
       mbarrier_init(&smem.empty_bar[s], T::kConsumersPerStage * 4 * T::kStageSharers);  // one per consuming warp
@@ -75,24 +77,20 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     if constexpr (T::kSplitCluster) ClusterSplit<T>::init(smem);
     if constexpr (T::kSides) mbarrier_init(smem.page_bar, 1);
     mbarrier_init_fence();
-    if constexpr (T::kSides && !T::kPdl) {
-      if constexpr (!T::kSidePageParams) load_page_bits<T>(sides, num_groups, smem);
-      take_side_ticket<T>(sides, smem);
-    }
+    // The page bits are part of the packed weights, constant until repacked: read before any PDL wait.
+    if constexpr (T::kSides && !T::kSidePageParams) load_page_bits<T>(sides, num_groups, smem);
+    if constexpr (T::kSideOrder && !T::kPdl) take_side_ticket<T>(sides, smem);
   }
   // Clustered: the peer multicasts into our shared memory and arrives on our barriers, so it must see them
   // initialised.
   if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
   // Everything above overlaps the previous kernel's tail; from here on global memory is read and written.
   if constexpr (T::kPdl) grid_dependency_wait();
-  if constexpr (T::kSides && T::kPdl) {  // the ticket counters are global memory the previous kernel may reset
-    if (threadIdx.x == T::kNumMathThreads) {
-      if constexpr (!T::kSidePageParams) load_page_bits<T>(sides, num_groups, smem);
-      take_side_ticket<T>(sides, smem);
-    }
+  if constexpr (T::kSideOrder && T::kPdl) {  // the ticket counters are global memory the previous kernel may reset
+    if (threadIdx.x == T::kNumMathThreads) take_side_ticket<T>(sides, smem);
     if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
   }
-  const SideWork side = T::kSides ? side_work<T>(smem.ticket, sides.clusters0) : SideWork{};
+  const SideWork side = T::kSideOrder ? side_work<T>(smem.ticket, sides.clusters0) : SideWork{};
 
   // The tile record both roles fill from their schedulers; it lives here, not in the roles' functions, because
   // where values live changes NVRTC's code (cuda_src/README.md, "Changing the kernel").
@@ -106,7 +104,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     const uint32_t* w = sides.page_words;
     const typename T::ParamSides param_pages{{w[0], w[1], w[2], w[3]}, sides.base_low, sides.hash};
     producer.run(shape_m, num_groups, grouped_layout, b_evict_first, side, pages, param_pages, tile);
-    if constexpr (T::kSides) {
+    if constexpr (T::kSideOrder) {
       if (T::kCluster == 1 || cluster_cta_rank() == 0)  // the producer's one thread (Producer::run)
         release_side_ticket(sides, gridDim.x / T::kCluster);
     }
@@ -175,6 +173,12 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
 #ifndef CUPYGEMM_TWO_ACC_SETS
 #define CUPYGEMM_TWO_ACC_SETS 0
 #endif
+#ifndef CUPYGEMM_B_PREFETCH
+#define CUPYGEMM_B_PREFETCH 0
+#endif
+#ifndef CUPYGEMM_SIDE_ORDER
+#define CUPYGEMM_SIDE_ORDER 1
+#endif
 // Entry point with a fixed C name, instantiated from the constants the JIT defines. cupygemm/contract.py states its
 // whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
 extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1) CUPYGEMM_CLUSTER_ATTR
@@ -197,7 +201,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                         CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_MULTICAST, CUPYGEMM_INTERLEAVE_K,
                                         CUPYGEMM_SERIAL_M, CUPYGEMM_SPLIT_K, CUPYGEMM_STREAM_K, CUPYGEMM_A_BOX_M,
                                         CUPYGEMM_PDL, CUPYGEMM_SIDES, CUPYGEMM_SPLIT_CLUSTER,
-                                        CUPYGEMM_TWO_ACC_SETS>;
+                                        CUPYGEMM_TWO_ACC_SETS, CUPYGEMM_B_PREFETCH,
+                                        CUPYGEMM_SIDE_ORDER>;
 #if CUPYGEMM_SIDES
   static_assert(Traits::kSideBoxRows == CUPYGEMM_SIDE_BOX_ROWS, "tmap_b's box (contract.py) fits the producer's");
   const cupygemm::SideArgs sides{&sm_sides, packed_b, side_tickets, side_clusters0, side_base_low, side_hash,

@@ -24,6 +24,7 @@ CUPTI = "CUPYGEMM_CUPTI"
 B_EVICT_FIRST = "CUPYGEMM_B_EVICT_FIRST"
 CHECK_INPUTS = "CUPYGEMM_CHECK_INPUTS"
 PDL = "CUPYGEMM_PDL"
+B_PREFETCH = "CUPYGEMM_B_PREFETCH_KIB"
 L2_SIDES = "CUPYGEMM_L2_SIDES"
 
 
@@ -91,6 +92,21 @@ def env_choice(name: str, choices: Sequence[str], default: str) -> str:
     raise ValueError(f"{name}: expected one of {', '.join(valid)}, got {raw!r}")
 
 
+def env_int(name: str, default: int, lo: int, hi: int) -> int:
+    """Integer variable ``name`` in [lo, hi]: ``default`` when unset or empty."""
+    raw = _raw(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw, 10)
+    except ValueError:
+        value = None
+    if value is None or not lo <= value <= hi:
+        raise ValueError(f"{name}: expected an integer from {lo} to {hi} (or unset/empty for the default), "
+                         f"got {raw!r}")
+    return value
+
+
 def env_path(name: str) -> str | None:
     """Path variable ``name`` (user-expanded), or None when unset or empty."""
     raw = _raw(name)
@@ -124,6 +140,16 @@ def pdl_enabled() -> bool:
     return env_bool(PDL, False)
 
 
+#: The default of ``CUPYGEMM_B_PREFETCH_KIB`` (benchmarks/NOTES.md, "PDL").
+B_PREFETCH_DEFAULT_KIB = 8192
+
+
+def b_prefetch_bytes() -> int:
+    """``CUPYGEMM_B_PREFETCH_KIB``: under PDL, how much of constant weights' first K blocks (packed weights) a GEMM
+    fetches into L2 before it waits for the kernel before it, in KiB (default 8192; 0: none)."""
+    return 1024 * env_int(B_PREFETCH, B_PREFETCH_DEFAULT_KIB, 0, 1 << 20)
+
+
 def l2_sides_mode() -> str:
     """``CUPYGEMM_L2_SIDES``: ``auto`` (default: measure the L2 sides; ``pack_weights`` packs side-aware only on GPUs
     where the side-aware kernels measured faster than plain ones), ``1`` (pack wherever two sides are measured) or
@@ -150,7 +176,7 @@ def cache_dir_override() -> str | None:
 SETTINGS: dict[str, Callable[[], object]] = {
     CACHE_DIR: cache_dir_override, DISABLE_CACHE: cache_disabled, PRINT_CONFIGS: print_configs,
     FFMA_INTERLEAVE: ffma_interleave_mode, CUPTI: cupti_path, B_EVICT_FIRST: b_evict_first_mode,
-    CHECK_INPUTS: check_inputs_enabled, PDL: pdl_enabled, L2_SIDES: l2_sides_mode,
+    CHECK_INPUTS: check_inputs_enabled, PDL: pdl_enabled, L2_SIDES: l2_sides_mode, B_PREFETCH: b_prefetch_bytes,
 }
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from . import validate
 from .config import config_version
-from .env import B_EVICT_FIRST, PDL, setting_key
+from .env import B_EVICT_FIRST, B_PREFETCH, PDL, setting_key
 from .device import num_sms_key, on_device, single_gpu
 from .frameworks import adapter
 from .packing import PackedWeights
@@ -45,7 +45,8 @@ def _cupy_signature(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, lay
             b.shape, b.strides, b.dtype, sfb.shape, sfb.strides, sfb.dtype,
             None if out is None else (out.shape, out.strides, out.dtype),
             None if layout is None else (layout.shape, layout.strides, layout.dtype),
-            num_sms_key(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
+            num_sms_key(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL),
+            setting_key(B_PREFETCH))
 
 
 def _torch_signature(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any,
@@ -56,13 +57,15 @@ def _torch_signature(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, la
             sfb.stride(), sfb.dtype, sfb.get_device(),
             None if out is None else (out.shape, out.stride(), out.dtype, out.get_device()),
             None if layout is None else (layout.shape, layout.stride(), layout.dtype, layout.get_device()),
-            num_sms_key(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
+            num_sms_key(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL),
+            setting_key(B_PREFETCH))
 
 
 def _view_signature(kind: Any, views: tuple[View | None, ...], expected_m: int | None) -> tuple:
     """As :func:`_cupy_signature`, for operands read through DLPack."""
     return (kind, expected_m, views[1].ptr & 15) + tuple(None if v is None else v[1:5] for v in views) + \
-        (num_sms_key(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL))
+        (num_sms_key(), config_version(), setting_key(B_EVICT_FIRST), setting_key(PDL),
+            setting_key(B_PREFETCH))
 
 
 def _prepare(kind: Any, views: tuple[View | None, ...], expected_m: int | None,

@@ -15,15 +15,17 @@ _lock = threading.Lock()
 _by_config: dict[tuple[int, GemmConfig, bool], LoadedKernel] = {}
 
 
-def gemm_source(cfg: GemmConfig, pdl: bool | None = None) -> KernelSource:
+def gemm_source(cfg: GemmConfig, pdl: bool | None = None, b_prefetch: int = 0) -> KernelSource:
     """The kernel source for ``cfg``; ``pdl``: the programmatic-dependent-launch variant (None: as
-    ``CUPYGEMM_PDL`` says, i.e. the variant this process launches)."""
-    return render(contract.GEMM_FILE, contract.GEMM_ENTRY, contract.defines(cfg, pdl_enabled() if pdl is None else pdl))
+    ``CUPYGEMM_PDL`` says, i.e. the variant this process launches); ``b_prefetch``: see
+    :func:`cupygemm.contract.defines`."""
+    pdl = pdl_enabled() if pdl is None else pdl
+    return render(contract.GEMM_FILE, contract.GEMM_ENTRY, contract.defines(cfg, pdl, b_prefetch))
 
 
-def compile_gemm(cfg: GemmConfig, pdl: bool | None = None) -> bytes:
+def compile_gemm(cfg: GemmConfig, pdl: bool | None = None, b_prefetch: int = 0) -> bytes:
     """The sm_90a cubin for ``cfg`` (from the cache or NVRTC). Needs no GPU."""
-    return build_cubin(gemm_source(cfg, pdl), config=cfg)[1]
+    return build_cubin(gemm_source(cfg, pdl, b_prefetch), config=cfg)[1]
 
 
 class _LaunchConfig(ctypes.Structure):
@@ -51,16 +53,16 @@ def max_active_clusters(kernel: LoadedKernel, cfg: GemmConfig) -> int:
     return out.value if res == 0 else 0
 
 
-def get_gemm_kernel(cfg: GemmConfig, device_id: int, pdl: bool = False) -> LoadedKernel:
-    """The loaded kernel for ``cfg`` on ``device_id`` (the current device); memoized in-process. ``pdl``: the
-    variant for programmatic dependent launch (:func:`cupygemm.contract.defines`).
+def get_gemm_kernel(cfg: GemmConfig, device_id: int, pdl: bool = False, b_prefetch: int = 0) -> LoadedKernel:
+    """The loaded kernel for ``cfg`` on ``device_id`` (the current device); memoized in-process. ``pdl``,
+    ``b_prefetch``: the variant for programmatic dependent launch (:func:`cupygemm.contract.defines`).
 
     Configs differing only in grid size share one kernel (:func:`cupygemm.jit.loader.load` memoizes by source).
     """
-    key = (device_id, cfg, pdl)
+    key = (device_id, cfg, pdl, b_prefetch)
     k = _by_config.get(key)
     if k is None:
-        k = load(device_id, gemm_source(cfg, pdl), contract.GEMM_PARAMS_SIDES if cfg.sides else contract.GEMM_PARAMS,
+        k = load(device_id, gemm_source(cfg, pdl, b_prefetch), contract.GEMM_PARAMS_SIDES if cfg.sides else contract.GEMM_PARAMS,
                  config=cfg, dynamic_smem=cfg.smem_bytes)
         if contract.cluster_size(cfg) > 1 and not k.max_clusters:
             with relaxed_capture():

@@ -63,7 +63,7 @@ def test_multigpu_without_torch_or_a_second_gpu_says_so_in_one_line(gpus, torch_
 
 BAD_VALUES = {"CUPYGEMM_PDL": "maybe", "CUPYGEMM_DISABLE_CACHE": "sometimes", "CUPYGEMM_PRINT_CONFIGS": "2",
               "CUPYGEMM_CHECK_INPUTS": "y", "CUPYGEMM_FFMA_INTERLEAVE": "always", "CUPYGEMM_B_EVICT_FIRST": "first",
-              "CUPYGEMM_L2_SIDES": "both"}
+              "CUPYGEMM_L2_SIDES": "both", "CUPYGEMM_B_PREFETCH_KIB": "-1"}
 
 
 @pytest.mark.parametrize("var", sorted(BAD_VALUES))
@@ -76,9 +76,9 @@ def test_a_bad_environment_value_is_one_line_before_any_output(var, monkeypatch,
     assert main(["info"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and len(err.strip().splitlines()) == 1, err
-    assert err.startswith(f"cupygemm: {var}: expected one of ") and repr(value) in err
+    assert err.startswith(f"cupygemm: {var}: expected ") and repr(value) in err
     allowed = "/".join(env.TRUE_WORDS) if var in (env.PDL, env.DISABLE_CACHE, env.PRINT_CONFIGS, env.CHECK_INPUTS) \
-        else "auto"
+        else "an integer from 0" if var == env.B_PREFETCH else "auto"
     assert allowed in err
 
 

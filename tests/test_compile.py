@@ -209,3 +209,34 @@ def test_pdl_variant_waits_and_releases(tmp_path):
     assert "ACQBULK" in ops[True] and "PREEXIT" in ops[True]
     assert "ACQBULK" not in ops[False] and "PREEXIT" not in ops[False]
     assert "CUPYGEMM_PDL" not in gemm_source(cfg, False).text.split("#include")[0]
+
+
+@pytest.mark.parametrize("sides", [False, True])
+def test_b_prefetch_is_issued_before_the_wait(tmp_path, sides):
+    """Weights before the wait (cuda_src/b_prefetch.cuh): the prefetch variant fetches B into L2 (packed B as byte
+    runs, plain B as TMA boxes) before griddepcontrol.wait (ACQBULK); the PDL kernel without it fetches nothing."""
+    cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
+    if sides:
+        cfg = C.side_aware_config(cfg, 132, 232448)
+    fetch = "UBLKPF" if sides else "UTMAPF"
+    for b_prefetch in (0, 8 << 20):
+        sass, _ = _sass(compile_gemm(cfg, True, b_prefetch), tmp_path)
+        ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
+        assert not re.search(r"\b(LDL|STL)\b", sass)
+        if not b_prefetch:
+            assert not any(op.startswith(("UBLKPF", "UTMAPF")) for op in ops)
+            continue
+        first_fetch = next(i for i, op in enumerate(ops) if op.startswith(fetch))
+        assert first_fetch < ops.index("ACQBULK")
+
+
+def test_packed_plain_order_kernel_draws_no_side_ticket(tmp_path):
+    """Packed B in the plain tile order (large M): the same packed loads, but no side ticket, so none of the
+    ticket's global atomics; the side-aware kernel of the same tile draws one."""
+    chosen = C.choose_config(C.KIND_NORMAL, 4096, 7168, 16384, 1, 132, sides=True)
+    atomics = {}
+    for name, cfg in (("side", C.side_aware_config(chosen, 132)), ("plain_order", C.packed_config(chosen, 4096, 1, 132))):
+        sass, _ = _sass(compile_gemm(cfg, False), tmp_path)
+        atomics[name] = bool(re.search(r"\bATOMG\.E\.ADD", sass))  # the ticket's fetch-and-add
+        assert not re.search(r"\b(LDL|STL)\b", sass)
+    assert atomics == {"side": True, "plain_order": False}

@@ -120,7 +120,7 @@ def test_small_kernels_and_gemm_kernels_load_once_per_device(monkeypatch):
 
     monkeypatch.setattr(loader, "load", fake_load)
     monkeypatch.setattr(kernels, "load", fake_load)
-    monkeypatch.setattr(kernels, "gemm_source", lambda cfg, pdl: None)
+    monkeypatch.setattr(kernels, "gemm_source", lambda cfg, pdl, b_prefetch: None)
     monkeypatch.setattr(kernels, "_by_config", {})
     small = loader.SmallKernel(lambda: None, ())
     try:
