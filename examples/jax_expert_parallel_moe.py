@@ -1,8 +1,9 @@
 """Expert-parallel MoE and tensor-parallel MLP in JAX on two GPUs with cupygemm's FP8 kernels.
 
-* EP: tokens quantized per device, dispatched to their experts' devices with ``lax.all_to_all`` inside
-  ``shard_map``, each device's experts run as masked grouped GEMMs (DeepSeek-V3 shapes: hidden 7168, expert
-  intermediate 2048, 4096 tokens and 8 experts a GPU), outputs sent back and combined;
+* EP: tokens quantized per device and sent with ``lax.all_to_all`` inside ``shard_map`` once to each device that
+  holds any of their experts, each device's experts run as masked grouped GEMMs (DeepSeek-V3 shapes: hidden 7168,
+  expert intermediate 2048, 4096 tokens and 8 experts a GPU), each token's outputs summed on the expert device and
+  sent back once, the devices' sums added up;
 * TP: an MLP under plain ``jit`` with NamedShardings: column-parallel up-projection, row-parallel down-projection
   (cupygemm.jax's partitioning rules: the down GEMM's K-sharded partial products summed by one all-reduce).
 
@@ -42,7 +43,8 @@ hidden, inter, tokens, ffn = (1024, 256, 512, 2048) if args.small else (7168, 20
 f, inputs, info = mg.moe_setup(gpus, tokens, hidden, inter, experts_per_device=8, topk=args.topk)
 y = np.asarray(f(*inputs))
 want = mg.moe_reference(info["x"], info["routing"], info["params"])
-print(f"EP MoE on 2 GPUs ({tokens} tokens a GPU, capacity {info['capacity']}, {info['dropped']} choices dropped): "
+print(f"EP MoE on 2 GPUs ({tokens} tokens a GPU, each sent once per device; {info['slots']} slots an expert, "
+      f"largest count {info['max_count']}, {info['dropped']} choices dropped): "
       f"calc_diff vs float32 = {ref.calc_diff(y, want):.3e}")
 
 f, inputs, info = mg.mlp_setup(gpus, 2 * tokens, hidden, ffn)
