@@ -1,8 +1,9 @@
 """Expert-parallel MoE and tensor-parallel MLP in JAX on two GPUs with cupygemm's FP8 kernels.
 
-* EP: tokens quantized per device, dispatched to their experts' devices with ``lax.all_to_all`` inside
-  ``shard_map``, each device's experts run as masked grouped GEMMs (DeepSeek-V3 shapes: hidden 7168, expert
-  intermediate 2048, 4096 tokens and 8 experts a GPU), outputs sent back and combined;
+* EP: tokens quantized per device and sent with ``lax.all_to_all`` inside ``shard_map`` once to each device that
+  holds any of their experts, each device's experts run as masked grouped GEMMs (DeepSeek-V3 shapes: hidden 7168,
+  expert intermediate 2048, 4096 tokens and 8 experts a GPU), each token's outputs summed on the expert device and
+  sent back once, the devices' sums added up;
 * TP: an MLP under plain ``jit`` with NamedShardings: column-parallel up-projection, row-parallel down-projection
   (cupygemm.jax's partitioning rules: the down GEMM's K-sharded partial products summed by one all-reduce).
 
@@ -30,6 +31,8 @@ parser.add_argument("--small", action="store_true", help="hidden 1024, intermedi
 parser.add_argument("--bench", action="store_true", help="time the layers on 1 and 2 GPUs")
 parser.add_argument("--out", default=None, help="JSON file for --bench")
 parser.add_argument("--topk", type=int, default=8)
+parser.add_argument("--slot-factor", type=float, default=1.125,
+                    help="EP rows per expert in the small layout, x the average count (>= 2: the exact layout only)")
 args = parser.parse_args()
 
 gpus = jax.devices("gpu")
@@ -39,10 +42,12 @@ if len(gpus) < 2:
 gpus = gpus[:2]
 hidden, inter, tokens, ffn = (1024, 256, 512, 2048) if args.small else (7168, 2048, 4096, 18432)
 
-f, inputs, info = mg.moe_setup(gpus, tokens, hidden, inter, experts_per_device=8, topk=args.topk)
+f, inputs, info = mg.moe_setup(gpus, tokens, hidden, inter, experts_per_device=8, topk=args.topk,
+                               slot_factor=args.slot_factor)
 y = np.asarray(f(*inputs))
 want = mg.moe_reference(info["x"], info["routing"], info["params"])
-print(f"EP MoE on 2 GPUs ({tokens} tokens a GPU, capacity {info['capacity']}, {info['dropped']} choices dropped): "
+print(f"EP MoE on 2 GPUs ({tokens} tokens a GPU, each sent once per device; {info['slots']} slots an expert, "
+      f"largest count {info['max_count']}, {info['dropped']} choices dropped): "
       f"calc_diff vs float32 = {ref.calc_diff(y, want):.3e}")
 
 f, inputs, info = mg.mlp_setup(gpus, 2 * tokens, hidden, ffn)
@@ -52,7 +57,7 @@ print(f"TP MLP on 2 GPUs ({2 * tokens} tokens, output {y.sharding.spec}): "
       f"calc_diff vs float32 = {ref.calc_diff(np.asarray(y).astype(np.float64), want):.3e}")
 
 if args.bench:
-    result = mg.bench(gpus, tokens, hidden, inter, 8, args.topk, ffn)
+    result = mg.bench(gpus, tokens, hidden, inter, 8, args.topk, ffn, slot_factor=args.slot_factor)
     for row in result["rows"]:
         print(row)
     if args.out:

@@ -2,12 +2,38 @@
 grouped GEMM) and a tensor-parallel MLP (plain ``jit`` over NamedShardings), with their float32 references and
 their timings (used by ``examples/jax_expert_parallel_moe.py``).
 
-MoE layer, per device (mesh axis ``"ep"``, ``E_l`` experts a device): quantize the device's tokens (1x128), route
-each token to ``topk`` experts (a random router: softmax weights of the top logits), place each (token, choice) in
-a fixed-capacity slot ``[device, local expert, slot]`` (slots counted per source device and expert, in token
-order; choices past the capacity are dropped, and counted), send the FP8 rows and their scales with
-``lax.all_to_all``, run each local expert's SwiGLU FFN as two masked grouped GEMMs over the rows it received
-(``[E_l, D * C, ...]``, empty slots zero), send the outputs back and sum them with the routing weights.
+MoE layer (:func:`ep_moe`), per device of the mesh axis (``D`` devices, ``E_l`` experts and ``T`` tokens a device):
+
+1. Dispatch, each token to each device at most once: the device's tokens are quantized (1x128); a token goes to
+   device ``j`` when any of its top-k experts lives there. Its payload row (the FP8 row's bytes, its scales, its
+   top-k expert ids and weights, all as int32 words) is placed in block ``j`` of a ``[D, T, W]`` buffer, in token
+   order, and one ``lax.all_to_all`` exchanges the blocks. A block has a slot for every token of its source, so
+   nothing overflows and nothing is dropped (no capacity factor); unused slots are zero rows naming expert -1.
+2. Experts: the receiving device lays its (received token, local expert) pairs out as the masked grouped GEMM's
+   ``[E_l, M, H]`` (expert ``e``'s pairs in its first ``masked_m[e]`` rows, source then token order; ``masked_m``
+   the exact counts, ``expected_m`` their average ``T * topk / E_l``) and runs the expert FFN on it (an argument:
+   :func:`cupygemm_ffn`, gate/up GEMM, SiLU(gate)*up, cast, down GEMM; tests pass a ``jnp`` one).
+3. Combine: each received token's outputs over this device's experts, weighted by its routing weights, are summed
+   in float32 into one row, sent back in BF16 by a second all_to_all into the slots it came from; the source sums
+   its ``D`` partial rows in float32. BF16 on the wire: the expert outputs are BF16 GEMM results already, and the
+   partial sum's one more BF16 rounding (2^-9 relative) is far below the FP8 operands' error, at half the bytes of
+   float32.
+
+Slots per expert: exactness needs ``M = D * T`` (one expert may receive every token), and every XLA op around the
+GEMMs (the gather into the layout, the GEMM outputs' zero-fill, SiLU, the cast) runs over all ``M`` rows whatever the
+counts, while the GEMMs stop at ``masked_m``. With ``slots < D * T`` the layer therefore traces the expert step for
+both ``M = slots`` and ``M = D * T`` and ``lax.cond`` runs the first when every count fits and the second otherwise:
+always exact, the padded work that of ``slots`` in the common case. On GPU XLA's conditional (outside a command
+buffer) copies its predicate to the host and waits for it: one synchronization a call, once the dispatch has
+arrived. ``D = 1`` is the same code: its all_to_alls move nothing off the device.
+
+Bytes: the fixed-shape all_to_all moves a whole block to every device, used or not, so each device sends
+``(D - 1) * T`` payload rows of ``H + 4 * ceil(H / 128) + 8 * topk`` bytes and gets ``(D - 1) * T`` BF16 rows of
+``2 * H`` bytes back: in bytes an all-gather of the FP8 tokens, which is what top-8 of 16 experts on 2 devices
+needs anyway (almost every token has an expert on both). ``lax.ragged_all_to_all`` would send each block's used
+rows only (the counts are known before the exchange); it pays off with more devices or more local routing, and is
+not used here because the fixed-shape all_to_all runs on every backend (XLA's CPU one included, where the tests
+run this layer).
 
 TP MLP: ``y = down(silu(x @ Wg.T) * (x @ Wu.T))`` with the up-projection column-parallel (its N sharded: each
 device its slice of the intermediate features, no collective) and the down-projection row-parallel (its K sharded:
@@ -32,6 +58,12 @@ import cupygemm.jax as cj
 
 _BLOCK = 128
 
+#: The experts' FFN as :func:`ep_moe` calls it: ``ffn(a, sfa, masked_m, params) -> out``, ``a`` float8_e4m3fn
+#: ``[E_l, M, H]``, ``sfa`` float32 ``[E_l, M, ceil(H/128)]``, ``masked_m`` int32 ``[E_l]`` (expert ``e``'s tokens
+#: are its first ``masked_m[e]`` rows), ``params`` this device's expert weights; ``out`` ``[E_l, M, H]`` (BF16 or
+#: float32), of which rows past ``masked_m`` are never read.
+ExpertFFN = Callable[[jax.Array, jax.Array, jax.Array, Any], jax.Array]
+
 
 def _silu_glu(h: jax.Array) -> jax.Array:
     half = h.shape[-1] // 2
@@ -39,18 +71,11 @@ def _silu_glu(h: jax.Array) -> jax.Array:
     return g * jax.nn.sigmoid(g) * u
 
 
-def route(logits: jax.Array, topk: int, devices: int, experts_per_device: int,
-          capacity: int) -> dict[str, jax.Array]:
-    """Top-k routing of ``logits`` [D * T, E] (device-major tokens): experts, weights, each choice's slot and
-    whether it fits in the capacity."""
-    tokens = logits.shape[0] // devices
+def route(logits: jax.Array, topk: int) -> dict[str, jax.Array]:
+    """Top-k routing of ``logits`` [tokens, E]: each token's experts (int32) and weights (softmax of the top
+    logits)."""
     weights, experts = lax.top_k(logits, topk)
-    weights = jax.nn.softmax(weights, axis=-1)
-    onehot = jax.nn.one_hot(experts.reshape(devices, tokens * topk), devices * experts_per_device, dtype=jnp.int32)
-    slot = (jnp.cumsum(onehot, axis=1) - 1)  # rank among the source device's choices of that expert
-    slot = jnp.take_along_axis(slot, experts.reshape(devices, -1, 1), axis=2).reshape(-1, topk)
-    return {"experts": experts.astype(jnp.int32), "weights": weights, "slot": slot.astype(jnp.int32),
-            "keep": slot < capacity}
+    return {"experts": experts.astype(jnp.int32), "weights": jax.nn.softmax(weights, axis=-1)}
 
 
 def moe_params(devices: int, experts_per_device: int, hidden: int, inter: int, seed: int = 0) -> dict[str, Any]:
@@ -65,51 +90,165 @@ def moe_params(devices: int, experts_per_device: int, hidden: int, inter: int, s
     return {"up": (up_q, up_s), "down": (down_q, down_s), "w_up": w_up, "w_down": w_down}
 
 
-def moe_layer(mesh: Mesh, experts_per_device: int, capacity: int, expected_m: int) -> Callable:
-    """The jitted EP layer ``(x [D*T, H] bf16, routing, up_q, up_s, down_q, down_s) -> y [D*T, H] f32``,
-    tokens, routing and experts sharded over the mesh axis ``"ep"``."""
-    d = mesh.shape["ep"]
-    el, c = experts_per_device, capacity
+def cupygemm_ffn(expected_m: int) -> ExpertFFN:
+    """The experts' SwiGLU FFN on cupygemm.jax's masked grouped GEMMs, ``params = (up_q, up_s, down_q, down_s)``
+    (gate and up fused [E_l, 2I, H], down [E_l, H, I], 128x128-block scales): the gate/up GEMM, SiLU(gate) * up in
+    float32 rounded to BF16 (the cast's input; half the bytes of float32 over all ``M`` rows, and the 1x128 FP8 cast
+    after it rounds far coarser), the cast, the down GEMM. ``expected_m``: the GEMMs' config hint (the average
+    count)."""
 
-    def local(x, experts, weights, slot, keep, up_q, up_s, down_q, down_s):
-        t, h = x.shape
-        q, s = cj.per_token_cast_to_fp8(x)
-        dest = jnp.where(keep, experts * c + slot, d * el * c)  # flat [device, expert, slot]; dropped: past the end
-        rows = jnp.broadcast_to(jnp.arange(t)[:, None], experts.shape)
-        send_q = jnp.zeros((d * el * c + 1, h), q.dtype).at[dest.reshape(-1)].set(q[rows.reshape(-1)])
-        send_s = jnp.zeros((d * el * c + 1, s.shape[1]), s.dtype).at[dest.reshape(-1)].set(s[rows.reshape(-1)])
-        send_q, send_s = send_q[:-1].reshape(d, el, c, h), send_s[:-1].reshape(d, el, c, -1)
-        recv_q = lax.all_to_all(send_q, "ep", 0, 0, tiled=True)  # [source device, E_l, C, H]
-        recv_s = lax.all_to_all(send_s, "ep", 0, 0, tiled=True)
-        a = jnp.swapaxes(recv_q, 0, 1).reshape(el, d * c, h)
-        sfa = jnp.swapaxes(recv_s, 0, 1).reshape(el, d * c, -1)
-        m = jnp.full((el,), d * c, jnp.int32)  # empty slots are zero rows: zero outputs
-        hmid = cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, up_q, up_s, m, expected_m)
-        act = _silu_glu(hmid)
-        aq, asf = cj.per_token_cast_to_fp8(act.reshape(el * d * c, -1))
-        out = cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(aq.reshape(el, d * c, -1), asf.reshape(el, d * c, -1),
-                                                       down_q, down_s, m, expected_m)
-        back = lax.all_to_all(jnp.swapaxes(out.reshape(el, d, c, h), 0, 1), "ep", 0, 0, tiled=True)
-        picked = back.reshape(d * el * c, h)[jnp.minimum(dest, d * el * c - 1)].astype(jnp.float32)
-        w = jnp.where(keep, weights, 0.0)[..., None]
-        return jnp.sum(picked * w, axis=1)
+    def ffn(a: jax.Array, sfa: jax.Array, masked_m: jax.Array, params: Any) -> jax.Array:
+        up_q, up_s, down_q, down_s = params
+        g, m, _ = a.shape
+        h = cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(a, sfa, up_q, up_s, masked_m, expected_m)
+        aq, asf = cj.per_token_cast_to_fp8(_silu_glu(h).astype(jnp.bfloat16).reshape(g * m, -1))
+        return cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(aq.reshape(g, m, -1), asf.reshape(g, m, -1), down_q, down_s,
+                                                        masked_m, expected_m)
+
+    return ffn
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """The rows of ``x`` [n, c] (1- or 4-byte items) as int32 words: one payload for the all_to_all, and 4-byte
+    elements for XLA's row gathers."""
+    n, c = x.shape
+    per = 4 // np.dtype(x.dtype).itemsize
+    return lax.bitcast_convert_type(x.reshape(n, c // per, per) if per > 1 else x, jnp.int32)
+
+
+def _unwords(w: jax.Array, dtype: Any) -> jax.Array:
+    """``_words`` undone: int32 words [n, c] as ``dtype`` [n, c * 4 / itemsize]."""
+    return lax.bitcast_convert_type(w, dtype).reshape(w.shape[0], -1)
+
+
+def dispatch_slots(experts: jax.Array, devices: int, experts_per_device: int) -> tuple[jax.Array, ...]:
+    """Where a device's tokens go, from their experts [T, topk] (device ``j`` holds experts ``j * E_l`` ...):
+    ``needs`` bool [T, D] (an expert of token t is on device j), ``slot`` int32 [T, D] (its row in block j: its rank
+    among the tokens that need j; meaningless where not needed) and ``src`` int32 [D, T] (the token in block j's row
+    p, ``T`` for an unused row)."""
+    t = experts.shape[0]
+    dest = experts // experts_per_device
+    needs = jnp.any(dest[:, :, None] == jnp.arange(devices, dtype=dest.dtype), axis=1)
+    slot = jnp.cumsum(needs.astype(jnp.int32), axis=0) - 1
+    flat = jnp.where(needs, jnp.arange(devices, dtype=jnp.int32) * t + slot, devices * t)
+    tokens = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[:, None], (t, devices))
+    src = jnp.full((devices * t,), t, jnp.int32).at[flat.reshape(-1)].set(tokens.reshape(-1), mode="drop")
+    return needs, slot, src.reshape(devices, t)
+
+
+def expert_slots(experts: jax.Array, first: jax.Array, experts_per_device: int) -> tuple[jax.Array, ...]:
+    """The masked layout's bookkeeping for received rows' experts [R, topk] (global ids, -1 for an unused row) on
+    the device holding experts ``first ...``: ``local`` int32 [R, topk] (the pair's local expert, ``E_l`` where the
+    expert is elsewhere), ``rank`` int32 [R, topk] (the pair's row among its expert's, in row order) and
+    ``counts`` int32 [E_l] (``masked_m``)."""
+    el = experts_per_device
+    local = experts - first
+    local = jnp.where((local >= 0) & (local < el), local, el)
+    onehot = (local.reshape(-1, 1) == jnp.arange(el, dtype=local.dtype)).astype(jnp.int32)
+    rank = jnp.sum(jnp.cumsum(onehot, axis=0) * onehot, axis=1) - 1
+    return local, rank.reshape(local.shape), jnp.sum(onehot, axis=0)
+
+
+def _expert_step(m: int, ffn: ExpertFFN, experts_per_device: int, combine_dtype: Any) -> Callable:
+    """The expert step with ``m`` slots per expert: ``(rq, rs, local, rank, rw, counts, params) -> partial rows``
+    [R, H] (each received row's weighted sum over this device's experts; zero for rows with none here)."""
+    el = experts_per_device
+
+    def step(rq: jax.Array, rs: jax.Array, local: jax.Array, rank: jax.Array, rw: jax.Array, counts: jax.Array,
+             params: Any) -> jax.Array:
+        r, k = local.shape
+        here = local < el
+        flat = jnp.where(here, local * m + rank, el * m)  # the pair's row of the layout; elsewhere: past its end
+        rows = jnp.broadcast_to(jnp.arange(r, dtype=jnp.int32)[:, None], (r, k))
+        row_of = jnp.full((el * m,), r, jnp.int32).at[flat.reshape(-1)].set(rows.reshape(-1), mode="drop")
+        a = _unwords(jnp.take(rq, row_of, axis=0, mode="fill", fill_value=0), jnp.float8_e4m3fn)
+        sfa = jnp.take(rs, row_of, axis=0, mode="fill", fill_value=0)
+        out = ffn(a.reshape(el, m, -1), sfa.reshape(el, m, -1), counts, params)
+        out = out.reshape(el * m, out.shape[-1])
+        # One gather per choice, summed as it goes: XLA fuses them into one pass that writes only the [R, H] sum.
+        acc = jnp.zeros((r, out.shape[-1]), jnp.float32)
+        for c in range(k):
+            got = jnp.take(out, jnp.minimum(flat[:, c], el * m - 1), axis=0).astype(jnp.float32)
+            acc = acc + jnp.where(here[:, c, None], rw[:, c, None] * got, 0.0)  # where: pad rows may hold anything
+        return acc.astype(combine_dtype)
+
+    return step
+
+
+def ep_moe(x: jax.Array, experts: jax.Array, weights: jax.Array, params: Any, *, ffn: ExpertFFN,
+           experts_per_device: int, axis: str = "ep", slots: int | None = None,
+           combine_dtype: Any = jnp.bfloat16) -> jax.Array:
+    """One device's part of the expert-parallel MoE layer, inside ``shard_map`` over ``axis`` (see the module
+    docstring): ``x`` [T, H] (BF16 or float32), its routing ``experts`` int32 [T, topk] (global ids; device ``j``
+    holds experts ``j * E_l`` to ``(j + 1) * E_l - 1``) and ``weights`` [T, topk], ``params`` this device's expert
+    weights as ``ffn`` takes them. Returns y [T, H] float32. ``slots``: the small layout's rows per expert (None or
+    ``>= D * T``: only the exact one); ``combine_dtype``: the partial rows on the wire."""
+    t, h = x.shape
+    k = experts.shape[1]
+    el = experts_per_device
+    d = lax.axis_size(axis)
+    if h % 4:
+        raise ValueError(f"x: expected a hidden size that is a multiple of 4 (FP8 rows sent as int32 words), got {h}")
+    q, s = cj.per_token_cast_to_fp8(x)
+    hw, kb = h // 4, s.shape[1]
+    needs, slot, src = dispatch_slots(experts, d, el)
+    payload = jnp.concatenate([_words(q), _words(s), experts.astype(jnp.int32),
+                               _words(weights.astype(jnp.float32))], axis=1)
+    unused = jnp.zeros((1, payload.shape[1]), jnp.int32).at[0, hw + kb:hw + kb + k].set(-1)
+    payload = jnp.concatenate([payload, unused])  # row T: what an unused slot receives
+    recv = lax.all_to_all(payload[src], axis, 0, 0, tiled=True).reshape(d * t, -1)  # [source, slot] rows
+    rq, rs = recv[:, :hw], _unwords(recv[:, hw:hw + kb], jnp.float32)
+    rex, rw = recv[:, hw + kb:hw + kb + k], _unwords(recv[:, hw + kb + k:], jnp.float32)
+    local, rank, counts = expert_slots(rex, lax.axis_index(axis) * el, el)
+
+    operands = (rq, rs, local, rank, rw, counts, params)
+    exact = _expert_step(d * t, ffn, el, combine_dtype)
+    if slots is None or slots >= d * t:
+        partial = exact(*operands)
+    else:
+        small = _expert_step(slots, ffn, el, combine_dtype)
+        partial = lax.cond(jnp.max(counts) <= slots, small, exact, *operands)
+
+    back = lax.all_to_all(partial.reshape(d, t, h), axis, 0, 0, tiled=True).reshape(d * t, h)
+    y = jnp.zeros((t, h), jnp.float32)
+    for j in range(d):
+        got = jnp.take(back, j * t + jnp.maximum(slot[:, j], 0), axis=0).astype(jnp.float32)
+        y = y + jnp.where(needs[:, j, None], got, 0.0)
+    return y
+
+
+def moe_layer(mesh: Mesh, experts_per_device: int, ffn: ExpertFFN, slots: int | None = None,
+              combine_dtype: Any = jnp.bfloat16) -> Callable:
+    """The jitted EP layer ``(x [D*T, H], experts [D*T, topk], weights [D*T, topk], params) -> y [D*T, H] f32``
+    over the mesh axis ``"ep"``: tokens, routing and the experts' weights (each leaf of ``params``: experts first)
+    sharded along it, :func:`ep_moe` on each device."""
+
+    def local(x, experts, weights, params):
+        return ep_moe(x, experts, weights, params, ffn=ffn, experts_per_device=experts_per_device, axis="ep",
+                      slots=slots, combine_dtype=combine_dtype)
 
     spec = P("ep")
-    f = jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 9, out_specs=spec, check_vma=False)
-    return jax.jit(f)
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec, check_vma=False))
 
 
 def moe_reference(x: jax.Array, routing: dict[str, jax.Array], params: dict[str, Any]) -> np.ndarray:
-    """The layer in float32 on one device: every kept choice's expert FFN on the unquantized weights."""
+    """The layer in float32 on one device: every choice's expert FFN on the unquantized weights."""
     x = jnp.asarray(x, jnp.float32)
     hi = lax.Precision.HIGHEST
     y = jnp.zeros_like(x)
-    w = jnp.where(routing["keep"], routing["weights"], 0.0)
     for e in range(params["w_up"].shape[0]):
-        coef = jnp.sum(jnp.where(routing["experts"] == e, w, 0.0), axis=1)
+        coef = jnp.sum(jnp.where(routing["experts"] == e, routing["weights"], 0.0), axis=1)
         h = _silu_glu(jnp.dot(x, params["w_up"][e].T, precision=hi))
         y = y + coef[:, None] * jnp.dot(h, params["w_down"][e].T, precision=hi)
     return np.asarray(y)
+
+
+def ep_bytes(devices: int, tokens_per_device: int, hidden: int, topk: int) -> dict[str, int]:
+    """Bytes each device sends to the others per call: the dispatch's payload rows (FP8 row, 1x128 scales, top-k
+    ids and weights) and the combine's BF16 rows, ``T`` rows to each other device (the fixed-shape all_to_all)."""
+    row = hidden + 4 * -(-hidden // _BLOCK) + 8 * topk
+    off = (devices - 1) * tokens_per_device
+    return {"dispatch_bytes": off * row, "combine_bytes": off * 2 * hidden}
 
 
 def mlp_params(hidden: int, ffn: int, seed: int = 1) -> dict[str, Any]:
@@ -159,24 +298,48 @@ def mlp_reference(x: jax.Array, params: dict[str, Any]) -> np.ndarray:
 
 
 def moe_setup(devices: list, tokens_per_device: int, hidden: int, inter: int, experts_per_device: int, topk: int,
-              capacity_factor: float = 1.5, seed: int = 0) -> tuple[Callable, tuple, dict]:
-    """The EP layer over ``devices`` with its sharded inputs; ``info`` holds the routing, parameters and drops."""
+              slot_factor: float = 1.125, seed: int = 0) -> tuple[Callable, tuple, dict]:
+    """The EP layer over ``devices`` on cupygemm's FFN, with its sharded inputs ``(x, experts, weights, params)``.
+    ``info``: the inputs and parameters for the reference, ``slots`` (the small layout's rows per expert:
+    ``slot_factor`` x the average count, in 128s, at most ``D * T``), ``counts`` per expert, ``max_count`` (the
+    small layout runs when it is ``<= slots``), ``expected_m``, ``dropped`` (always 0) and the bytes each device
+    sends (:func:`ep_bytes`)."""
     d = len(devices)
     mesh = Mesh(np.array(devices), ("ep",))
     e = d * experts_per_device
-    cap = tokens_per_device * topk / e * capacity_factor
-    capacity = max(_BLOCK, int(math.ceil(cap / _BLOCK)) * _BLOCK)
     kx, kr = jax.random.split(jax.random.key(seed + 7))
     x = jax.random.normal(kx, (d * tokens_per_device, hidden), jnp.float32).astype(jnp.bfloat16)
-    logits = jax.random.normal(kr, (d * tokens_per_device, e), jnp.float32)
-    routing = route(logits, topk, d, experts_per_device, capacity)
+    routing = route(jax.random.normal(kr, (d * tokens_per_device, e), jnp.float32), topk)
     params = moe_params(d, experts_per_device, hidden, inter, seed)
+    average = tokens_per_device * topk / experts_per_device
+    slots = min(d * tokens_per_device, _BLOCK * math.ceil(slot_factor * average / _BLOCK))
+    expected_m = max(1, round(average))
     shard = NamedSharding(mesh, P("ep"))
-    args = tuple(jax.device_put(v, shard) for v in (x, routing["experts"], routing["weights"], routing["slot"],
-                                                    routing["keep"], *params["up"], *params["down"]))
-    f = moe_layer(mesh, experts_per_device, capacity, expected_m=max(1, int(cap)))
-    dropped = int(np.sum(~np.asarray(routing["keep"])))
-    return f, args, {"x": x, "routing": routing, "params": params, "capacity": capacity, "dropped": dropped}
+    args = (jax.device_put(x, shard), jax.device_put(routing["experts"], shard),
+            jax.device_put(routing["weights"], shard),
+            tuple(jax.device_put(v, shard) for v in (*params["up"], *params["down"])))
+    f = moe_layer(mesh, experts_per_device, cupygemm_ffn(expected_m), slots)
+    counts = np.bincount(np.asarray(routing["experts"]).ravel(), minlength=e)  # a token's experts are distinct
+    return f, args, {"x": x, "routing": routing, "params": params, "slots": slots, "counts": counts,
+                     "max_count": int(counts.max()), "expected_m": expected_m, "dropped": 0,
+                     **ep_bytes(d, tokens_per_device, hidden, topk)}
+
+
+def experts_ms(device: Any, info: dict, tokens_per_device: int, devices: int, experts_per_device: int,
+               repeats: int = 20) -> float:
+    """The expert FFN alone (:func:`cupygemm_ffn`) on ``device`` with the first device's layout in the layer
+    (its experts' counts as ``masked_m``, the slots the layer's expert step runs with): the GEMM side of the
+    layer's time, the rest being dispatch, layout, combine and their collectives."""
+    el = experts_per_device
+    m = info["slots"] if info["counts"][:el].max() <= info["slots"] else devices * tokens_per_device
+    hidden = info["x"].shape[1]
+    with jax.default_device(device):
+        x = jax.random.normal(jax.random.key(3), (el * m, hidden), jnp.float32).astype(jnp.bfloat16)
+        a, sfa = cj.per_token_cast_to_fp8(x)
+        counts = jnp.asarray(info["counts"][:el], jnp.int32)
+        params = tuple(jax.device_put(v[:el], device) for v in (*info["params"]["up"], *info["params"]["down"]))
+    ffn = jax.jit(cupygemm_ffn(info["expected_m"]))
+    return time_ms(ffn, (a.reshape(el, m, -1), sfa.reshape(el, m, -1), counts, params), repeats)
 
 
 def mlp_setup(devices: list, tokens: int, hidden: int, ffn: int, seed: int = 1) -> tuple[Callable, tuple, dict]:
@@ -200,19 +363,28 @@ def time_ms(f: Callable, args: tuple, repeats: int = 20, warmup: int = 3) -> flo
 
 
 def bench(devices: list, tokens_per_device: int = 4096, hidden: int = 7168, inter: int = 2048,
-          experts_per_device: int = 8, topk: int = 8, ffn: int = 18432, repeats: int = 20) -> dict[str, Any]:
+          experts_per_device: int = 8, topk: int = 8, ffn: int = 18432, repeats: int = 20,
+          slot_factor: float = 1.125) -> dict[str, Any]:
     """Times the EP layer and the TP MLP on 1 and ``len(devices)`` devices: weak scaling (the same tokens a
     device) and strong scaling (the same total tokens, ``tokens_per_device`` x the largest count). Returns a dict
-    (rows of ``layer, scaling, devices, tokens, ms``)."""
+    (rows of ``layer, scaling, devices, tokens, ms``; the EP rows add the dispatch, the slots per expert and the
+    largest count, the bytes each device sends, and ``experts_ms``: the first device's expert FFN alone,
+    ``rest_ms`` the layer less that)."""
     counts = sorted({1, len(devices)})
     most = counts[-1]
     rows = []
     for scaling in ("weak", "strong"):
         for n in counts:
             per = tokens_per_device if scaling == "weak" else tokens_per_device * most // n
-            f, args, info = moe_setup(devices[:n], per, hidden, inter, experts_per_device, topk)
+            f, args, info = moe_setup(devices[:n], per, hidden, inter, experts_per_device, topk, slot_factor)
+            ms = time_ms(f, args, repeats)
+            del f, args  # the layer's buffers, before the experts alone are timed
+            alone = experts_ms(devices[0], info, per, n, experts_per_device, repeats)
             rows.append({"layer": "ep_moe", "scaling": scaling, "devices": n, "tokens": per * n,
-                         "dropped": info["dropped"], "ms": time_ms(f, args, repeats)})
+                         "dropped": info["dropped"], "ms": ms, "dispatch": "dedup-per-device",
+                         "slots": info["slots"], "max_count": info["max_count"],
+                         "dispatch_bytes": info["dispatch_bytes"], "combine_bytes": info["combine_bytes"],
+                         "experts_ms": alone, "rest_ms": ms - alone})
             f, args, _ = mlp_setup(devices[:n], per * n if scaling == "weak" else tokens_per_device * most, hidden,
                                    ffn)
             rows.append({"layer": "tp_mlp", "scaling": scaling, "devices": n, "tokens": args[0].shape[0],
@@ -220,4 +392,5 @@ def bench(devices: list, tokens_per_device: int = 4096, hidden: int = 7168, inte
     return {"device": getattr(devices[0], "device_kind", str(devices[0])), "devices": [str(d) for d in devices],
             "command": " ".join(sys.argv), "timing": "ms per call of the jitted layer (each call waited for), median of the repeats",
             "tokens_per_device": tokens_per_device, "hidden": hidden, "inter": inter,
-            "experts_per_device": experts_per_device, "topk": topk, "ffn": ffn, "rows": rows}
+            "experts_per_device": experts_per_device, "topk": topk, "ffn": ffn, "slot_factor": slot_factor,
+            "rows": rows}

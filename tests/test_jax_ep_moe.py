@@ -1,0 +1,180 @@
+"""The expert-parallel MoE layer's dispatch and combine (:func:`cupygemm.bench.multigpu_jax.ep_moe`, issue 47) on
+XLA's CPU backend with 1, 2 and 4 host devices, and the real layer (cupygemm's GEMMs) traced there.
+
+The expert FFN is the layer's argument: here a float32 ``jnp`` one on the dequantized rows and the unquantized
+weights, so the layer must match :func:`~cupygemm.bench.multigpu_jax.moe_reference` of the dequantized tokens to
+float32 rounding (any token sent to the wrong device, any pair in the wrong slot, lost or counted twice shows). The
+FFN returns NaN past each expert's ``masked_m`` (a row read there poisons the result) and reports, per device, the
+``masked_m`` and the slots per expert it ran with, which are checked against the counts from the routing.
+
+Each case runs in a subprocess (the device count is an XLA flag read when JAX starts its CPU backend).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("jax")
+
+_PRELUDE = textwrap.dedent("""
+    import jax, jax.numpy as jnp, numpy as np
+    from jax import lax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import cupygemm.jax as cj
+    from cupygemm import reference as ref
+    from cupygemm.bench import multigpu_jax as mg
+
+    H, I = 256, 128
+    seen = []  # (device, masked_m, slots per expert) of every expert step that ran
+
+    def report(dev, masked_m, m):
+        seen.append((int(dev), np.asarray(masked_m).tolist(), int(m)))
+
+    def jnp_ffn(a, sfa, masked_m, params):
+        w_up, w_down = params
+        g, m, h = a.shape
+        x = a.astype(jnp.float32) * jnp.repeat(sfa, 128, axis=2)[:, :, :h]
+        hi = lax.Precision.HIGHEST
+        out = jnp.einsum("gmi,gji->gmj", mg._silu_glu(jnp.einsum("gmh,gnh->gmn", x, w_up, precision=hi)), w_down,
+                         precision=hi)
+        jax.debug.callback(report, lax.axis_index("ep"), masked_m, m)
+        return jnp.where((jnp.arange(m)[None, :] < masked_m[:, None])[..., None], out, jnp.nan)
+
+    def dequantized(x):
+        q, s = cj.per_token_cast_to_fp8(x)
+        return np.asarray(q.astype(jnp.float32) * jnp.repeat(s, 128, axis=1)[:, :x.shape[1]])
+
+    def run(d, el, t, experts, weights, slots=None, combine=jnp.float32, seed=0):
+        '''The layer on d devices with the jnp FFN; returns (y, reference, routing counts per expert).'''
+        seen.clear()
+        mesh = Mesh(np.array(jax.devices()[:d]), ("ep",))
+        x = jax.random.normal(jax.random.key(seed), (d * t, H), jnp.float32).astype(jnp.bfloat16)
+        rng = np.random.default_rng(seed)  # float32 weights: this FFN has no use for FP8 ones
+        params = {"w_up": jnp.asarray(rng.standard_normal((d * el, 2 * I, H), np.float32) / np.sqrt(H)),
+                  "w_down": jnp.asarray(rng.standard_normal((d * el, H, I), np.float32) / np.sqrt(I))}
+        f = mg.moe_layer(mesh, el, jnp_ffn, slots, combine)
+        put = lambda v: jax.device_put(v, NamedSharding(mesh, P("ep")))
+        y = f(put(x), put(jnp.asarray(experts, jnp.int32)), put(jnp.asarray(weights, jnp.float32)),
+              (put(params["w_up"]), put(params["w_down"])))
+        y = np.asarray(jax.block_until_ready(y))
+        want = mg.moe_reference(dequantized(x), {"experts": jnp.asarray(experts), "weights": jnp.asarray(weights)},
+                                params)
+        counts = np.bincount(np.asarray(experts).ravel(), minlength=d * el)
+        return y, want, counts
+
+    def check(d, el, t, experts, weights, slots=None, combine=jnp.float32, tol=1e-9):
+        y, want, counts = run(d, el, t, experts, weights, slots, combine)
+        assert np.isfinite(y).all(), "a row past masked_m was read"
+        assert ref.calc_diff(y, want) < tol, ref.calc_diff(y, want)
+        ran = sorted(seen)
+        assert [r[0] for r in ran] == list(range(d)), ran  # one expert step a device
+        for dev, masked_m, m in ran:
+            mine = counts[dev * el:(dev + 1) * el]
+            assert masked_m == mine.tolist(), (dev, masked_m, mine)
+            fits = slots is not None and slots < d * t and mine.max() <= slots
+            assert m == (slots if fits else d * t), (dev, m, slots, mine)
+        return y, counts
+
+    def random_routing(d, el, t, topk, seed=1):
+        logits = jax.random.normal(jax.random.key(seed), (d * t, d * el), jnp.float32)
+        r = mg.route(logits, topk)
+        return np.array(r["experts"]), np.array(r["weights"])
+""")
+
+
+def _run(body: str, devices: int = 4) -> None:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    res = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(body)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-6000:]
+
+
+def test_random_routing_on_1_2_4_devices():
+    """Top-1 and top-8 random routing, 1, 2 and 4 devices (odd token counts): the float32 reference, the exact
+    counts as masked_m, the exact layout (no slots given)."""
+    _run("""
+        for d, el, topk in [(1, 8, 8), (1, 8, 1), (2, 4, 8), (2, 4, 1), (4, 2, 8), (4, 2, 1)]:
+            t = 24 + d
+            check(d, el, t, *random_routing(d, el, t, topk))
+    """)
+
+
+def test_skewed_routing():
+    """Every token of every device routed to device 0's experts (the others receive nothing and run empty experts),
+    an expert nobody picks, and an expert picked by every token."""
+    _run("""
+        d, el, t = 2, 4, 20
+        rng = np.random.default_rng(2)
+        w = rng.dirichlet(np.ones(3), d * t).astype(np.float32)
+        ex = np.stack([rng.permutation(el)[:3] for _ in range(d * t)]).astype(np.int32)  # device 0's experts only
+        _, counts = check(d, el, t, ex, w)  # check(): device 1's masked_m are all 0
+        assert counts[el:].sum() == 0 and counts[:el].min() > 0, counts
+        ex = np.stack([rng.permutation([0, 2, 3, 5, 6, 7])[:4] for _ in range(d * t)]).astype(np.int32)
+        _, counts = check(d, el, t, ex, rng.dirichlet(np.ones(4), d * t).astype(np.float32))
+        assert counts[1] == counts[4] == 0 and counts[[0, 2, 3, 5, 6, 7]].min() > 0, counts
+        ex = np.stack([np.r_[5, rng.permutation([0, 1, 2, 3])[:1]] for _ in range(d * t)]).astype(np.int32)
+        _, counts = check(d, el, t, ex, rng.dirichlet(np.ones(2), d * t).astype(np.float32))
+        assert counts[5] == d * t, counts  # one expert receives every token: the exact layout's every slot
+        d, el, t = 4, 2, 9  # tokens of every source to device 3 only, and top-1
+        ex = np.full((d * t, 1), 7, np.int32)
+        _, counts = check(d, el, t, ex, np.ones((d * t, 1), np.float32))
+        assert counts[7] == d * t and counts[:7].sum() == 0
+    """)
+
+
+def test_small_layout_and_its_fallback():
+    """With slots per expert below D * T: the small layout runs where every count fits, the exact one where one
+    does not (a device decides for itself), both exact."""
+    _run("""
+        d, el, t = 2, 4, 32
+        ex, w = random_routing(d, el, t, 2)
+        counts = np.bincount(ex.ravel(), minlength=d * el)
+        # check() asserts which layout each device ran: the small one exactly where all its counts fit
+        check(d, el, t, ex, w, slots=int(counts.max()))  # both fit, one exactly
+        check(d, el, t, ex, w, slots=int(counts.max()) - 1)
+        assert d * t in [m for _, _, m in seen]
+        ex[:, 0] = 0  # expert 0 on every token: device 0 cannot fit; device 1's experts d * t / 4 tokens each
+        ex[:, 1] = el + np.arange(d * t) % el
+        check(d, el, t, ex, w, slots=d * t // 2)
+        assert [m for _, _, m in sorted(seen)] == [d * t, d * t // 2], seen
+    """)
+
+
+def test_bf16_combine():
+    """The default BF16 partial rows on the wire: within one BF16 rounding of the float32 combine."""
+    _run("""
+        d, el, t = 2, 4, 40
+        ex, w = random_routing(d, el, t, 8)
+        y32, _ = check(d, el, t, ex, w)
+        y16, _ = check(d, el, t, ex, w, combine=jnp.bfloat16, tol=1e-5)
+        assert 0 < ref.calc_diff(y16, y32) < 1e-5, ref.calc_diff(y16, y32)
+    """)
+
+
+def test_layer_with_cupygemm_traces_on_cpu():
+    """make_jaxpr of the real layer (cupygemm's casts and masked GEMMs, trace-only plans: no GPU here) on 2 and 1
+    devices: two all_to_alls, the dispatch's [D, T, H/4 + H/128 + 2 topk] int32 payload (one row per token and
+    device) and the combine's [D, T, H] BF16 rows; the GEMMs of both layouts (slots and D * T rows an expert) where
+    the slots are fewer than D * T, of the exact one alone on one device; the bytes the bench reports."""
+    _run("""
+        import re
+        H, I, T, EL, TOPK = 512, 256, 256, 4, 4
+        for d in (2, 1):
+            f, args, info = mg.moe_setup(jax.devices()[:d], T, H, I, EL, TOPK)
+            jaxpr = str(jax.make_jaxpr(f)(*args))
+            shapes = re.findall(r"(\\w+)\\[([0-9,]+)\\] = all_to_all", jaxpr)
+            assert shapes == [("i32", f"{d},{T},{H // 4 + H // 128 + 2 * TOPK}"), ("bf16", f"{d},{T},{H}")], shapes
+            gemms = re.findall(r"bf16\\[{},([0-9]+),([0-9]+)\\] = ffi_call".format(EL), jaxpr)  # [E_l, M, N]
+            layouts = [T * d, info["slots"]] if d == 2 else [T]
+            assert info["slots"] == layouts[-1] and len(gemms) == 2 * len(layouts), (info["slots"], gemms)
+            assert sorted(gemms) == sorted((str(m), str(n)) for m in layouts for n in (2 * I, H)), gemms
+            want = (d - 1) * T
+            assert info["dispatch_bytes"] == want * (H + 4 * H // 128 + 8 * TOPK), info
+            assert info["combine_bytes"] == want * 2 * H, info
+    """, devices=2)
