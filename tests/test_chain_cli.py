@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cupygemm.bench import chain, metrics
-from cupygemm.bench.cases import BenchUsageError, Shape, Sizes
+from cupygemm.bench.cases import Shape, Sizes
 from cupygemm.cli import build_parser
 
 
