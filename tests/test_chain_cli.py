@@ -131,10 +131,12 @@ def test_report_table_ratios_and_per_shape_durations():
 
 def test_report_without_cupti_and_with_a_difference():
     rows = [_row("custom", "plain", False, 20.0, 15.0, 10.0),
-            _row("custom", "packed", True, 18.0, 14.0, 10.0, differs=["64x7168x2048"])]
+            _row("custom", "packed", True, 18.0, 14.0, 10.0, differs=["64x7168x2048"]),
+            {**_row("custom", "plain", True, 18.0, 14.0, 10.0), "plans_pdl": [False]}]
     text = chain.report(_sequences()[:1], rows, _meta(equal=False))
     assert "kernels us/chain" not in text and "Kernel durations per shape" not in text
-    assert "PDL on / off" not in text  # no (chain, weights) ran both
+    assert "PDL on / off, eager and graph: custom plain 0.900, 0.933" in text
     assert "| custom | packed | on | 18.0 | 1.80 | 14.0 | 1.40 | DIFFERS: eager 64x7168x2048 |" in text
+    assert "| custom | plain | on (not launched) | 18.0 |" in text  # a driver without PDL launches
     assert "NOT ALL (exit status 1)" in text
 

@@ -253,7 +253,10 @@ def _fmt(v: float | None, spec: str = ".1f") -> str:
 
 
 def _pdl(row: dict[str, Any]) -> str:
-    return "on" if row["pdl"] else "off"
+    """on/off; "on (not launched)" where a plan launched without PDL (a driver older than CUDA 12.4's)."""
+    if not row["pdl"]:
+        return "off"
+    return "on" if row.get("plans_pdl") == [True] else "on (not launched)"
 
 
 def _weights(row: dict[str, Any]) -> str:
