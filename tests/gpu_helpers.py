@@ -1,13 +1,17 @@
 """GPU-side helpers for the gpu tests: recipe inputs and an independent float64 reference (cuBLAS DGEMM)."""
 from __future__ import annotations
 
+import contextlib
+
 import ml_dtypes
 import numpy as np
 
 import cupy as cp
 
 import cupygemm
+from cupygemm import config as C
 from cupygemm.bench.inputs import grouped_weights  # noqa: F401  (the tests import it from here)
+from cupygemm.plan import plan_gemm
 
 _LUT = None
 
@@ -117,3 +121,22 @@ def check_against_reference(out, want: cp.ndarray, mag: cp.ndarray) -> dict:
         "rel_fro_bf16": rel_fro(got, want_bf16),
         "beyond_one_ulp": int((cp.abs(got - want) > tol).sum()),
     }
+
+
+@contextlib.contextmanager
+def plain_like_packed(kind, m, n, k, groups=1, expected_m=None):
+    """The plain kernel on the packed plan's tile, split and multicast (the chooser may pick other tiles for packed
+    weights, whose B loads want whole 32-row chunks), so that both sum in the same order; yields the packed config."""
+    cfg = plan_gemm(kind, m, n, k, groups, cp.cuda.runtime.getDevice(), expected_m=expected_m, sides=True).cfg
+    name = C.KIND_NAMES[kind]
+    fields = dict(block_m=cfg.block_m, block_n=cfg.block_n, multicast=cfg.multicast, interleave_k=cfg.interleave_k,
+                  serial_m=cfg.serial_m)
+    if kind == C.KIND_NORMAL:
+        fields["split_k"] = cfg.split_k
+    if kind in C.STREAM_K_KINDS:
+        fields["stream_k"] = False
+    C.override_config(name, n, k, **fields)
+    try:
+        yield cfg
+    finally:
+        C.override_config(name, n, k)

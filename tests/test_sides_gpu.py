@@ -3,8 +3,6 @@ plain weights (bit for bit where the accumulation order is the same) and the flo
 (the side tickets reset themselves), CUDA graphs, grouped layouts and torch callers."""
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 
@@ -18,7 +16,7 @@ from cupygemm import l2  # noqa: E402
 from cupygemm.plan import plan_gemm  # noqa: E402
 
 from gpu_helpers import (check_against_reference, grouped_weights,  # noqa: E402
-                         make_normal, poison_bf16, ref_normal)
+                         make_normal, plain_like_packed, poison_bf16, ref_normal)
 
 
 @pytest.fixture(autouse=True)
@@ -34,25 +32,6 @@ def _release_memory():
     the GPU (pytest -n) do not run out of memory, e.g. inside a torch graph capture, where that is fatal."""
     yield
     cp.get_default_memory_pool().free_all_blocks()
-
-
-@contextlib.contextmanager
-def plain_like_packed(kind, m, n, k, groups=1, expected_m=None):
-    """The plain kernel on the packed plan's tile, split and multicast (the chooser may pick other tiles for packed
-    weights, whose B loads want whole 32-row chunks), so that both sum in the same order; yields the packed config."""
-    cfg = plan_gemm(kind, m, n, k, groups, cp.cuda.runtime.getDevice(), expected_m=expected_m, sides=True).cfg
-    name = C.KIND_NAMES[kind]
-    fields = dict(block_m=cfg.block_m, block_n=cfg.block_n, multicast=cfg.multicast, interleave_k=cfg.interleave_k,
-                  serial_m=cfg.serial_m)
-    if kind == C.KIND_NORMAL:
-        fields["split_k"] = cfg.split_k
-    if kind in C.STREAM_K_KINDS:
-        fields["stream_k"] = False
-    C.override_config(name, n, k, **fields)
-    try:
-        yield cfg
-    finally:
-        C.override_config(name, n, k)
 
 
 def packed_case(m, n, k, seed=5):
