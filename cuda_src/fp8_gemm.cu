@@ -79,18 +79,18 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     mbarrier_init_fence();
     // The page bits are part of the packed weights, constant until repacked: read before any PDL wait.
     if constexpr (T::kSides && !T::kSidePageParams) load_page_bits<T>(sides, num_groups, smem);
-    if constexpr (T::kSideOrder && !T::kPdl) take_side_ticket<T>(sides, smem);
+    if constexpr (T::kSides && !T::kPdl) take_side_ticket<T>(sides, smem);
   }
   // Clustered: the peer multicasts into our shared memory and arrives on our barriers, so it must see them
   // initialised.
   if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
   // Everything above overlaps the previous kernel's tail; from here on global memory is read and written.
   if constexpr (T::kPdl) grid_dependency_wait();
-  if constexpr (T::kSideOrder && T::kPdl) {  // the ticket counters are global memory the previous kernel may reset
+  if constexpr (T::kSides && T::kPdl) {  // the ticket counters are global memory the previous kernel may reset
     if (threadIdx.x == T::kNumMathThreads) take_side_ticket<T>(sides, smem);
     if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
   }
-  const SideWork side = T::kSideOrder ? side_work<T>(smem.ticket, sides.clusters0) : SideWork{};
+  const SideWork side = T::kSides ? side_work<T>(smem.ticket, sides.clusters0) : SideWork{};
 
   // The tile record both roles fill from their schedulers; it lives here, not in the roles' functions, because
   // where values live changes NVRTC's code (cuda_src/README.md, "Changing the kernel").
@@ -104,7 +104,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     const uint32_t* w = sides.page_words;
     const typename T::ParamSides param_pages{{w[0], w[1], w[2], w[3]}, sides.base_low, sides.hash};
     producer.run(shape_m, num_groups, grouped_layout, b_evict_first, side, pages, param_pages, tile);
-    if constexpr (T::kSideOrder) {
+    if constexpr (T::kSides) {
       if (T::kCluster == 1 || cluster_cta_rank() == 0)  // the producer's one thread (Producer::run)
         release_side_ticket(sides, gridDim.x / T::kCluster);
     }
@@ -176,9 +176,6 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
 #ifndef CUPYGEMM_B_PREFETCH
 #define CUPYGEMM_B_PREFETCH 0
 #endif
-#ifndef CUPYGEMM_SIDE_ORDER
-#define CUPYGEMM_SIDE_ORDER 1
-#endif
 // Entry point with a fixed C name, instantiated from the constants the JIT defines. cupygemm/contract.py states its
 // whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
 extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1) CUPYGEMM_CLUSTER_ATTR
@@ -201,8 +198,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                         CUPYGEMM_RASTER_N, CUPYGEMM_KIND, CUPYGEMM_MULTICAST, CUPYGEMM_INTERLEAVE_K,
                                         CUPYGEMM_SERIAL_M, CUPYGEMM_SPLIT_K, CUPYGEMM_STREAM_K, CUPYGEMM_A_BOX_M,
                                         CUPYGEMM_PDL, CUPYGEMM_SIDES, CUPYGEMM_SPLIT_CLUSTER,
-                                        CUPYGEMM_TWO_ACC_SETS, CUPYGEMM_B_PREFETCH,
-                                        CUPYGEMM_SIDE_ORDER>;
+                                        CUPYGEMM_TWO_ACC_SETS, CUPYGEMM_B_PREFETCH>;
 #if CUPYGEMM_SIDES
   static_assert(Traits::kSideBoxRows == CUPYGEMM_SIDE_BOX_ROWS, "tmap_b's box (contract.py) fits the producer's");
   const cupygemm::SideArgs sides{&sm_sides, packed_b, side_tickets, side_clusters0, side_base_low, side_hash,

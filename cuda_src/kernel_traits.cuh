@@ -16,8 +16,7 @@ template <uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOC
           uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
           uint32_t kSwizzleD_, uint32_t kRasterN_, int kKind_, int kMulticast_, bool kInterleaveK_, bool kSerialM_,
           uint32_t kSplitK_, bool kStreamK_, uint32_t A_BOX_M_, bool kPdl_ = false, bool kSides_ = false,
-          bool kSplitCluster_ = false, bool kTwoAccSets_ = false, uint32_t kBPrefetchBytes_ = 0,
-          bool kSideOrder_ = true>
+          bool kSplitCluster_ = false, bool kTwoAccSets_ = false, uint32_t kBPrefetchBytes_ = 0>
 struct KernelTraits {
   static constexpr uint32_t SHAPE_N = SHAPE_N_, SHAPE_K = SHAPE_K_, BLOCK_M = BLOCK_M_, BLOCK_N = BLOCK_N_;
   static constexpr uint32_t WGMMA_N = WGMMA_N_, kNumStages = kNumStages_, kNumMathWG = kNumMathWG_;
@@ -31,10 +30,6 @@ struct KernelTraits {
   // L2-side-aware weights (l2_sides.cuh): B is read packed, by bulk copies, and each cluster computes the tiles of
   // the half of N that lies on its SMs' L2 side.
   static constexpr bool kSides = kSides_;
-  // Side-aware kernels schedule by side (a ticket per cluster, each half of N on its side's SMs); without
-  // kSideOrder they read packed B in the plain kernel's tile order, for sizes where the side split does not pay
-  // (benchmarks/NOTES.md, "L2-side-aware weights").
-  static constexpr bool kSideOrder = kSides && kSideOrder_;
   // Weights before the wait (b_prefetch.cuh): under PDL, up to this many bytes of B's first K blocks are fetched
   // into L2 before griddepcontrol.wait. Only for weights the previous kernel cannot write (the host decides).
   static constexpr uint32_t kBPrefetchBytes = kPdl ? kBPrefetchBytes_ : 0u;
@@ -148,7 +143,7 @@ struct KernelTraits {
 
   // ---- L2 sides ----
   using PackedLayout = PackedB<SHAPE_N, SHAPE_K>;
-  static_assert(!kSides || ((!kSideOrder || !kStreamK) && BLOCK_N % (kMulticast == 2 ? 16 : 8) == 0),
+  static_assert(!kSides || (!kStreamK && BLOCK_N % (kMulticast == 2 ? 16 : 8) == 0),
                 "side-aware: no stream-K tail; whole swizzle rows per CTA");
   // Rows per TMA box of packed B: the largest of 32, 16, 8 dividing the rows a CTA loads, so that boxes start on
   // whole swizzle rows and never straddle a 32-row chunk (cupygemm/contract.py's side_box_rows).
@@ -170,10 +165,10 @@ struct KernelTraits {
   // The producer runs its scheduler on one thread, the math warpgroups on whole warps.
   using ProducerScheduler =
       TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kSplitK, kStreamK, kNumKBlocks, false,
-                    kSideOrder, kSplitCluster>;
+                    kSides, kSplitCluster>;
   using MathScheduler =
       TileScheduler<kKind, SHAPE_N, BLOCK_M, BLOCK_N, kRasterN, kMulticast, kSplitK, kStreamK, kNumKBlocks, true,
-                    kSideOrder, kSplitCluster>;
+                    kSides, kSplitCluster>;
   // One math warpgroup's sums over a tile: [m64 sub-tile][wgmma column block][register].
   using TileAcc = float[kNumMSub][kNumNSub][kAccPerSub];
 };

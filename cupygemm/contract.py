@@ -129,7 +129,6 @@ def defines(cfg: GemmConfig, pdl: bool = False, b_prefetch: int = 0) -> dict[str
     pdl_define = {"CUPYGEMM_PDL": 1} if pdl else {}
     pdl_define |= {"CUPYGEMM_B_PREFETCH": b_prefetch} if pdl and b_prefetch else {}
     pdl_define |= {"CUPYGEMM_SIDES": 1, "CUPYGEMM_SIDE_BOX_ROWS": side_box_rows(cfg)} if cfg.sides else {}
-    pdl_define |= {"CUPYGEMM_SIDE_ORDER": 0} if cfg.plain_order else {}
     return pdl_define | {
         "CUPYGEMM_SHAPE_N": cfg.shape_n,
         "CUPYGEMM_SHAPE_K": cfg.shape_k,
@@ -255,7 +254,7 @@ def scratch_sizes(cfg: GemmConfig, m: int) -> tuple[int, int]:
     Stream-K: one partial tile per CTA (its piece of a tail unit) and a counter per tail tile and row group
     (cuda_src/scheduler.cuh). Split-K: a partial tile per split of every tile, and a counter per tile and math
     warpgroup."""
-    tickets = SIDE_TICKET_COUNTERS if cfg.sides and not cfg.plain_order else 0
+    tickets = SIDE_TICKET_COUNTERS if cfg.sides else 0
     if cfg.stream_k:
         return cfg.num_sms * cfg.block_m * cfg.block_n, cfg.num_sms * cfg.num_math_wg
     if cfg.split_k <= 1 or cfg.split_cluster:  # split-K clusters meet in shared memory

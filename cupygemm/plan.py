@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import contract, l2, tma
-from .config import GemmConfig, b_evict_first, choose_config, config_version, model_rows, packed_config
+from .config import GemmConfig, b_evict_first, choose_config, config_version, model_rows, side_aware_config
 from .contract import TmaSpec
 from .device import get_num_sms, require_hopper
 from .env import B_EVICT_FIRST, B_PREFETCH, PDL, b_prefetch_bytes, pdl_enabled, setting_key
@@ -93,9 +93,8 @@ class GemmPlan:
         tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, a, b, sfa, d)))
         # In the order of contract.GEMM_PARAM_NAMES (and SIDE_PARAM_NAMES: B is the packed weights).
         sides = () if not self.side_map else (
-            self.side_map, b,
-            0 if self.cfg.plain_order else counters + 4 * (self.scratch_counters - contract.SIDE_TICKET_COUNTERS),
-            self.side_clusters0, *page_sides)
+            self.side_map, b, counters + 4 * (self.scratch_counters - contract.SIDE_TICKET_COUNTERS), self.side_clusters0,
+            *page_sides)
         params = self.launcher.pack(tmaps + (sfb, layout, d, partials, counters) + self.scalars + sides)
         if len(self._packed) >= _PACKED_LIMIT:  # a cycle longer than the limit would miss on every call if cleared
             del self._packed[next(iter(self._packed))]
@@ -226,7 +225,7 @@ def _plan(kind: Any, m: int, n: int, k: int, num_groups: int, device_id: int, ro
             if side is None:
                 raise CupygemmDeviceError(f"weights packed side-aware, but device {device_id} has no L2 side info "
                                           f"({l2.unavailable_reason(device_id)}); pack them on this device")
-            cfg = packed_config(cfg, rows, num_groups, num_sms, info.max_smem_per_block)
+            cfg = side_aware_config(cfg, num_sms, info.max_smem_per_block)
         pdl = pdl_enabled()
         kernel = get_gemm_kernel(cfg, device_id, pdl, b_prefetch(pdl, sides))
         # PDL launches go through cuLaunchKernelEx with the packed parameters, which needs a driver that reports
@@ -236,8 +235,8 @@ def _plan(kind: Any, m: int, n: int, k: int, num_groups: int, device_id: int, ro
     grid = contract.grid(cfg, kernel.max_clusters)
     if sides:
         side_map = side.side_map()
-        clusters0 = 0 if cfg.plain_order else contract.side_clusters0(
-            cfg, grid, side.counts[0], sum(side.counts), contract.side_unit_tiles(cfg, m, num_groups))
+        clusters0 = contract.side_clusters0(cfg, grid, side.counts[0], sum(side.counts),
+                                            contract.side_unit_tiles(cfg, m, num_groups))
     return GemmPlan(kind, m, n, k, num_groups, device_id, cfg, kernel, kernel.launcher, grid, c.threads,
                     c.smem_bytes, c.sfa_m_pad, c.scratch_floats, c.scratch_counters, c.tmaps, c.scalars, pdl,
                     side_map, clusters0)

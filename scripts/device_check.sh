@@ -3,7 +3,7 @@
 # Usage (from the repo root on the GPU machine):
 #   bash scripts/device_check.sh [tests] [tests-under-load] [tests-repeat N] [capture-probe] [bench] [peers] [decode]
 #                                [masked-full] [train-bench] [train-step] [train-examples] [multigpu] [overhead] [chain]
-#                                [chain-prefetch] [packed-order] [casts] [jax] [timers] [sanitize] [pytest args...]
+#                                [chain-prefetch] [pdl-lone] [casts] [jax] [timers] [sanitize] [pytest args...]
 # tests: the gpu tests (log: gpu_tests.log). tests-under-load: the same beside another process running GEMMs
 # (scripts/gpu_load.py, for LOAD_SECONDS, default 600, and stopped when the tests end; log:
 # gpu_tests_under_load.log, the load's own lines at its end). tests-repeat N: the gpu tests N times in a row (default
@@ -115,12 +115,14 @@ for s in "${steps[@]}"; do
     overhead) python3 -m cupygemm overhead --markdown --json "$OUT/overhead.json" 2>&1 | tee "$OUT/overhead.log" ;;
     chain) python3 -m cupygemm chain --json "$OUT/chain.json" 2>&1 | tee "$OUT/chain.log" ;;
     chain-prefetch)  # packed weights' L2 prefetch before the PDL wait: the chain at other budgets (KiB)
-      for kib in ${PREFETCH_KIB:-0 4096 16384}; do
-        CUPYGEMM_B_PREFETCH_KIB=$kib python3 -m cupygemm chain --weights packed --json "$OUT/chain_prefetch_$kib.json" \
-          2>&1 | tee "$OUT/chain_prefetch_$kib.log"
+      i=0
+      for kib in ${PREFETCH_KIB:-0 8192 0 8192}; do  # alternating, so that drift shows as such
+        i=$((i + 1))
+        CUPYGEMM_B_PREFETCH_KIB=$kib python3 -m cupygemm chain --weights packed \
+          --json "$OUT/chain_prefetch_${i}_$kib.json" 2>&1 | tee "$OUT/chain_prefetch_${i}_$kib.log"
       done ;;
-    packed-order)  # packed B side-aware vs in the plain tile order vs plain B over M; where a lone PDL call's cost is
-      python3 benchmarks/probes/packed_order.py "$OUT/packed_order.json" 2>&1 | tee "$OUT/packed_order.log" ;;
+    pdl-lone)  # where a lone PDL call's cost comes from: the launch attribute or the kernel variant
+      python3 benchmarks/probes/pdl_lone_probe.py "$OUT/pdl_lone.json" 2>&1 | tee "$OUT/pdl_lone.log" ;;
     train-step)  # forward + backward of one FP8 linear layer against BF16 and torch._scaled_mm (torch and JAX)
       python3 -m cupygemm train-step --jax --json "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.log" ;;
     train-examples)  # the FP8-vs-BF16 training examples, their loss curves and step times as JSON

@@ -229,14 +229,3 @@ def test_b_prefetch_is_issued_before_the_wait(tmp_path, sides):
         first_fetch = next(i for i, op in enumerate(ops) if op.startswith(fetch))
         assert first_fetch < ops.index("ACQBULK")
 
-
-def test_packed_plain_order_kernel_draws_no_side_ticket(tmp_path):
-    """Packed B in the plain tile order (large M): the same packed loads, but no side ticket, so none of the
-    ticket's global atomics; the side-aware kernel of the same tile draws one."""
-    chosen = C.choose_config(C.KIND_NORMAL, 4096, 7168, 16384, 1, 132, sides=True)
-    atomics = {}
-    for name, cfg in (("side", C.side_aware_config(chosen, 132)), ("plain_order", C.packed_config(chosen, 4096, 1, 132))):
-        sass, _ = _sass(compile_gemm(cfg, False), tmp_path)
-        atomics[name] = bool(re.search(r"\bATOMG\.E\.ADD", sass))  # the ticket's fetch-and-add
-        assert not re.search(r"\b(LDL|STL)\b", sass)
-    assert atomics == {"side": True, "plain_order": False}

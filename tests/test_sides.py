@@ -49,26 +49,6 @@ def test_side_aware_config_keeps_the_tile_without_stream_k():
     assert C.side_aware_config(full, 132).smem_bytes <= C.SM90_MAX_SMEM_PER_BLOCK
 
 
-def test_packed_weights_run_side_aware_only_at_decode_sizes():
-    """Packed weights: the side split at decode sizes, the plain tile order over packed B where tiles take several
-    rounds (large M, contiguous groups). The plain-order config keeps the chooser's grid and has no ticket counters."""
-    def packed(kind, rows, n, k, groups):
-        cfg = C.choose_config(kind, rows, n, k, groups, 132, sides=True)
-        return C.packed_config(cfg, rows, groups, 132)
-
-    for n, k in ((2112, 7168), (24576, 1536), (7168, 16384)):
-        assert not packed(C.KIND_NORMAL, 64, n, k, 1).plain_order
-    big = packed(C.KIND_NORMAL, 4096, 7168, 16384, 1)
-    chosen = C.choose_config(C.KIND_NORMAL, 4096, 7168, 16384, 1, 132, sides=True)
-    assert big.sides and big.plain_order and big.num_sms == chosen.num_sms
-    assert contract.scratch_sizes(big, 4096) == (0, 0)
-    assert contract.defines(big)["CUPYGEMM_SIDE_ORDER"] == 0
-    assert "CUPYGEMM_SIDE_ORDER" not in contract.defines(packed(C.KIND_NORMAL, 64, 2112, 7168, 1))
-    assert packed(C.KIND_CONTIGUOUS, 8 * 4096, 4096, 7168, 8).plain_order
-    with pytest.raises(ValueError, match="plain_order"):
-        C.make_config(C.KIND_NORMAL, 4096, 7168, 128, 128, 132, plain_order=True)
-
-
 def test_packed_b_map_covers_the_groups_in_rows():
     cfg = C.side_aware_config(C.make_config(C.KIND_MASKED, 4096, 7168, 128, 128, 132), 132)
     specs = contract.tma_specs(cfg, 256, 4096, 7168, 4, (256 * 7168 * 4, 7168, 1), (4096 * 7168, 7168, 1),

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..config import choose_config, model_rows, packed_config
+from ..config import choose_config, model_rows, side_aware_config
 from ..kinds import FORWARD, GemmKind, kind_named
 from ..layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT as M_ALIGNMENT
 from . import providers
@@ -76,9 +76,7 @@ def shape_config(shape: Shape, sizes: Sizes, num_sms: int, smem_limit: int | Non
         kwargs["max_m"] = sizes.a_rows
     cfg = choose_config(kind.kid, config_m_rows(shape, sizes), shape.n, shape.k, shape.groups, num_sms, sides=sides,
                         **kwargs)
-    if not sides:
-        return cfg
-    return packed_config(cfg, config_m_rows(shape, sizes), shape.groups, num_sms, *([] if smem_limit is None else [smem_limit]))
+    return side_aware_config(cfg, num_sms, *([] if smem_limit is None else [smem_limit])) if sides else cfg
 
 
 def check_rows(shape: Shape, sizes: Sizes, count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

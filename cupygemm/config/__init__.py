@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from .choice import (B_EVICT_FIRST_ENV, M_CLASS_ROWS, b_evict_first, b_evict_first_rule, candidate_block_ms,
                      candidate_tiles, choose, choose_config, clear_memo, fewest_ctas_for_rounds, m_class, memo_info,
-                     model_rows, packed_config, side_order_pays, split_k_tile)
+                     model_rows, split_k_tile)
 from .constants import (BLOCK_K, KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, M_ALIGNMENT,
                         RASTER_N_BLOCKS, SM90_MAX_SMEM_PER_BLOCK, STREAM_K_KINDS, THREE_WG_BLOCK_M, kind_id)
 from .cost import Estimate, estimate, interleave_k_pays, interleave_k_regime, stream_k_tail
 from .legality import (GemmConfig, default_raster_n, interleave_k_fits, make_config, multicast_options,
-                       output_swizzle, packed_plain_order_config, serial_m_possible, side_aware_config,
-                       split_k_extent, wgmma_n_for)
+                       output_swizzle, serial_m_possible, side_aware_config, split_k_extent, wgmma_n_for)
 from .overrides import config_version, override_config
 
 __all__ = [
@@ -28,6 +27,6 @@ __all__ = [
     "THREE_WG_BLOCK_M", "b_evict_first", "b_evict_first_rule", "candidate_block_ms", "candidate_tiles", "choose",
     "choose_config", "clear_memo", "config_version", "default_raster_n", "estimate", "fewest_ctas_for_rounds",
     "interleave_k_fits", "interleave_k_pays", "interleave_k_regime", "kind_id", "m_class", "make_config", "memo_info",
-    "model_rows", "multicast_options", "output_swizzle", "override_config", "packed_config",
-    "packed_plain_order_config", "serial_m_possible", "side_aware_config", "side_order_pays", "split_k_extent", "split_k_tile", "stream_k_tail", "wgmma_n_for",
+    "model_rows", "multicast_options", "output_swizzle", "override_config", "serial_m_possible", "side_aware_config",
+    "split_k_extent", "split_k_tile", "stream_k_tail", "wgmma_n_for",
 ]

@@ -16,8 +16,7 @@ from ..util import ceil_div
 from .constants import (BLOCK_K, KIND_CONTIGUOUS, KIND_MASKED, KIND_NAMES, KIND_NORMAL, SM90_MAX_SMEM_PER_BLOCK,
                         STREAM_K_KINDS, THREE_WG_BLOCK_M, kind_id)
 from .cost import Estimate, estimate, interleave_k_pays, interleave_k_regime, largest_masked_draw
-from .legality import (GemmConfig, make_config, multicast_options, packed_plain_order_config, serial_m_possible,
-                       side_aware_config, split_k_extent,
+from .legality import (GemmConfig, make_config, multicast_options, serial_m_possible, split_k_extent,
                        two_acc_sets_fit, wgmma_n_for)
 from .overrides import config_version, forced
 
@@ -466,25 +465,3 @@ def b_evict_first_rule(device_name: str) -> str:
     if mode == "1" or any(s in device_name for s in B_EVICT_FIRST_ON):
         return "any B"
     return "B larger than L2"
-
-
-#: Packed weights run side-aware up to this many rows (model rows: masked, the expected rows per group); above,
-#: packed B is read in the plain tile order (benchmarks/NOTES.md, "L2-side-aware weights").
-SIDE_ORDER_MAX_ROWS = 256
-
-
-def side_order_pays(cfg: GemmConfig, m: int, num_groups: int) -> bool:
-    """Whether packed weights run side-aware (each half of N on its L2 side's SMs, cuda_src/l2_sides.cuh) rather than
-    in the plain tile order: at decode sizes, where B's reads bound the time and each B tile is read by few CTAs.
-    ``m``: the rows the config was chosen for (:func:`model_rows`: masked, the expected rows per group)."""
-    return m <= SIDE_ORDER_MAX_ROWS
-
-
-def packed_config(cfg: GemmConfig, m: int, num_groups: int, num_sms: int,
-                  smem_limit: int = SM90_MAX_SMEM_PER_BLOCK) -> GemmConfig:
-    """The config for packed weights (``cfg``: chosen with ``sides=True``): side-aware where
-    :func:`side_order_pays`, else packed B read in the plain tile order (benchmarks/NOTES.md,
-    "L2-side-aware weights")."""
-    if side_order_pays(cfg, m, num_groups):
-        return side_aware_config(cfg, num_sms, smem_limit)
-    return packed_plain_order_config(cfg, smem_limit)

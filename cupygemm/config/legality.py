@@ -38,7 +38,6 @@ class GemmConfig:
     split_k: int = 1  # normal GEMMs: each tile's K blocks split over this many CTAs (FP32 partials, last one reduces)
     stream_k: bool = False  # the last round's tiles split along K over the idle CTAs (normal, masked)
     sides: bool = False  # L2-side-aware: B packed (cupygemm.packing), each half of N on the SMs of its L2 side
-    plain_order: bool = False  # sides: packed B read in the plain kernel's tile order (no side split, no ticket)
     split_cluster: bool = False  # split-K: a tile's splits run as one cluster and meet in shared memory
     two_acc_sets: bool = False  # two wgmma accumulator sets: a K block's wgmmas overlap the last one's promotion
 
@@ -69,7 +68,7 @@ class GemmConfig:
                 f"{'one cluster per tile, ' if self.split_cluster else ''}"
                 f"{'two accumulator sets, ' if self.two_acc_sets else ''}"
                 f"{'stream-K tail, ' if self.stream_k else ''}"
-                f"{'' if not self.sides else 'packed B in plain order, ' if self.plain_order else 'L2-side-aware B, '}"
+                f"{'L2-side-aware B, ' if self.sides else ''}"
                 f"grid {self.num_sms}, "
                 f"smem {self.smem_bytes} B")
 
@@ -194,7 +193,7 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
                 num_stages: int | None = None, raster_n: int | None = None, multicast: int = 0,
                 interleave_k: bool = False, serial_m: bool = False, split_k: int = 1, stream_k: bool = False,
                 tile_rounds: int = 1, sides: bool = False, split_cluster: bool = False,
-                two_acc_sets: bool = False, plain_order: bool = False) -> GemmConfig:
+                two_acc_sets: bool = False) -> GemmConfig:
     """Build (and check) a config for explicit block sizes; ValueError names the rule a combination breaks.
 
     ``tile_rounds``: the tiles each CTA runs (the model's waves), which caps the default stage count (see
@@ -222,9 +221,7 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
     if interleave and (not interleave_k_fits(block_m, block_n) or wn != block_n):
         raise ValueError(f"interleave_k needs block_m == 64, block_n <= {INTERLEAVE_K_MAX_BLOCK_N} and an unsplit "
                          f"wgmma; got block {block_m}x{block_n}, wgmma_n={wn}")
-    if plain_order and not sides:
-        raise ValueError("plain_order (packed B in the plain tile order) needs sides=True")
-    if sides and stream_k and not plain_order:
+    if sides and stream_k:
         raise ValueError("sides (L2-side-aware B) has no stream-K tail: pass stream_k=False")
     # Side-aware kernels keep their side ticket and page bits after the stages, split-K clusters a partial tile.
     split_cluster = bool(split_cluster)
@@ -274,7 +271,7 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
         num_math_wg=contract.math_warpgroups(block_m, interleave), swizzle_d=output_swizzle(block_n),
         raster_n=raster_n, num_sms=num_sms, smem_bytes=smem, multicast=multicast, interleave_k=interleave,
         serial_m=bool(serial_m), split_k=split_k, stream_k=bool(stream_k), sides=bool(sides),
-        split_cluster=split_cluster, two_acc_sets=two_acc_sets, plain_order=bool(plain_order),
+        split_cluster=split_cluster, two_acc_sets=two_acc_sets,
     )
 
 
@@ -291,17 +288,3 @@ def side_aware_config(cfg: GemmConfig, num_sms: int, smem_limit: int = SM90_MAX_
                            num_stages=cfg.num_stages, **kw)
     except ValueError:
         return make_config(cfg.kind, cfg.shape_n, cfg.shape_k, cfg.block_m, cfg.block_n, num_sms, smem_limit, **kw)
-
-
-def packed_plain_order_config(cfg: GemmConfig, smem_limit: int = SM90_MAX_SMEM_PER_BLOCK) -> GemmConfig:
-    """``cfg`` (chosen for packed B) reading packed B in the plain kernel's tile order: its grid, no side split and
-    no ticket; the same stages unless the page bits (1 KiB) no longer fit beside them."""
-    kw = dict(wgmma_n=cfg.wgmma_n, raster_n=cfg.raster_n, multicast=cfg.multicast, interleave_k=cfg.interleave_k,
-              serial_m=cfg.serial_m, split_k=cfg.split_k, stream_k=cfg.stream_k, sides=True, plain_order=True,
-              split_cluster=cfg.split_cluster, two_acc_sets=cfg.two_acc_sets)
-    try:
-        return make_config(cfg.kind, cfg.shape_n, cfg.shape_k, cfg.block_m, cfg.block_n, cfg.num_sms, smem_limit,
-                           num_stages=cfg.num_stages, **kw)
-    except ValueError:
-        return make_config(cfg.kind, cfg.shape_n, cfg.shape_k, cfg.block_m, cfg.block_n, cfg.num_sms, smem_limit,
-                           **kw)
