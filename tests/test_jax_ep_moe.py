@@ -48,7 +48,7 @@ _PRELUDE = textwrap.dedent("""
         q, s = cj.per_token_cast_to_fp8(x)
         return np.asarray(q.astype(jnp.float32) * jnp.repeat(s, 128, axis=1)[:, :x.shape[1]])
 
-    def run(d, el, t, experts, weights, slots=None, combine=jnp.float32, seed=0):
+    def run(d, el, t, experts, weights, slots=None, combine=jnp.float32, seed=0, chunks=1):
         '''The layer on d devices with the jnp FFN; returns (y, reference, routing counts per expert).'''
         seen.clear()
         mesh = Mesh(np.array(jax.devices()[:d]), ("ep",))
@@ -56,7 +56,7 @@ _PRELUDE = textwrap.dedent("""
         rng = np.random.default_rng(seed)  # float32 weights: this FFN has no use for FP8 ones
         params = {"w_up": jnp.asarray(rng.standard_normal((d * el, 2 * I, H), np.float32) / np.sqrt(H)),
                   "w_down": jnp.asarray(rng.standard_normal((d * el, H, I), np.float32) / np.sqrt(I))}
-        f = mg.moe_layer(mesh, el, jnp_ffn, slots, combine)
+        f = mg.moe_layer(mesh, el, jnp_ffn, slots, combine, chunks)
         put = lambda v: jax.device_put(v, NamedSharding(mesh, P("ep")))
         y = f(put(x), put(jnp.asarray(experts, jnp.int32)), put(jnp.asarray(weights, jnp.float32)),
               (put(params["w_up"]), put(params["w_down"])))
@@ -66,17 +66,24 @@ _PRELUDE = textwrap.dedent("""
         counts = np.bincount(np.asarray(experts).ravel(), minlength=d * el)
         return y, want, counts
 
-    def check(d, el, t, experts, weights, slots=None, combine=jnp.float32, tol=1e-9):
-        y, want, counts = run(d, el, t, experts, weights, slots, combine)
+    def check(d, el, t, experts, weights, slots=None, combine=jnp.float32, tol=1e-9, chunks=1):
+        y, want, counts = run(d, el, t, experts, weights, slots, combine, chunks=chunks)
         assert np.isfinite(y).all(), "a row past masked_m was read"
         assert ref.calc_diff(y, want) < tol, ref.calc_diff(y, want)
-        ran = sorted(seen)
-        assert [r[0] for r in ran] == list(range(d)), ran  # one expert step a device
-        for dev, masked_m, m in ran:
-            mine = counts[dev * el:(dev + 1) * el]
-            assert masked_m == mine.tolist(), (dev, masked_m, mine)
-            fits = slots is not None and slots < d * t and mine.max() <= slots
-            assert m == (slots if fits else d * t), (dev, m, slots, mine)
+        bounds = mg.chunk_bounds(t, chunks)
+        ex = np.asarray(experts).reshape(d, t, -1)
+        per_chunk = [np.bincount(ex[:, a:b].ravel(), minlength=d * el) for a, b in bounds]
+        small = slots is not None and slots < d * max(b - a for a, b in bounds)
+        everywhere = small and max(c.max() for c in per_chunk) <= slots  # chunks > 1: one choice for all
+        for dev in range(d):  # one expert step a chunk and device, with its chunk's exact counts as masked_m
+            ran = sorted((masked_m, m) for di, masked_m, m in seen if di == dev)
+            want_steps = []
+            for (a, b), c in zip(bounds, per_chunk):
+                mine = c[dev * el:(dev + 1) * el]
+                fits = everywhere if chunks > 1 else small and mine.max() <= slots
+                want_steps.append((mine.tolist(), slots if fits else d * (b - a)))
+            assert ran == sorted(want_steps), (dev, ran, want_steps)
+        assert len(seen) == d * chunks, seen
         return y, counts
 
     def random_routing(d, el, t, topk, seed=1):
@@ -177,4 +184,108 @@ def test_layer_with_cupygemm_traces_on_cpu():
             want = (d - 1) * T
             assert info["dispatch_bytes"] == want * (H + 4 * H // 128 + 8 * TOPK), info
             assert info["combine_bytes"] == want * 2 * H, info
+    """, devices=2)
+
+
+def test_chunks_match_one_chunk():
+    """2 and 4 chunks (uneven ones too) on 2 and 4 devices, exact layout and small layout with its fallback: each
+    chunk's expert step sees that chunk's exact counts, and y equals the unchunked layer's up to float32 rounding.
+    Tolerance: the same tokens, casts and weights per pair, summed over the topk choices and the devices in the same
+    order; only the jnp FFN's einsums run over other row counts (M), which may block their float32 sums otherwise,
+    so rtol 1e-5 / atol 1e-6 (a few float32 ulps of these O(1) outputs), not bit equality."""
+    _run("""
+        for d, el, topk, t in [(2, 4, 8, 26), (2, 4, 3, 25), (4, 2, 1, 27), (4, 2, 2, 24)]:
+            ex, w = random_routing(d, el, t, topk)
+            y1, _ = check(d, el, t, ex, w)
+            for c in (2, 4):
+                yc, _ = check(d, el, t, ex, w, chunks=c)
+                np.testing.assert_allclose(yc, y1, rtol=1e-5, atol=1e-6)
+                # a small layout that fits every chunk, then one that one chunk's expert overflows (where the
+                # largest count is below the exact layout's D * T_c: topk < D * E_l)
+                ex3 = ex.reshape(d, t, topk)
+                bounds = mg.chunk_bounds(t, c)
+                most = max(np.bincount(ex3[:, a:b].ravel(), minlength=d * el).max() for a, b in bounds)
+                if topk > 1 and most < d * max(b - a for a, b in bounds):
+                    for slots in (most, most - 1):
+                        yc, _ = check(d, el, t, ex, w, slots=slots, chunks=c)
+                        assert [m for _, _, m in seen].count(slots) == (d * c if slots == most else 0), seen
+                        np.testing.assert_allclose(yc, y1, rtol=1e-5, atol=1e-6)
+    """)
+
+
+def test_chunked_skew_falls_back_everywhere():
+    """Every token's first choice expert 0 (device 0 cannot fit any chunk), device 1's experts evenly: unchunked,
+    device 1 still takes the small layout; chunked, every device and chunk takes the exact one (the choice is
+    global: the cond holds the collectives)."""
+    _run("""
+        d, el, t = 2, 4, 32
+        ex, w = random_routing(d, el, t, 2)
+        ex[:, 0] = 0
+        ex[:, 1] = el + np.arange(d * t) % el
+        y1, _ = check(d, el, t, ex, w, slots=d * t // 4)
+        assert sorted(m for _, _, m in seen) == [d * t // 4, d * t], seen
+        y2, _ = check(d, el, t, ex, w, slots=d * t // 4, chunks=2)
+        assert [m for _, _, m in seen] == [t] * 4, seen
+        np.testing.assert_allclose(y2, y1, rtol=1e-5, atol=1e-6)
+    """)
+
+
+def test_chunk_dataflow_in_jaxpr():
+    """The real layer (cupygemm's GEMMs traced) in 2 and 4 chunks on 2 devices: in each branch of the layout cond,
+    C dispatch all_to_alls and C combine ones (separate ops, one per chunk), no dispatch depending on any GEMM, and
+    chunk i's combine depending on chunk i's two GEMMs only; so XLA may run chunk i+1's dispatch and chunk i's
+    combine under the other chunks' GEMMs."""
+    _run("""
+        from jax.extend import core as jcore
+        H, I, T, EL, TOPK = 512, 256, 1024, 4, 4
+
+        def sub_jaxprs(eqn):
+            for v in eqn.params.values():
+                for u in (v if isinstance(v, (tuple, list)) else [v]):
+                    if isinstance(u, jcore.ClosedJaxpr):
+                        yield u.jaxpr
+                    elif isinstance(u, jcore.Jaxpr):
+                        yield u
+
+        def has(eqn, name):
+            return eqn.primitive.name == name or any(has(e, name) for j in sub_jaxprs(eqn) for e in j.eqns)
+
+        def find(jaxpr, name):
+            for e in jaxpr.eqns:
+                if e.primitive.name == name:
+                    yield e
+                for j in sub_jaxprs(e):
+                    yield from find(j, name)
+
+        def deps(jaxpr):  # per top-level eqn: the indices of the eqns it depends on, transitively
+            made, out = {}, []
+            for i, e in enumerate(jaxpr.eqns):
+                d = set()
+                for v in e.invars:
+                    if not isinstance(v, jcore.Literal) and v in made:
+                        d |= {made[v]} | out[made[v]]
+                out.append(d)
+                for v in e.outvars:
+                    made[v] = i
+            return out
+
+        for c in (2, 4):
+            f, args, info = mg.moe_setup(jax.devices()[:2], T, H, I, EL, TOPK, chunks=c)
+            assert info["slots"] < 2 * T // c, info["slots"]  # a small layout: the cond is there
+            jaxpr = jax.make_jaxpr(f)(*args).jaxpr
+            [cond] = [e for e in find(jaxpr, "cond") if has(e, "all_to_all")]
+            for branch in cond.params["branches"]:
+                b = branch.jaxpr
+                # the layer's calls may sit in pjit wrappers: top-level eqns are classed by what they hold
+                a2a = [i for i, e in enumerate(b.eqns) if e.primitive.name == "all_to_all"]
+                dispatch = [i for i in a2a if b.eqns[i].outvars[0].aval.dtype == jnp.int32]
+                combine = [i for i in a2a if b.eqns[i].outvars[0].aval.dtype == jnp.bfloat16]
+                gemms = [i for i, e in enumerate(b.eqns) if has(e, "ffi_call") and len(e.outvars[0].aval.shape) == 3
+                         and e.outvars[0].aval.shape[0] == EL and e.outvars[0].aval.dtype == jnp.bfloat16]
+                assert len(dispatch) == len(combine) == c and len(gemms) == 2 * c, (dispatch, combine, gemms)
+                dep = deps(b)
+                for i in dispatch:
+                    assert not dep[i] & set(gemms), ("a dispatch waits for a GEMM", i)
+                for n, i in enumerate(combine):
+                    assert dep[i] & set(gemms) == set(gemms[2 * n:2 * n + 2]), ("combine", n, dep[i] & set(gemms))
     """, devices=2)

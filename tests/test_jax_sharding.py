@@ -346,12 +346,25 @@ def test_casts_and_gemm_trace_in_shard_map():
 
 def test_multigpu_layers_on_host_plans():
     """The example's layers (cupygemm.bench.multigpu_jax) at small shapes on four CPU devices: the EP MoE layer
-    (all_to_all dispatch, masked GEMMs, combine) and the TP MLP (one all-reduce, no all-gather) match float32."""
+    (all_to_all dispatch, masked GEMMs, combine; unchunked and in 2 chunks) and the TP MLP (one all-reduce, no
+    all-gather) match float32."""
     _run("""
         from cupygemm.bench import multigpu_jax as mg
         with backend.use_backend("cpu", Planner(floats=64, counters=4)):
-            f, inputs, info = mg.moe_setup(jax.devices(), 128, 256, 128, experts_per_device=2, topk=2)
-            assert ref.calc_diff(np.asarray(f(*inputs)), mg.moe_reference(info["x"], info["routing"], info["params"])) < 3e-3
+            ys = []
+            for chunks in (1, 2):
+                f, inputs, info = mg.moe_setup(jax.devices(), 128, 256, 128, experts_per_device=2, topk=2,
+                                               chunks=chunks)
+                ys.append(np.asarray(f(*inputs)))
+                assert ref.calc_diff(ys[-1], mg.moe_reference(info["x"], info["routing"], info["params"])) < 3e-3
+                # compiled: chunks=1 its dispatch and combine; chunks=2 (a small layout: the cond) each branch's
+                # two per chunk, separate ops, and the one all-reduce of the routing histogram deciding the layout
+                c = collectives(compiled(f, *inputs))
+                assert info["slots"] < 4 * 128 // chunks, info["slots"]
+                assert c["all-to-all"] == (2 if chunks == 1 else 2 * 2 * chunks), c
+                assert c["all-reduce"] == (0 if chunks == 1 else 1) and c["all-gather"] == 0, c
+                assert mg.experts_ms(jax.devices()[0], info, 128, 4, 2, repeats=1) > 0  # the chunks' FFNs alone
+            assert ref.calc_diff(ys[1], ys[0]) < 1e-6, ref.calc_diff(ys[1], ys[0])  # GEMMs over other row counts
             f, inputs, info = mg.mlp_setup(jax.devices(), 64, 256, 512)
             y = f(*inputs)
             assert ref.calc_diff(np.asarray(y).astype(np.float64), mg.mlp_reference(info["x"], info["params"])) < 3e-3

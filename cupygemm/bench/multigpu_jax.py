@@ -27,6 +27,16 @@ always exact, the padded work that of ``slots`` in the common case. On GPU XLA's
 buffer) copies its predicate to the host and waits for it: one synchronization a call, once the dispatch has
 arrived. ``D = 1`` is the same code: its all_to_alls move nothing off the device.
 
+Chunks (``chunks = C > 1``): the device's tokens are split into ``C`` chunks, and steps 1 to 3 run per chunk, each
+chunk's own all_to_alls and GEMMs (``M`` per chunk: ``D * T / C`` exact). Nothing of chunk i+1's dispatch depends on
+chunk i's GEMMs, nor chunk i's combine on chunk i+1's, so XLA's latency-hiding scheduler can run those all_to_alls
+(async on GPU, on their own stream) under the GEMMs: only the first dispatch and the last combine stay exposed. The
+layout choice then moves before the dispatch: a ``[C, E]`` histogram of the routing, summed over the devices by one
+small all-reduce, is every receiver's ``masked_m`` of every chunk, so one ``lax.cond`` picks ``slots`` (all chunks,
+all devices fit) or the exact layout for the whole call, holding the chunks' collectives in its branches (every
+device takes the same one); its one host round trip comes first, before the GPU has work queued, instead of once a
+chunk between its dispatch and its GEMMs. ``C = 1`` is the unchunked layer above, per-device cond included.
+
 Bytes: the fixed-shape all_to_all moves a whole block to every device, used or not, so each device sends
 ``(D - 1) * T`` payload rows of ``H + 4 * ceil(H / 128) + 8 * topk`` bytes and gets ``(D - 1) * T`` BF16 rows of
 ``2 * H`` bytes back: in bytes an all-gather of the FP8 tokens, which is what top-8 of 16 experts on 2 devices
@@ -175,20 +185,21 @@ def _expert_step(m: int, ffn: ExpertFFN, experts_per_device: int, combine_dtype:
     return step
 
 
-def ep_moe(x: jax.Array, experts: jax.Array, weights: jax.Array, params: Any, *, ffn: ExpertFFN,
-           experts_per_device: int, axis: str = "ep", slots: int | None = None,
-           combine_dtype: Any = jnp.bfloat16) -> jax.Array:
-    """One device's part of the expert-parallel MoE layer, inside ``shard_map`` over ``axis`` (see the module
-    docstring): ``x`` [T, H] (BF16 or float32), its routing ``experts`` int32 [T, topk] (global ids; device ``j``
-    holds experts ``j * E_l`` to ``(j + 1) * E_l - 1``) and ``weights`` [T, topk], ``params`` this device's expert
-    weights as ``ffn`` takes them. Returns y [T, H] float32. ``slots``: the small layout's rows per expert (None or
-    ``>= D * T``: only the exact one); ``combine_dtype``: the partial rows on the wire."""
+def chunk_bounds(tokens: int, chunks: int) -> list[tuple[int, int]]:
+    """The token ranges of ``chunks`` chunks of ``tokens`` (sizes differing by at most one, none empty)."""
+    if not 1 <= chunks <= tokens:
+        raise ValueError(f"chunks: expected 1 to {tokens} (the tokens a device), got {chunks}")
+    edges = [tokens * c // chunks for c in range(chunks + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _dispatch(x: jax.Array, experts: jax.Array, weights: jax.Array, axis: str, el: int) -> tuple:
+    """Step 1 for tokens ``x`` [T, H]: the cast, the payload, the all_to_all; returns the received rows' operands of
+    the expert step ``(rq, rs, local, rank, rw, counts)`` and what the combine needs at the source ``(needs,
+    slot)``."""
     t, h = x.shape
     k = experts.shape[1]
-    el = experts_per_device
     d = lax.axis_size(axis)
-    if h % 4:
-        raise ValueError(f"x: expected a hidden size that is a multiple of 4 (FP8 rows sent as int32 words), got {h}")
     q, s = cj.per_token_cast_to_fp8(x)
     hw, kb = h // 4, s.shape[1]
     needs, slot, src = dispatch_slots(experts, d, el)
@@ -200,15 +211,13 @@ def ep_moe(x: jax.Array, experts: jax.Array, weights: jax.Array, params: Any, *,
     rq, rs = recv[:, :hw], _unwords(recv[:, hw:hw + kb], jnp.float32)
     rex, rw = recv[:, hw + kb:hw + kb + k], _unwords(recv[:, hw + kb + k:], jnp.float32)
     local, rank, counts = expert_slots(rex, lax.axis_index(axis) * el, el)
+    return (rq, rs, local, rank, rw, counts), (needs, slot)
 
-    operands = (rq, rs, local, rank, rw, counts, params)
-    exact = _expert_step(d * t, ffn, el, combine_dtype)
-    if slots is None or slots >= d * t:
-        partial = exact(*operands)
-    else:
-        small = _expert_step(slots, ffn, el, combine_dtype)
-        partial = lax.cond(jnp.max(counts) <= slots, small, exact, *operands)
 
+def _combine(partial: jax.Array, needs: jax.Array, slot: jax.Array, axis: str) -> jax.Array:
+    """Step 3: the partial rows [D * T, H] back to their sources, summed there in float32 into y [T, H]."""
+    d = lax.axis_size(axis)
+    t, h = slot.shape[0], partial.shape[1]
     back = lax.all_to_all(partial.reshape(d, t, h), axis, 0, 0, tiled=True).reshape(d * t, h)
     y = jnp.zeros((t, h), jnp.float32)
     for j in range(d):
@@ -217,15 +226,73 @@ def ep_moe(x: jax.Array, experts: jax.Array, weights: jax.Array, params: Any, *,
     return y
 
 
+def ep_moe(x: jax.Array, experts: jax.Array, weights: jax.Array, params: Any, *, ffn: ExpertFFN,
+           experts_per_device: int, axis: str = "ep", slots: int | None = None,
+           combine_dtype: Any = jnp.bfloat16, chunks: int = 1) -> jax.Array:
+    """One device's part of the expert-parallel MoE layer, inside ``shard_map`` over ``axis`` (see the module
+    docstring): ``x`` [T, H] (BF16 or float32), its routing ``experts`` int32 [T, topk] (global ids; device ``j``
+    holds experts ``j * E_l`` to ``(j + 1) * E_l - 1``) and ``weights`` [T, topk], ``params`` this device's expert
+    weights as ``ffn`` takes them. Returns y [T, H] float32. ``slots``: the small layout's rows per expert, of one
+    chunk (None or ``>= D`` x the largest chunk: only the exact one); ``combine_dtype``: the partial rows on the
+    wire; ``chunks``: the tokens split into that many chunks, each dispatched, run and combined on its own (see the
+    module docstring)."""
+    t, h = x.shape
+    el = experts_per_device
+    d = lax.axis_size(axis)
+    if h % 4:
+        raise ValueError(f"x: expected a hidden size that is a multiple of 4 (FP8 rows sent as int32 words), got {h}")
+    bounds = chunk_bounds(t, chunks)
+    small_ok = slots is not None and slots < d * max(b - a for a, b in bounds)
+    if chunks == 1:
+        operands, back = _dispatch(x, experts, weights, axis, el)
+        exact = _expert_step(d * t, ffn, el, combine_dtype)
+        if small_ok:  # each device for itself, once its rows have arrived
+            small = _expert_step(slots, ffn, el, combine_dtype)
+            partial = lax.cond(jnp.max(operands[-1]) <= slots, small, exact, *operands, params)
+        else:
+            partial = exact(*operands, params)
+        return _combine(partial, *back, axis)
+
+    def pipeline(m: int | None) -> Callable:
+        """The C chunks in a row, each with ``m`` slots an expert (None: the exact ``D * T_c``). Chunk i's
+        dispatch reads only its tokens and its combine only its own FFN's output: no edge between one chunk's
+        collectives and another chunk's FFN, which leaves XLA's scheduler free to run chunk i+1's dispatch and
+        chunk i-1's combine (async all_to_alls) while chunk i's GEMMs run."""
+
+        def run(x, experts, weights, params):
+            ys = []
+            for a, b in bounds:
+                operands, back = _dispatch(x[a:b], experts[a:b], weights[a:b], axis, el)
+                step = _expert_step(d * (b - a) if m is None else m, ffn, el, combine_dtype)
+                ys.append(_combine(step(*operands, params), *back, axis))
+            return jnp.concatenate(ys)
+
+        return run
+
+    if not small_ok:
+        return pipeline(None)(x, experts, weights, params)
+    # One decision for every chunk and every device, before any dispatch: expert e's count in chunk i is the
+    # number of chunk-i tokens of all sources that chose it, so a [C, E] histogram of the routing summed over the
+    # devices (one tiny all-reduce) gives every receiver's masked_m up front. The layout is then the same on every
+    # device, which lets the cond hold the collectives (both branches' all_to_alls run on all devices or none),
+    # and the one host round trip of the conditional comes at the start of the call, not between a chunk's
+    # dispatch and its GEMMs (C times).
+    e = d * el
+    hist = jnp.stack([jnp.sum(experts[a:b].reshape(-1, 1) == jnp.arange(e, dtype=experts.dtype), axis=0)
+                      for a, b in bounds])
+    fits = jnp.max(lax.psum(hist.astype(jnp.int32), axis)) <= slots
+    return lax.cond(fits, pipeline(slots), pipeline(None), x, experts, weights, params)
+
+
 def moe_layer(mesh: Mesh, experts_per_device: int, ffn: ExpertFFN, slots: int | None = None,
-              combine_dtype: Any = jnp.bfloat16) -> Callable:
+              combine_dtype: Any = jnp.bfloat16, chunks: int = 1) -> Callable:
     """The jitted EP layer ``(x [D*T, H], experts [D*T, topk], weights [D*T, topk], params) -> y [D*T, H] f32``
     over the mesh axis ``"ep"``: tokens, routing and the experts' weights (each leaf of ``params``: experts first)
     sharded along it, :func:`ep_moe` on each device."""
 
     def local(x, experts, weights, params):
         return ep_moe(x, experts, weights, params, ffn=ffn, experts_per_device=experts_per_device, axis="ep",
-                      slots=slots, combine_dtype=combine_dtype)
+                      slots=slots, combine_dtype=combine_dtype, chunks=chunks)
 
     spec = P("ep")
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec, check_vma=False))
@@ -298,12 +365,13 @@ def mlp_reference(x: jax.Array, params: dict[str, Any]) -> np.ndarray:
 
 
 def moe_setup(devices: list, tokens_per_device: int, hidden: int, inter: int, experts_per_device: int, topk: int,
-              slot_factor: float = 1.125, seed: int = 0) -> tuple[Callable, tuple, dict]:
-    """The EP layer over ``devices`` on cupygemm's FFN, with its sharded inputs ``(x, experts, weights, params)``.
-    ``info``: the inputs and parameters for the reference, ``slots`` (the small layout's rows per expert:
-    ``slot_factor`` x the average count, in 128s, at most ``D * T``), ``counts`` per expert, ``max_count`` (the
-    small layout runs when it is ``<= slots``), ``expected_m``, ``dropped`` (always 0) and the bytes each device
-    sends (:func:`ep_bytes`)."""
+              slot_factor: float = 1.125, seed: int = 0, chunks: int = 1) -> tuple[Callable, tuple, dict]:
+    """The EP layer over ``devices`` on cupygemm's FFN in ``chunks`` chunks, with its sharded inputs ``(x, experts,
+    weights, params)``. ``info``: the inputs and parameters for the reference, ``slots`` (the small layout's rows
+    per expert of a chunk: ``slot_factor`` x the largest chunk's average count, in 128s, at most ``D * T_c``),
+    ``counts`` per expert and ``chunk_counts`` per chunk and expert, ``max_count`` (the largest count of a chunk:
+    the small layout runs when it is ``<= slots``), ``expected_m`` (a chunk's average), ``dropped`` (always 0) and
+    the bytes each device sends (:func:`ep_bytes`)."""
     d = len(devices)
     mesh = Mesh(np.array(devices), ("ep",))
     e = d * experts_per_device
@@ -311,35 +379,45 @@ def moe_setup(devices: list, tokens_per_device: int, hidden: int, inter: int, ex
     x = jax.random.normal(kx, (d * tokens_per_device, hidden), jnp.float32).astype(jnp.bfloat16)
     routing = route(jax.random.normal(kr, (d * tokens_per_device, e), jnp.float32), topk)
     params = moe_params(d, experts_per_device, hidden, inter, seed)
-    average = tokens_per_device * topk / experts_per_device
-    slots = min(d * tokens_per_device, _BLOCK * math.ceil(slot_factor * average / _BLOCK))
+    bounds = chunk_bounds(tokens_per_device, chunks)
+    largest = max(b - a for a, b in bounds)
+    average = largest * topk / experts_per_device  # a chunk's: the GEMMs run per chunk
+    slots = min(d * largest, _BLOCK * math.ceil(slot_factor * average / _BLOCK))
     expected_m = max(1, round(average))
     shard = NamedSharding(mesh, P("ep"))
     args = (jax.device_put(x, shard), jax.device_put(routing["experts"], shard),
             jax.device_put(routing["weights"], shard),
             tuple(jax.device_put(v, shard) for v in (*params["up"], *params["down"])))
-    f = moe_layer(mesh, experts_per_device, cupygemm_ffn(expected_m), slots)
-    counts = np.bincount(np.asarray(routing["experts"]).ravel(), minlength=e)  # a token's experts are distinct
-    return f, args, {"x": x, "routing": routing, "params": params, "slots": slots, "counts": counts,
-                     "max_count": int(counts.max()), "expected_m": expected_m, "dropped": 0,
+    f = moe_layer(mesh, experts_per_device, cupygemm_ffn(expected_m), slots, chunks=chunks)
+    ex = np.asarray(routing["experts"]).reshape(d, tokens_per_device, topk)
+    chunk_counts = np.stack([np.bincount(ex[:, a:b].ravel(), minlength=e) for a, b in bounds])  # distinct experts
+    return f, args, {"x": x, "routing": routing, "params": params, "slots": slots, "counts": chunk_counts.sum(0),
+                     "chunk_counts": chunk_counts, "chunks": chunks, "bounds": bounds,
+                     "max_count": int(chunk_counts.max()), "expected_m": expected_m, "dropped": 0,
                      **ep_bytes(d, tokens_per_device, hidden, topk)}
 
 
 def experts_ms(device: Any, info: dict, tokens_per_device: int, devices: int, experts_per_device: int,
                repeats: int = 20) -> float:
-    """The expert FFN alone (:func:`cupygemm_ffn`) on ``device`` with the first device's layout in the layer
-    (its experts' counts as ``masked_m``, the slots the layer's expert step runs with): the GEMM side of the
-    layer's time, the rest being dispatch, layout, combine and their collectives."""
+    """The expert FFN alone (:func:`cupygemm_ffn`) on ``device`` with the first device's layouts in the layer
+    (per chunk its experts' counts as ``masked_m`` and the slots the layer's expert step runs with; the chunks' FFNs
+    in one jitted call): the GEMM side of the layer's time, the rest being dispatch, layout, combine and the
+    collectives that the chunks do not hide."""
     el = experts_per_device
-    m = info["slots"] if info["counts"][:el].max() <= info["slots"] else devices * tokens_per_device
+    sizes = [b - a for a, b in info["bounds"]]
+    # the layer's rule: with one chunk each device for itself, with more one layout for all chunks and devices
+    fits = (info["chunk_counts"][:, :el] if len(sizes) == 1 else info["chunk_counts"]).max() <= info["slots"]
+    ms = [info["slots"] if fits else devices * n for n in sizes]
     hidden = info["x"].shape[1]
     with jax.default_device(device):
-        x = jax.random.normal(jax.random.key(3), (el * m, hidden), jnp.float32).astype(jnp.bfloat16)
-        a, sfa = cj.per_token_cast_to_fp8(x)
-        counts = jnp.asarray(info["counts"][:el], jnp.int32)
+        ops = []
+        for m, counts in zip(ms, info["chunk_counts"]):
+            x = jax.random.normal(jax.random.key(3), (el * m, hidden), jnp.float32).astype(jnp.bfloat16)
+            a, sfa = cj.per_token_cast_to_fp8(x)
+            ops.append((a.reshape(el, m, -1), sfa.reshape(el, m, -1), jnp.asarray(counts[:el], jnp.int32)))
         params = tuple(jax.device_put(v[:el], device) for v in (*info["params"]["up"], *info["params"]["down"]))
-    ffn = jax.jit(cupygemm_ffn(info["expected_m"]))
-    return time_ms(ffn, (a.reshape(el, m, -1), sfa.reshape(el, m, -1), counts, params), repeats)
+    ffn = cupygemm_ffn(info["expected_m"])
+    return time_ms(jax.jit(lambda ops, params: [ffn(*o, params) for o in ops]), (ops, params), repeats)
 
 
 def mlp_setup(devices: list, tokens: int, hidden: int, ffn: int, seed: int = 1) -> tuple[Callable, tuple, dict]:
@@ -364,7 +442,7 @@ def time_ms(f: Callable, args: tuple, repeats: int = 20, warmup: int = 3) -> flo
 
 def bench(devices: list, tokens_per_device: int = 4096, hidden: int = 7168, inter: int = 2048,
           experts_per_device: int = 8, topk: int = 8, ffn: int = 18432, repeats: int = 20,
-          slot_factor: float = 1.125) -> dict[str, Any]:
+          slot_factor: float = 1.125, chunks: int = 1) -> dict[str, Any]:
     """Times the EP layer and the TP MLP on 1 and ``len(devices)`` devices: weak scaling (the same tokens a
     device) and strong scaling (the same total tokens, ``tokens_per_device`` x the largest count). Returns a dict
     (rows of ``layer, scaling, devices, tokens, ms``; the EP rows add the dispatch, the slots per expert and the
@@ -376,12 +454,13 @@ def bench(devices: list, tokens_per_device: int = 4096, hidden: int = 7168, inte
     for scaling in ("weak", "strong"):
         for n in counts:
             per = tokens_per_device if scaling == "weak" else tokens_per_device * most // n
-            f, args, info = moe_setup(devices[:n], per, hidden, inter, experts_per_device, topk, slot_factor)
+            f, args, info = moe_setup(devices[:n], per, hidden, inter, experts_per_device, topk, slot_factor,
+                                      chunks=chunks)
             ms = time_ms(f, args, repeats)
             del f, args  # the layer's buffers, before the experts alone are timed
             alone = experts_ms(devices[0], info, per, n, experts_per_device, repeats)
             rows.append({"layer": "ep_moe", "scaling": scaling, "devices": n, "tokens": per * n,
-                         "dropped": info["dropped"], "ms": ms, "dispatch": "dedup-per-device",
+                         "dropped": info["dropped"], "ms": ms, "dispatch": "dedup-per-device", "chunks": chunks,
                          "slots": info["slots"], "max_count": info["max_count"],
                          "dispatch_bytes": info["dispatch_bytes"], "combine_bytes": info["combine_bytes"],
                          "experts_ms": alone, "rest_ms": ms - alone})
@@ -393,4 +472,5 @@ def bench(devices: list, tokens_per_device: int = 4096, hidden: int = 7168, inte
             "command": " ".join(sys.argv), "timing": "ms per call of the jitted layer (each call waited for), median of the repeats",
             "tokens_per_device": tokens_per_device, "hidden": hidden, "inter": inter,
             "experts_per_device": experts_per_device, "topk": topk, "ffn": ffn, "slot_factor": slot_factor,
+            "chunks": chunks,
             "rows": rows}
