@@ -191,11 +191,17 @@ def pdl_mode() -> object:
     return setting_key(PDL), setting_key(B_PREFETCH)
 
 
-def b_prefetch(pdl: bool, sides: bool) -> int:
+#: A's rows up to which PDL kernels on packed weights prefetch B before the wait: the M = 64 decode chain took
+#: 1.5-2.5 % less time with it, the M = 128 chain 1-2 % more (benchmarks/NOTES.md, "PDL").
+B_PREFETCH_MAX_ROWS = 64
+
+
+def b_prefetch(pdl: bool, sides: bool, rows: int) -> int:
     """Bytes of B a PDL kernel fetches into L2 before it waits for the kernel before it (cuda_src/b_prefetch.cuh).
     Only packed weights: they are constant until repacked (:func:`cupygemm.pack_weights`), so no kernel before this
-    one on the stream writes them. A plain B may be the output of that kernel (an optimizer step, a cast)."""
-    return b_prefetch_bytes() if pdl and sides else 0
+    one on the stream writes them. A plain B may be the output of that kernel (an optimizer step, a cast).
+    ``rows``: A's rows the config was chosen for (masked: the expected rows per group)."""
+    return b_prefetch_bytes() if pdl and sides and rows <= B_PREFETCH_MAX_ROWS else 0
 
 
 def _strides(given: tuple[int, ...] | None, shape: tuple[int, ...], item: int) -> tuple[int, ...]:
@@ -227,7 +233,7 @@ def _plan(kind: Any, m: int, n: int, k: int, num_groups: int, device_id: int, ro
                                           f"({l2.unavailable_reason(device_id)}); pack them on this device")
             cfg = side_aware_config(cfg, num_sms, info.max_smem_per_block)
         pdl = pdl_enabled()
-        kernel = get_gemm_kernel(cfg, device_id, pdl, b_prefetch(pdl, sides))
+        kernel = get_gemm_kernel(cfg, device_id, pdl, b_prefetch(pdl, sides, rows))
         # PDL launches go through cuLaunchKernelEx with the packed parameters, which needs a driver that reports
         # the parameter layout (CUDA >= 12.4); elsewhere the PDL variant runs as a plain launch (its waits are no-ops).
         pdl = pdl and hasattr(kernel.launcher, "launch_pdl")

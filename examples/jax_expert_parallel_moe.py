@@ -9,7 +9,8 @@
 
 Both are checked against float32 on one device. ``--small`` shrinks the shapes; ``--bench`` times both layers on 1
 and 2 GPUs (weak and strong scaling, :mod:`cupygemm.bench.multigpu_jax`) and writes JSON to ``--out``.
-``--chunks`` splits the EP layer's tokens into chunks whose all_to_alls XLA overlaps with the other chunks' GEMMs;
+``--chunks`` splits the EP layer's tokens into chunks whose all_to_alls XLA may overlap with the other chunks' GEMMs
+(default 1: on 2x H200 2 and 4 chunks ran slower, benchmarks/NOTES.md, "Multi-GPU");
 for that the example turns on XLA's latency-hiding scheduler (and lets two async collectives be in flight: chunk
 i+1's dispatch and chunk i-1's combine under chunk i's GEMMs) in ``XLA_FLAGS``, each flag only where ``XLA_FLAGS``
 does not set it already.
@@ -30,7 +31,7 @@ parser.add_argument("--out", default=None, help="JSON file for --bench")
 parser.add_argument("--topk", type=int, default=8)
 parser.add_argument("--slot-factor", type=float, default=1.125,
                     help="EP rows per expert in the small layout, x the average count (>= 2: the exact layout only)")
-parser.add_argument("--chunks", type=int, default=2,
+parser.add_argument("--chunks", type=int, default=1,
                     help="EP token chunks a device (1: one dispatch, FFN and combine; more: their all_to_alls overlap "
                          "the other chunks' GEMMs)")
 args = parser.parse_args()

@@ -229,3 +229,15 @@ def test_b_prefetch_is_issued_before_the_wait(tmp_path, sides):
         first_fetch = next(i for i, op in enumerate(ops) if op.startswith(fetch))
         assert first_fetch < ops.index("ACQBULK")
 
+
+
+def test_b_prefetch_only_for_packed_weights_under_pdl_at_decode_rows(monkeypatch):
+    """Plain B may be the previous kernel's output, so only packed weights prefetch; and only where it measured
+    faster (M = 64)."""
+    from cupygemm import plan
+
+    monkeypatch.delenv("CUPYGEMM_B_PREFETCH_KIB", raising=False)
+    assert plan.b_prefetch(True, True, 64) == 8 << 20
+    assert plan.b_prefetch(True, False, 64) == plan.b_prefetch(False, True, 64) == plan.b_prefetch(True, True, 128) == 0
+    monkeypatch.setenv("CUPYGEMM_B_PREFETCH_KIB", "0")
+    assert plan.b_prefetch(True, True, 64) == 0
