@@ -15,7 +15,8 @@
 // n_pad = round_up(n, 4), the TMA-aligned layout the GEMMs read; s_t rows n .. st_rows - 1 (the M-major padding,
 // st_rows = n_pad) are written with zeros. In mode 2, s_t = s^T dense: strides (ceil(m/128), 1).
 //
-// One CTA per 128 x 128 tile of x (grid = ceil(m/128) * ceil(n/128), tile t = (t / ceil(n/128), t % ceil(n/128))),
+// One CTA per 128 x 128 tile of x (grid = ceil(m/128) * ceil(n/128); tile t = (t % ceil(m/128), t / ceil(m/128)),
+// per-block: (t / ceil(n/128), t % ceil(n/128))),
 // kThreads threads: 128 for 16-bit inputs, 256 for f32. Each thread owns a 16-row x kVec-column piece of the tile
 // (kVec = 8 or 4: one 16-byte load per row), held in registers from the load to the stores; nothing of x goes
 // through shared memory. Lane l of warp w: rows 16 * (l / 4) .. + 15 of the tile, columns w * 4 * kVec +
@@ -220,9 +221,14 @@ CUPYGEMM_CT_ENTRY(const void* __restrict__ x_ptr, uint8_t* __restrict__ q_t, flo
   const int r0 = rl * kRows;                               // this thread's first row in the tile
   const int c0 = warp * kWarpCols + cl * kVec;             // ... and first column
 
-  const long long col_tiles = (n + kTile - 1) / kTile;
+  const long long col_tiles = (n + kTile - 1) / kTile, row_tiles = (m + kTile - 1) / kTile;
+  // The per-token casts take tiles down the row blocks first: the CTAs in flight then write whole rows of q_t
+  // together, and the slowest shapes (n = 32768) went from 0.67-0.72x to 0.72-0.78x of a copy. The per-block
+  // cast, whose scales are per tile, ran 3 % slower that way and keeps the order along the columns
+  // (benchmarks/NOTES.md, "Training casts").
   const long long tile = blockIdx.x;
-  const long long tb = tile / col_tiles, db = tile % col_tiles;  // row block, column block
+  const long long tb = kBlock ? tile / col_tiles : tile % row_tiles;  // row block
+  const long long db = kBlock ? tile % col_tiles : tile / row_tiles;  // column block
   const long long m0 = tb * kTile, n0 = db * kTile;
   const long long row0 = m0 + r0, col0 = n0 + c0;  // the piece's first row and column in x
 

@@ -136,8 +136,8 @@ def b_evict_first_mode() -> str:
 
 
 def pdl_enabled() -> bool:
-    """``CUPYGEMM_PDL``: launch the GEMMs with programmatic dependent launch (default off)."""
-    return env_bool(PDL, False)
+    """``CUPYGEMM_PDL``: launch the GEMMs with programmatic dependent launch (default on)."""
+    return env_bool(PDL, True)
 
 
 #: The default of ``CUPYGEMM_B_PREFETCH_KIB`` (benchmarks/NOTES.md, "PDL").

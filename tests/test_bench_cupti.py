@@ -146,7 +146,8 @@ def test_cupti_python_backend_parses_records(monkeypatch):
 
 
 def test_timer_passes_the_kernel_counts_through(monkeypatch):
-    """Timer.time hands the list for the kernel counts to the CUPTI timer (and leaves timers without it alone)."""
+    """Timer.time hands the list for the kernel counts to the CUPTI timer (and leaves timers without it alone), and
+    has the empty kernel after each flush left out of the sums."""
     import types
 
     import cupy
@@ -167,4 +168,16 @@ def test_timer_passes_the_kernel_counts_through(monkeypatch):
     t.kernel_timer, t.flush_buf = Kernel(), None
     counts = []
     assert t.time(lambda: None, 3, counts) == [1.0] * 3 and counts == [2, 2, 2]
-    assert t.time(lambda: None, 1) == [1.0] and seen[-1] == {}
+    assert t.time(lambda: None, 1) == [1.0] and seen[-1] == {"exclude": "cupygemm_bench_noop"}
+
+
+def test_kernel_timer_leaves_out_the_excluded_kernel():
+    """The empty kernel the bench runs after each flush (so a PDL launch follows a kernel, not a memset) is not part
+    of a call's kernel time."""
+    from cupygemm.bench import cupti as KT
+
+    timer = KT.KernelTimer.__new__(KT.KernelTimer)
+    batches = iter([[(0, 5000, "cupygemm_bench_noop"), (6000, 16000, "gemm")]])
+    timer._drain = lambda: next(batches)
+    timer._recording = lambda: __import__("contextlib").nullcontext()
+    assert timer.time(lambda: None, 1, exclude="cupygemm_bench_noop") == [10.0]

@@ -1,6 +1,7 @@
 """Where a lone PDL call's cost comes from (benchmarks/NOTES.md, "PDL"): the 12 decode shapes, lone calls after an
 L2 flush (CUPTI kernel time, median of ``ITERS``), with the default kernel, the PDL kernel launched with PDL, and the
-PDL kernel launched without the launch attribute (its waits are then no-ops).
+PDL kernel launched without the launch attribute (its waits are then no-ops); then the default and the PDL launch
+after a small elementwise kernel (the flush is a memset), whose time both rows include.
 
 Usage (on an H100): python benchmarks/probes/pdl_lone_probe.py OUT.json
 """
@@ -40,11 +41,14 @@ def pdl_rows(timer: timing.Timer) -> list[dict]:
         os.environ["CUPYGEMM_PDL"] = env  # the PDL variant is another source; the workers inherit the environment
         run.compile_configs(cfgs, os.cpu_count() or 1)
     rows = []
+    tiny = cp.zeros(4096, cp.float32)
     for dims in DECODE:
         shape = cases.Shape("normal", dims)
         inp = inputs.make_inputs(shape, cases.make_sizes(shape, 0), 0)
         row = {"dims": list(dims)}
-        for name, env, attr in (("default", "0", None), ("pdl", "1", None), ("pdl_kernel_plain_launch", "1", False)):
+        for name, env, attr, after in (("default", "0", None, False), ("pdl", "1", None, False),
+                                       ("pdl_kernel_plain_launch", "1", False, False),
+                                       ("after_kernel_default", "0", None, True), ("after_kernel_pdl", "1", None, True)):
             os.environ["CUPYGEMM_PDL"] = env
             _fresh()
             prep = providers.prepare_cupygemm(inp)
@@ -52,7 +56,10 @@ def pdl_rows(timer: timing.Timer) -> list[dict]:
             if attr is not None:
                 for _, p in cupygemm.gemm._calls.values():
                     object.__setattr__(p, "pdl", attr)
-            row[name] = _time(timer, prep.call)
+            call = prep.call
+            if after:  # a small elementwise kernel between the flush and the GEMM, as in a model's layer
+                call = lambda _c=prep.call: (cp.add(tiny, 1.0, out=tiny), _c())  # noqa: E731
+            row[name] = _time(timer, call)
         os.environ["CUPYGEMM_PDL"] = "0"
         print(json.dumps(row), flush=True)
         rows.append(row)

@@ -108,11 +108,12 @@ class KernelTimer:
             self.lib.cuptiActivityDisable(_KIND_CONCURRENT_KERNEL)
 
     def time(self, call: Callable[[], Any], iters: int, before: Callable[[], Any] | None = None,
-             sync: Callable[[], Any] | None = None, kernels: list[int] | None = None) -> list[float]:
+             sync: Callable[[], Any] | None = None, kernels: list[int] | None = None,
+             exclude: str | None = None) -> list[float]:
         """Microseconds of kernel time per call: the sum of the durations of the kernels each call launches.
 
-        ``before`` runs untimed before each call (an L2 flush; memsets are not kernel records); ``sync`` waits for
-        the device so each call's records can be told apart. ``kernels``: a list to which the number of kernels of
+        ``before`` runs untimed before each call (an L2 flush; memsets are not kernel records; a kernel named
+        ``exclude`` is left out); ``sync`` waits for the device so each call's records can be told apart. ``kernels``: a list to which the number of kernels of
         each call is appended (a k-grouped peer that loops over its groups launches one per group)."""
         times = []
         with self._recording():
@@ -122,7 +123,7 @@ class KernelTimer:
                 call()
                 if sync is not None:
                     sync()
-                recs = self._drain()
+                recs = [r for r in self._drain() if r[2] != exclude]
                 if not recs:
                     raise RuntimeError("CUPTI recorded no kernel for a call")
                 times.append(sum(end - start for start, end, _ in recs) / 1e3)

@@ -15,16 +15,22 @@ COPY_BYTES = 1 << 30
 
 class Timer:
     """Times calls after flushing L2 (untimed memset) before each: kernel time from CUPTI records when a
-    :class:`~cupygemm.bench.cupti.KernelTimer` is given (what profilers report), else CUDA events."""
+    :class:`~cupygemm.bench.cupti.KernelTimer` is given (what profilers report), else CUDA events.
+
+    An empty kernel follows each flush, so that a call comes after a kernel, as in a model's layer, not after a
+    memset: launched with programmatic dependent launch (cupygemm's default) right after a memset, a GEMM took 1.6 %
+    longer, after a kernel 0.2 % (benchmarks/NOTES.md, "PDL"). It is left out of the CUPTI sums."""
 
     def __init__(self, flush_bytes: int = FLUSH_BYTES, kernel_timer: Any = None):
         import cupy
 
         self.flush_buf = cupy.empty(flush_bytes, dtype=cupy.uint8)
         self.kernel_timer = kernel_timer
+        self._noop = _noop_call()
 
     def flush(self) -> None:
         self.flush_buf.data.memset_async(0, self.flush_buf.nbytes)
+        self._noop()
 
     def time(self, call: Callable[[], Any], iters: int, kernels: list[int] | None = None) -> list[float]:
         """Per-call times in microseconds. ``kernels``: gets the number of kernels of each call appended (CUPTI
@@ -34,8 +40,10 @@ class Timer:
         stream = cupy.cuda.get_current_stream()
         if self.kernel_timer is not None:
             if kernels is None:
-                return self.kernel_timer.time(call, iters, before=self.flush, sync=stream.synchronize)
-            return self.kernel_timer.time(call, iters, before=self.flush, sync=stream.synchronize, kernels=kernels)
+                return self.kernel_timer.time(call, iters, before=self.flush, sync=stream.synchronize,
+                                              exclude=_NOOP_NAME)
+            return self.kernel_timer.time(call, iters, before=self.flush, sync=stream.synchronize, kernels=kernels,
+                                          exclude=_NOOP_NAME)
         return self.time_events(call, iters)
 
     def median_us(self, call: Callable[[], Any], iters: int) -> float:
@@ -150,6 +158,7 @@ def stream_event_us(stream: Any, run: Callable[[], Any], per: int = 1) -> float:
 def timing_method(cupti: bool, flush_bytes: int) -> str:
     what = ("kernel time per call from CUPTI activity records (sum of the kernels the call launches)" if cupti
             else "CUDA events around each call on the current stream")
-    return (f"{what}; before each call an untimed {flush_bytes >> 20} MiB memset flushes L2; us = median "
+    return (f"{what}; before each call an untimed {flush_bytes >> 20} MiB memset flushes L2, then an empty kernel "
+            "runs; us = median "
             "(p10/p90, min/max) over iters calls after one untimed call; floor = max(bytes / copy bandwidth, "
             "FLOPs / 1979 TFLOPS)")
