@@ -430,10 +430,11 @@ def _keep_thread_state() -> None:
     """Keep the calling thread's Python thread state after this callback returns.
 
     A ctypes callback entered on a thread Python did not start (XLA runs executables on its own thread pools) gets
-    a new thread state from ``PyGILState_Ensure`` and drops it in the matching ``PyGILState_Release``, every call:
-    5 us of a no-op callback's 5.1 on a native thread (benchmarks/probes/ffi_handler_probe.py), and the thread-local
-    state is lost with it. One more ``PyGILState_Ensure``, never released, keeps the state as long as the thread
-    lives (the interpreter frees it at exit); the next callbacks on that thread only take the GIL.
+    a new thread state from ``PyGILState_Ensure`` and drops it in the matching ``PyGILState_Release``, every call,
+    and the thread-local state with it: a no-op callback took 4.7-5.2 us a call there against 0.1 where the state
+    is kept (benchmarks/probes/ffi_handler_probe.py, on the developer machine). One more ``PyGILState_Ensure``,
+    never released, keeps the state as long as the thread lives (the interpreter frees it at exit); the next
+    callbacks on that thread only take the GIL.
     """
     ctypes.pythonapi.PyGILState_Ensure()
 
@@ -654,7 +655,7 @@ class FfiHandler:
             if len(self._sites) >= _SITE_LIMIT:
                 # Layouts pile up as executables are made and dropped: forget them. Where most calls since the last
                 # time made one, XLA builds a new frame per call (XLA keeps its frames since 2024, but a layout
-                # costs ten calls to make): parse every frame from now on instead, keeping none.
+                # costs about fifteen calls to make): parse every frame from now on instead, keeping none.
                 self._unkept = self._sites_made > (self.executes - self._executes_at_clear) // 2
                 self._sites.clear()
                 self._sites_made, self._executes_at_clear = 0, self.executes
