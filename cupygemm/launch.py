@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -33,6 +33,8 @@ class Launcher(Protocol):
     def launch(self, params: Any, grid: int, block: int, smem: int, stream: int) -> None: ...
 
     def launch_grid(self, params: Any, grid: tuple[int, int, int], block: int, smem: int, stream: int) -> None: ...
+
+    def bound(self, params: Any, grid: int, block: int, smem: int, pdl: bool = False) -> Callable[[int], None]: ...
 
 
 def _param_layout(func_ptr: int, count: int) -> list[tuple[int, int]] | None:
@@ -149,6 +151,21 @@ class PackedLauncher:
             raise CupygemmDeviceError(f"cuLaunchKernel failed ({e}) for grid {grid}, block {block}, "
                                       f"{smem} B of shared memory") from e
 
+    def bound(self, params: _Packed, grid: int, block: int, smem: int, pdl: bool = False) -> Callable[[int], None]:
+        """:meth:`launch` (``pdl``: :meth:`launch_pdl`) of these parameters as a function of the stream alone, for a
+        caller that launches the same parameters again and again (the XLA FFI handler): one call, no lookups."""
+        if pdl:
+            return lambda stream: self.launch_pdl(params, grid, block, smem, stream)
+        launch_kernel, error, func = self._launch_kernel, self._error, self._func
+
+        def fire(stream: int) -> None:
+            try:  # params.extra_ptr: the closure keeps the packed bytes it points at alive
+                launch_kernel(func, grid, 1, 1, block, 1, 1, smem, stream, 0, params.extra_ptr)
+            except error as e:
+                raise CupygemmDeviceError(f"cuLaunchKernel failed ({e}) for grid {grid}, block {block}, "
+                                          f"{smem} B of shared memory") from e
+        return fire
+
     def launch_pdl(self, params: _Packed, grid: int, block: int, smem: int, stream: int) -> None:
         """As :meth:`launch`, with programmatic dependent launch: the kernel may start before the previous one on
         ``stream`` has finished (it must wait for it before touching memory: ``contract.defines(pdl=True)``)."""
@@ -191,6 +208,13 @@ class CupyLauncher:
         from .streams import cupy_stream
 
         self._function(tuple(grid), (block,), params, shared_mem=smem, stream=cupy_stream(stream, self._device))
+
+    def bound(self, params: tuple, grid: int, block: int, smem: int, pdl: bool = False) -> Callable[[int], None]:
+        """:meth:`launch` of these parameters as a function of the stream (``pdl`` needs cuLaunchKernelEx, which
+        this launcher's drivers lack: refused)."""
+        if pdl:
+            raise CupygemmDeviceError("programmatic dependent launch needs a driver with cuFuncGetParamInfo")
+        return lambda stream: self.launch(params, grid, block, smem, stream)
 
 
 def make_launcher(function: Any, kinds: Sequence[str]) -> Launcher:

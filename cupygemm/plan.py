@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from . import contract, l2, tma
 from .config import GemmConfig, b_evict_first, choose_config, config_version, model_rows, side_aware_config
@@ -87,6 +87,32 @@ class GemmPlan:
         else:
             self.launcher.launch(params, self.grid, self.threads, self.smem_bytes, stream)
 
+    def bind(self, a: int, sfa: int, b: int, sfb: int, d: int, layout: int = 0, partials: int = 0, counters: int = 0,
+             zero_counters: bool = False, page_sides: tuple[int, ...] = NO_PAGE_SIDES) -> Callable[[int], None]:
+        """:meth:`launch` on these pointers as a function of the stream: the checks and the packing done now, so
+        that a call queues the counters' memset (``zero_counters``) and the kernel and does nothing else. For a
+        caller that launches one pointer set again and again and keeps the result (the XLA FFI handler)."""
+        if self.scratch_floats and not (partials and counters):
+            raise ValueError(f"this launch needs scratch ({self.scratch_floats} floats, {self.scratch_counters} "
+                             "counters)")
+        ptrs = (a, sfa, b, sfb, d, layout, partials, counters, *page_sides)
+        params = self._packed.get(ptrs)
+        if params is None:
+            params = self._pack(ptrs)
+        launch = self.launcher.bound(params, self.grid, self.threads, self.smem_bytes, self.pdl)
+        if not (zero_counters and self.scratch_counters):
+            return launch
+        # The memset's constant arguments as ctypes values: converting Python ints costs more than the call.
+        memset = _memset_gil_fn()
+        ptr, zero, count = ctypes.c_uint64(counters), ctypes.c_uint(0), ctypes.c_size_t(self.scratch_counters)
+
+        def fire(stream: int) -> None:
+            res = memset(ptr, zero, count, stream)
+            if res != 0:
+                raise CupygemmDeviceError(f"cuMemsetD32Async failed (CUresult {res})")
+            launch(stream)
+        return fire
+
     def _pack(self, ptrs: tuple[int, ...]) -> object:
         a, sfa, b, sfb, d, layout, partials, counters, *page_sides = ptrs
         self._check_out_overlap(a, sfa, b, sfb, d, layout)
@@ -139,6 +165,14 @@ def _memset_fn():
     fn.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
     fn.restype = ctypes.c_int
     return fn
+
+
+@functools.lru_cache(maxsize=1)
+def _memset_gil_fn():
+    """cuMemsetD32Async called with the GIL held (for :meth:`GemmPlan.bind`): it only queues the memset, so
+    releasing the GIL around it would just let another Python thread take it and make the caller wait."""
+    fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p)
+    return fn(ctypes.cast(tma.driver().cuMemsetD32Async, ctypes.c_void_p).value)
 
 
 def _memset_u32(ptr: int, count: int, stream: int) -> None:

@@ -7,10 +7,13 @@ callback, so no compiled extension is needed. It
 * answers XLA's metadata handshake (a frame whose ``extension_start`` chain holds a metadata extension, sent once
   per registration with ``api == NULL``): it writes the FFI API version it speaks and the trait
   COMMAND_BUFFER_COMPATIBLE, so XLA may capture the call into its CUDA graphs, and returns NULL without running;
-* on an execute frame, reads the entry id from the call's only attribute (an int64 scalar), the device pointers of
-  the argument and result buffers, and XLA's stream (``Stream_Get`` with the frame's context), and calls the
-  entry's launch function, which was built at trace time (kernel chosen, compiled and loaded): the per-call
-  work is a few memory reads and one launch;
+* on an execute frame, reads the frame with one ``struct`` unpack of raw memory, confirms the call site's layout
+  (where its buffers' data pointers and its ``entry_id`` attribute, an int64 scalar, sit: parsed on the site's first
+  call, confirmed with three more unpacks), asks XLA for the stream (``Stream_Get`` with the frame's context) and
+  calls the launch bound to the call's pointers (made at the first call on them from the entry built at trace
+  time: kernel chosen, compiled and loaded, parameters packed): the per-call work is a few memory reads, XLA's
+  stream and one launch. The Python thread state of a thread XLA calls from is kept between calls
+  (:func:`_keep_thread_state`);
 * never lets a Python exception cross the C boundary: it returns an FFI error made with the API's
   ``Error_Create`` (INVALID_ARGUMENT for ValueError/TypeError, INTERNAL otherwise) carrying our message, which
   the JAX user sees as ``JaxRuntimeError: INVALID_ARGUMENT: cupygemm ...``.
@@ -24,13 +27,15 @@ grew at its end between them, so only fields up to ``DeviceOrdinal_Get`` are mir
 from __future__ import annotations
 
 import ctypes
-import functools
+import operator
 import os
 import re
+import struct
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from _thread import get_ident
 from typing import Callable, Sequence
 
 import numpy as np
@@ -39,7 +44,7 @@ __all__ = [
     "KNOWN_API_MAJOR", "EXECUTE", "EXTENSION_METADATA", "TRAIT_COMMAND_BUFFER_COMPATIBLE", "INVALID_ARGUMENT",
     "INTERNAL", "DTYPES", "ffi_dtype", "header_api_version", "FfiEntry", "FfiHandler", "HANDLER_FN",
     "CallFrame", "Args", "Rets", "Attrs", "Buffer", "Scalar", "Api", "ApiVersion", "ExtensionBase", "Metadata",
-    "MetadataExtension", "ErrorCreateArgs", "StreamGetArgs", "DeviceOrdinalGetArgs",
+    "MetadataExtension", "ErrorCreateArgs", "StreamGetArgs", "DeviceOrdinalGetArgs", "Launch", "Fire", "Bind",
 ]
 
 #: The FFI API major version these mirrors follow; frames and headers of another major version are refused.
@@ -198,22 +203,56 @@ _API_SIZE = Api.struct_size.offset
 _API_MAJOR = Api.api_version.offset + ApiVersion.major_version.offset
 _API_MINOR = Api.api_version.offset + ApiVersion.minor_version.offset
 
-# The call frame as 64-bit words, read with one copy (every field we read is a pointer, a size or an int padded
-# to 8 bytes).
-_FRAME_WORDS = ctypes.c_uint64 * (CALL_FRAME_SIZE // 8)
-_W_EXT, _W_API, _W_CTX, _W_STAGE = _CF_EXT // 8, _CF_API // 8, _CF_CTX // 8, _CF_STAGE // 8
-_W_NARGS, _W_ARGV, _W_NRETS, _W_RETV = _CF_NARGS // 8, _CF_ARGV // 8, _CF_NRETS // 8, _CF_RETV // 8
-_W_NATTRS, _W_ATTR_TYPES, _W_ATTRV = _CF_NATTRS // 8, _CF_ATTR_TYPES // 8, _CF_ATTRV // 8
-_SCALAR_WORDS = ctypes.c_uint64 * 2  # XLA_FFI_Scalar: int dtype (padded to 8 bytes), value pointer
+# Process memory as one read-only buffer, for struct.unpack_from at raw addresses: a read there takes about a third
+# of the time of a ctypes object made per read (from_address), and several scattered fields come back from one
+# unpack (their gaps are pad bytes, which struct skips without touching them).
+_MEM = memoryview((ctypes.c_char * sys.maxsize).from_address(0)).cast("B").toreadonly()
+_CODE_SIZE = {"i": 4, "q": 8, "Q": 8}
 
 
-@functools.lru_cache(maxsize=64)
-def _u64_array(n: int) -> type:
-    return ctypes.c_uint64 * n
+def _gather(items: Sequence[tuple[int, str]]) -> tuple[struct.Struct, int, tuple[int, ...]]:
+    """One struct reading every ``(address, code)`` item ('i' int32, 'q' int64, 'Q' uint64): ``(s, base,
+    positions)``, where ``s.unpack_from(_MEM, base)[positions[i]]`` is item i. Repeated items share a value;
+    ValueError when two different items overlap."""
+    order = sorted(set(items))
+    fmt, end, index = ["<"], None, {}
+    for addr, code in order:
+        if end is not None and addr < end:
+            raise ValueError(f"overlapping call-frame fields at 0x{addr:x}")
+        if end is not None and addr > end:
+            fmt.append(f"{addr - end}x")
+        fmt.append(code)
+        index[(addr, code)] = len(index)
+        end = addr + _CODE_SIZE[code]
+    base = order[0][0] if order else 0
+    return struct.Struct("".join(fmt)), base, tuple(index[item] for item in items)
 
 
-def _signed(word: int) -> int:
-    return word - (1 << 64) if word >> 63 else word
+def _getter(positions: Sequence[int]) -> Callable[[tuple], tuple]:
+    """A function picking ``positions`` out of a tuple, as a tuple (itemgetter gives a bare value for one)."""
+    if len(positions) == 1:
+        p = positions[0]
+        return lambda values: (values[p],)
+    return operator.itemgetter(*positions) if positions else (lambda values: ())
+
+
+#: An execute call frame, one unpack: (extension_start, api, ctx, stage, static), where static is the bytes from
+#: args.size to the end of attrs, the same on every call of one call site's frame: the key of its layout.
+_FRAME = struct.Struct(f"<{_CF_EXT}xQQQi{_CF_NARGS - _CF_STAGE - 4}x{CALL_FRAME_SIZE - _CF_NARGS}s")
+#: The fields of the static bytes read: (args.size, args.args, rets.size, rets.rets, attrs.size, attrs.types,
+#: attrs.attrs).
+_STATIC = _gather([(off - _CF_NARGS, code) for off, code in (
+    (_CF_NARGS, "q"), (_CF_ARGV, "Q"), (_CF_NRETS, "q"), (_CF_RETV, "Q"), (_CF_NATTRS, "q"), (_CF_ATTR_TYPES, "Q"),
+    (_CF_ATTRV, "Q"))])[0]
+_SCALAR = struct.Struct("<i4xQ")  # XLA_FFI_Scalar: dtype (int32), value pointer
+_I32, _I64, _U64 = struct.Struct("<i"), struct.Struct("<q"), struct.Struct("<Q")
+_CTX_STREAM = struct.Struct("<QQ")  # StreamGetArgs' ctx and stream
+#: Call-site layouts kept per handler; past this many (executables made and dropped) they are forgotten at once.
+_SITE_LIMIT = 4096
+#: Launches kept per entry and per call-site layout, one per pointer set (a scan whose operands move goes through
+#: one per step).
+_FIRE_LIMIT = 512
+
 
 _u64 = ctypes.c_uint64.from_address
 _i64 = ctypes.c_int64.from_address
@@ -247,24 +286,74 @@ def check_api_major(major: int, minor: int, where: str) -> None:
                            f"change: update cupygemm or use a jaxlib with FFI API {KNOWN_API_MAJOR}.x")
 
 
+#: ``launch(stream, arg_ptrs, ret_ptrs)``: one GEMM on XLA's stream over the call's device pointers.
+Launch = Callable[[int, Sequence[int], Sequence[int]], None]
+#: ``fire(stream)``: a launch whose pointers were bound beforehand; it only queues the work on the stream.
+Fire = Callable[[int], None]
+#: ``bind(arg_ptrs, ret_ptrs)``: the per-pointer work of a launch done once (checks, the kernel's packed
+#: parameters), returning the :data:`Fire` that launches on those pointers.
+Bind = Callable[[Sequence[int], Sequence[int]], Fire]
+
+
 @dataclass
 class FfiEntry:
     """One traced call site's launch, built at trace time for static shapes.
 
-    ``launches`` maps an XLA device ordinal to ``launch(stream, arg_ptrs, ret_ptrs)``; with one device XLA is not
-    asked for the ordinal. ``expected`` (optional) holds ``(dtype, dims)`` per argument then per result, checked
-    on every call when given (``CUPYGEMM_CHECK_INPUTS=1``): the handler's own guard against a mismatched frame.
+    ``launches`` maps an XLA device ordinal to a :data:`Launch`; with one device XLA is not asked for the ordinal.
+    ``binds`` (optional, the same ordinals) maps it to a :data:`Bind`; without it the handler binds by wrapping the
+    launch. The handler keeps the fires of the pointer sets it has seen (``fires``; :meth:`make_fire`), so a call
+    on known pointers is one fire. ``expected`` (optional) holds ``(dtype, dims)`` per argument then per result,
+    checked on every call when given (``CUPYGEMM_CHECK_INPUTS=1``): the handler's own guard against a mismatched
+    frame.
     """
     name: str
     num_args: int
     num_rets: int
-    launches: dict[int, Callable[[int, Sequence[int], Sequence[int]], None]]
+    launches: dict[int, Launch]
     expected: tuple[tuple[int, tuple[int, ...]], ...] | None = None
-    single: Callable[[int, Sequence[int], Sequence[int]], None] | None = field(init=False, default=None)
+    binds: dict[int, Bind] | None = None
+    single: Launch | None = field(init=False, default=None)
+    #: pointers (arguments then results), or (ordinal, pointers) where several devices were planned -> fire
+    fires: dict[tuple, Fire] = field(init=False, default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.launches) == 1:
             self.single = next(iter(self.launches.values()))
+        if self.binds is not None and set(self.binds) != set(self.launches):
+            raise ValueError(f"{self.name}: binds for devices {sorted(self.binds)}, launches for "
+                             f"{sorted(self.launches)}")
+
+    def make_fire(self, ordinal: int | None, ptrs: tuple[int, ...]) -> Fire:
+        """The launch on ``ptrs`` (arguments then results) on XLA device ``ordinal`` (None: the only planned one),
+        made now and kept in :attr:`fires`; ValueError for a device nothing was planned for."""
+        if ordinal is None:
+            dev, key = next(iter(self.launches)), ptrs
+        else:
+            dev, key = ordinal, (ordinal, ptrs)
+            if dev not in self.launches:
+                raise ValueError(f"{self.name}: no kernel was planned for XLA device {dev} (planned: "
+                                 f"{sorted(self.launches)})")
+        args, rets = ptrs[:self.num_args], ptrs[self.num_args:]
+        if self.binds is not None:
+            fire = self.binds[dev](args, rets)
+        else:
+            launch = self.launches[dev]
+
+            def fire(stream: int) -> None:
+                launch(stream, args, rets)
+        _remember(self.fires, key, fire)
+        return fire
+
+
+def _remember(fires: dict, key: tuple, fire: Fire) -> None:
+    """``fires[key] = fire``, the oldest entry dropped first when full: a cycle of pointer sets longer than the limit
+    misses on every call (a cache cleared whenever full would make it miss on every call too, past the limit)."""
+    if len(fires) >= _FIRE_LIMIT:
+        try:
+            del fires[next(iter(fires))]
+        except (StopIteration, KeyError, RuntimeError):  # another thread dropped it first
+            pass
+    fires[key] = fire
 
 
 class _BoundApi:
@@ -285,6 +374,71 @@ class _BoundApi:
             self.device_ordinal_get = API_FN_GIL(_u64(api + Api.DeviceOrdinal_Get.offset).value)
 
 
+class _Site:
+    """One call site's frame layout: where the buffers' data pointers and the entry_id attribute sit, found on the
+    first call of a frame with these static bytes (:meth:`FfiHandler._new_site`) and confirmed on every later call.
+
+    XLA keeps a call site's frame from call to call (updating the buffers' data pointers in place) but frees it with
+    its executable, and another call site's frame may then be built in the same memory, so the static bytes alone
+    do not identify a call site. Each call therefore reads again, with one unpack each, every pointer the layout was
+    derived from: the buffer arrays' entries and the attribute's type and scalar pointer ("anchors", at addresses
+    the frame at hand gives); then the scalar and the buffers' data pointers at the addresses just confirmed
+    ("found", as the deref struct returns them: in address order); then the entry id at the scalar's value pointer.
+    ``fires`` maps "found" (with the device ordinal first where several devices were planned) to the launch made
+    for it after the scalar was checked, so a hit confirms the scalar too. Any difference sends the frame back to
+    :meth:`FfiHandler._resolve`.
+    """
+
+    __slots__ = ("entry_id", "entry", "bufs", "anchors", "anchor_base", "anchor_values", "deref", "deref_base",
+                 "scalar_of", "scalar_values", "value_ptr", "data_of", "fires", "single", "checked")
+
+    def __init__(self, entry_id: int, entry: FfiEntry, bufs: tuple[int, ...], argv: int, retv: int, atypes: int,
+                 attrv: int, atype: int, scalar: int, value_ptr: int):
+        self.entry_id, self.entry, self.bufs, self.value_ptr = entry_id, entry, bufs, value_ptr
+        self.fires: dict[tuple, Fire] = {}
+        self.single, self.checked = entry.single is not None, entry.expected is not None
+        items = ([(argv + 8 * i, "Q") for i in range(entry.num_args)]
+                 + [(retv + 8 * i, "Q") for i in range(entry.num_rets)] + [(attrv, "Q"), (atypes, "i")])
+        anchors, self.anchor_base, positions = _gather(items)
+        self.anchors = anchors.unpack_from  # bound once: a method lookup per call costs more than the read
+        values = [0] * (max(positions) + 1)
+        for p, v in zip(positions, bufs + (scalar, atype)):
+            values[p] = v
+        self.anchor_values = tuple(values)
+        deref, self.deref_base, positions = _gather(
+            [(scalar, "i"), (scalar + 8, "Q")] + [(b + _BUF_DATA, "Q") for b in bufs])
+        self.deref = deref.unpack_from
+        self.scalar_of, self.data_of = _getter(positions[:2]), _getter(positions[2:])
+        self.scalar_values = (_S64, value_ptr)
+
+
+class _Unkept:
+    """A frame parsed for one call, its layout not kept (:meth:`FfiHandler._resolve`): what a call reads of a
+    :class:`_Site`."""
+
+    __slots__ = ("entry_id", "entry", "bufs", "checked")
+
+    def __init__(self, entry_id: int, entry: FfiEntry, bufs: tuple[int, ...]):
+        self.entry_id, self.entry, self.bufs, self.checked = entry_id, entry, bufs, entry.expected is not None
+
+    @staticmethod
+    def data_of(ptrs: tuple[int, ...]) -> tuple[int, ...]:
+        return ptrs
+
+
+def _keep_thread_state() -> None:
+    """Keep the calling thread's Python thread state after this callback returns.
+
+    A ctypes callback entered on a thread Python did not start (XLA runs executables on its own thread pools) gets
+    a new thread state from ``PyGILState_Ensure`` and drops it in the matching ``PyGILState_Release``, every call,
+    and the thread-local state with it: a no-op callback took 4.7-5.2 us a call there against 0.1 where the state
+    is kept (benchmarks/probes/ffi_handler_probe.py, on the developer machine). One more ``PyGILState_Ensure``,
+    never released, keeps the state as long as the thread lives (the interpreter frees it at exit); the next
+    callbacks on that thread only take the GIL.
+    """
+    ctypes.pythonapi.PyGILState_Ensure()
+
+
 class FfiHandler:
     """An XLA FFI handler (``ctypes`` callback) dispatching execute calls to :class:`FfiEntry` launches.
 
@@ -293,27 +447,44 @@ class FfiHandler:
         api_version: ``(major, minor)`` written in the metadata handshake: the framework's own version
             (see :func:`header_api_version`); a major version other than :data:`KNOWN_API_MAJOR` is refused.
         use_stream: ask XLA for the stream (GPU platforms); False passes stream 0 (CPU, tests).
+        keep_thread_states: keep the Python thread state of each thread that calls the handler
+            (:func:`_keep_thread_state`); False is for measuring what that saves.
 
     ``address`` is the C function pointer to register (``jax.ffi.pycapsule(handler.address)``). Keep the handler
     object alive as long as XLA may call it (a module-level registry does).
+
+    XLA calls the handler cold (its own work between two calls evicts the CPU caches), where a call costs about
+    what it touches: every distinct piece of interpreter machinery (a ctypes call, a struct unpack, a Python frame)
+    costs microseconds the first time in a call and little after (benchmarks/NOTES.md, "JAX and XLA command
+    buffers"). So one Python function does an execute call: four ``struct`` unpacks of raw memory (the frame, then
+    the call site's layout confirmed, :class:`_Site`), ``Stream_Get`` with this thread's preallocated arguments
+    written and read by ``struct`` too, and the entry's fire for the call's pointers (:meth:`FfiEntry.make_fire`
+    the first time it sees them): the launch, its parameters packed long before.
     """
 
-    def __init__(self, name: str, api_version: tuple[int, int], use_stream: bool = True):
+    def __init__(self, name: str, api_version: tuple[int, int], use_stream: bool = True,
+                 keep_thread_states: bool = True):
         check_api_major(api_version[0], api_version[1], "the installed jaxlib")
         self.name = name
         self.api_version = (int(api_version[0]), int(api_version[1]))
         self.use_stream = use_stream
+        self.keep_thread_states = keep_thread_states
         self._entries: list[FfiEntry] = []
         self._lock = threading.Lock()
         self._apis: dict[int, _BoundApi] = {}
-        self._tls = threading.local()  # per-thread argument structs: XLA may call from several threads
+        self._sites: dict[bytes, _Site] = {}
+        self._sites_made = self._executes_at_clear = 0
+        self._unkept = False  # frames parsed every call, their layouts not kept (see _new_site)
+        # by threading.get_ident(): the address of the thread's StreamGetArgs and a writable view of it
+        self._stream_args: dict[int, tuple[int, memoryview]] = {}
+        self._keep: list[object] = []  # the threads' argument structs
         self.handshakes = 0
         self.executes = 0  # execute calls that reached a launch (approximate under threads): shows graph replay
         self.profile: list[int] | None = None  # set to [] to collect each call's host time in ns (benchmarks)
         self.trace: list[tuple[int, tuple[int, ...]]] | None = None  # set to [] to collect (entry id, pointers)
         # set to [] to collect, per call, the ns from entry to: frame read, stream known, launch queued
         self.profile_parts: list[tuple[int, int, int]] | None = None
-        self._t0 = 0
+        self._call = self._entry_point()
         self._cfunc = HANDLER_FN(self._call)  # the ctypes callback object must outlive every XLA call
         self.address: int = ctypes.cast(self._cfunc, ctypes.c_void_p).value
 
@@ -327,28 +498,69 @@ class FfiHandler:
     def entry(self, entry_id: int) -> FfiEntry:
         return self._entries[entry_id]
 
+    @property
+    def threads(self) -> list[int]:
+        """The ``threading.get_ident()`` of every thread that has asked XLA for a stream through this handler
+        (diagnostics: which threads XLA runs executables on)."""
+        return list(self._stream_args)
+
     # -- the C entry point ---------------------------------------------------------------------------------
 
-    def _call(self, frame: int | None) -> int | None:
-        if self.profile is not None:
-            t0 = self._t0 = time.perf_counter_ns()
-            err = self._run(frame)
-            self.profile.append(time.perf_counter_ns() - t0)
-            return err
-        return self._run(frame)
+    def _entry_point(self) -> Callable[[int | None], int | None]:
+        """The callback's Python body: one function, whose state is in closure cells and locals."""
+        handler, apis, sites, stream_args = self, self._apis, self._sites, self._stream_args
+        mem, unpack_frame, unpack_i64, unpack_u64 = _MEM, _FRAME.unpack_from, _I64.unpack_from, _U64.unpack_from
+        pack_ctx = _CTX_STREAM.pack_into
+        perf, ident, check = time.perf_counter_ns, get_ident, _check_buffers
 
-    def _run(self, frame: int | None) -> int | None:
-        api = 0
-        try:
-            if not frame:
-                raise ValueError("XLA passed a NULL call frame")
-            words = _FRAME_WORDS.from_address(frame)[:]
-            if words[_W_EXT] and self._handshake(words[_W_EXT]):
+        def call(frame: int | None) -> int | None:
+            profile, parts = handler.profile, handler.profile_parts
+            if profile is not None or parts is not None:
+                t0 = perf()
+            api = 0
+            try:
+                if not frame:
+                    raise ValueError("XLA passed a NULL call frame")
+                ext, api, ctx, stage, key = unpack_frame(mem, frame)
+                if ext and handler._handshake(ext):
+                    return None
+                bound = apis.get(api) or handler._bind(api)
+                if stage != EXECUTE:
+                    return None  # a single-function handler has no work in other stages
+                site, fire = sites.get(key), None
+                if site is not None and site.anchors(mem, site.anchor_base) == site.anchor_values:
+                    found = site.deref(mem, site.deref_base)
+                    fire = site.fires.get(found if site.single else (handler._device_ordinal(bound, ctx), found))
+                if fire is None or unpack_i64(mem, site.value_ptr)[0] != site.entry_id:
+                    site, found, fire = handler._resolve(key, site, bound, ctx)
+                if site.checked:
+                    check(site.entry, site.bufs)
+                if parts is not None:
+                    t_read = perf()
+                stream = 0
+                if bound.stream_get is not None:
+                    args, view = stream_args.get(ident()) or handler._new_thread()
+                    pack_ctx(view, 16, ctx, 0)  # ctx, and a NULL stream until XLA writes one
+                    err = bound.stream_get(args)
+                    if err:
+                        return err  # XLA's own error: ownership passes back to XLA
+                    stream = unpack_u64(view, 24)[0]
+                handler.executes += 1
+                if handler.trace is not None:
+                    handler.trace.append((site.entry_id, site.data_of(found)))
+                if parts is None:
+                    fire(stream)
+                    return None
+                t_stream = perf()
+                fire(stream)
+                parts.append((t_read - t0, t_stream - t0, perf() - t0))
                 return None
-            api = words[_W_API]
-            return self._execute(words, api)
-        except BaseException as e:  # noqa: BLE001 - nothing may propagate through the C boundary
-            return self._error(api, e)
+            except BaseException as e:  # noqa: BLE001 - nothing may propagate through the C boundary
+                return handler._error(api, e)
+            finally:
+                if profile is not None:
+                    profile.append(perf() - t0)
+        return call
 
     def _handshake(self, ext: int) -> bool:
         """Fill in the metadata extension if the chain holds one; True when this frame was the handshake."""
@@ -373,64 +585,96 @@ class FfiHandler:
             self._apis[api] = bound
         return bound
 
-    def _execute(self, words: list[int], api: int) -> int | None:
-        bound = self._apis.get(api) or self._bind(api)
-        if words[_W_STAGE] & 0xFFFFFFFF != EXECUTE:
-            return None  # a single-function handler has no work in other stages
-        if words[_W_NATTRS] != 1:
-            raise ValueError(f"{self.name}: expected one attribute (entry_id), got "
-                             f"{_signed(words[_W_NATTRS])}")
-        scalar_dtype, value_ptr = _SCALAR_WORDS.from_address(_u64(words[_W_ATTRV]).value)[:]
-        if _i32(words[_W_ATTR_TYPES]).value != ATTR_SCALAR or scalar_dtype & 0xFFFFFFFF != _S64:
+    def _resolve(self, key: bytes, site: _Site | None, bound: _BoundApi,
+                 ctx: int) -> tuple[_Site | _Unkept, tuple, Fire]:
+        """A call the fast path could not serve: a new frame layout or a stale one (parsed in full), or new
+        pointers on a known layout (a new fire). Returns the site, its deref values and the fire."""
+        if site is not None and site.anchors(_MEM, site.anchor_base) == site.anchor_values:
+            found = site.deref(_MEM, site.deref_base)
+            if (site.scalar_of(found) != site.scalar_values
+                    or _I64.unpack_from(_MEM, site.value_ptr)[0] != site.entry_id):
+                site = None
+        else:
+            site = None
+        if site is None and self._unkept:
+            unkept = _Unkept(*self._parse(key)[:3])
+            if unkept.checked:
+                _check_buffers(unkept.entry, unkept.bufs)
+            ptrs = tuple(_U64.unpack_from(_MEM, b + _BUF_DATA)[0] for b in unkept.bufs)
+            return unkept, ptrs, self._fire(unkept.entry, ptrs, bound, ctx)[0]
+        if site is None:
+            site = self._new_site(key)
+            found = site.deref(_MEM, site.deref_base)
+            if site.scalar_of(found) != site.scalar_values:
+                raise RuntimeError(f"{self.name}: the call frame changed while it was read")
+        if site.checked:  # before binding: a frame the entry was not made for is refused, not packed
+            _check_buffers(site.entry, site.bufs)
+        fire, ordinal = self._fire(site.entry, site.data_of(found), bound, ctx)
+        _remember(site.fires, found if ordinal is None else (ordinal, found), fire)
+        return site, found, fire
+
+    def _fire(self, entry: FfiEntry, ptrs: tuple[int, ...], bound: _BoundApi,
+              ctx: int) -> tuple[Fire, int | None]:
+        """The entry's fire for ``ptrs`` (made if new) and the device ordinal it is for (None: the only one)."""
+        if entry.single is not None:
+            return entry.fires.get(ptrs) or entry.make_fire(None, ptrs), None
+        ordinal = self._device_ordinal(bound, ctx)
+        return entry.fires.get((ordinal, ptrs)) or entry.make_fire(ordinal, ptrs), ordinal
+
+    def _parse(self, key: bytes) -> tuple:
+        """Read a frame whose static bytes are ``key`` in full, with every check: ``(entry_id, entry, bufs, argv,
+        retv, atypes, attrv, atype, scalar, value_ptr)``, :class:`_Site`'s arguments."""
+        nargs, argv, nrets, retv, nattrs, atypes, attrv = _STATIC.unpack(key)
+        if nattrs != 1:
+            raise ValueError(f"{self.name}: expected one attribute (entry_id), got {nattrs}")
+        if not (atypes and attrv):
+            raise ValueError(f"{self.name}: the call frame's attribute arrays are NULL")
+        atype, scalar = _I32.unpack_from(_MEM, atypes)[0], _U64.unpack_from(_MEM, attrv)[0]
+        sdtype, value_ptr = _SCALAR.unpack_from(_MEM, scalar) if scalar else (0, 0)
+        if atype != ATTR_SCALAR or sdtype != _S64 or not value_ptr:
             raise ValueError(f"{self.name}: the entry_id attribute must be an int64 scalar")
-        entry_id = _i64(value_ptr).value
+        entry_id = _I64.unpack_from(_MEM, value_ptr)[0]
         if not 0 <= entry_id < len(self._entries):
             raise ValueError(f"{self.name}: unknown entry_id {entry_id} ({len(self._entries)} registered)")
         entry = self._entries[entry_id]
-        nargs, nrets = words[_W_NARGS], words[_W_NRETS]
         if nargs != entry.num_args or nrets != entry.num_rets:
             raise ValueError(f"{entry.name}: expected {entry.num_args} operands and {entry.num_rets} results, "
-                             f"XLA passed {_signed(nargs)} and {_signed(nrets)}")
-        bufs = (_u64_array(nargs).from_address(words[_W_ARGV])[:] if nargs else []) + \
-            (_u64_array(nrets).from_address(words[_W_RETV])[:] if nrets else [])
-        if entry.expected is not None:
-            _check_buffers(entry, bufs)
-        ptrs = [_u64(b + _BUF_DATA).value for b in bufs]
-        parts = self.profile_parts
-        if parts is not None:
-            t_read = time.perf_counter_ns()
-        stream = 0
-        ctx = words[_W_CTX]
-        if bound.stream_get is not None:
-            stream, err = self._stream(bound, ctx)
-            if err:
-                return err  # XLA's own error: ownership passes back to XLA
-        launch = entry.single
-        if launch is None:
-            launch = entry.launches.get(self._device_ordinal(bound, ctx))
-            if launch is None:
-                raise ValueError(f"{entry.name}: no kernel was planned for XLA device "
-                                 f"{self._device_ordinal(bound, ctx)} (planned: {sorted(entry.launches)})")
-        self.executes += 1
-        if self.trace is not None:
-            self.trace.append((entry_id, tuple(ptrs)))
-        if parts is None:
-            launch(stream, ptrs[:nargs], ptrs[nargs:])
-            return None
-        t_stream = time.perf_counter_ns()
-        launch(stream, ptrs[:nargs], ptrs[nargs:])
-        parts.append((t_read - self._t0, t_stream - self._t0, time.perf_counter_ns() - self._t0))
-        return None
+                             f"XLA passed {nargs} and {nrets}")
+        if (nargs and not argv) or (nrets and not retv):
+            raise ValueError(f"{entry.name}: the call frame's buffer arrays are NULL")
+        bufs = ((struct.unpack_from(f"<{nargs}Q", _MEM, argv) if nargs else ())
+                + (struct.unpack_from(f"<{nrets}Q", _MEM, retv) if nrets else ()))
+        if not all(bufs):
+            raise ValueError(f"{entry.name}: the call frame holds a NULL buffer")
+        return entry_id, entry, bufs, argv, retv, atypes, attrv, atype, scalar, value_ptr
 
-    def _stream(self, bound: _BoundApi, ctx: int) -> tuple[int, int | None]:
-        args = getattr(self._tls, "stream_args", None)
-        if args is None:
-            args = self._tls.stream_args = StreamGetArgs(STREAM_GET_ARGS_SIZE, None, None, None)
-            self._tls.stream_args_ptr = ctypes.addressof(args)
-        args.ctx = ctx
-        args.stream = None
-        err = bound.stream_get(self._tls.stream_args_ptr)
-        return (args.stream or 0), err
+    def _new_site(self, key: bytes) -> _Site:
+        """Parse a frame whose static bytes are ``key`` in full, with every check, and keep its layout."""
+        site = _Site(*self._parse(key))
+        with self._lock:
+            if len(self._sites) >= _SITE_LIMIT:
+                # Layouts pile up as executables are made and dropped: forget them. Where most calls since the last
+                # time made one, XLA builds a new frame per call (XLA keeps its frames since 2024, but a layout
+                # costs about fifteen calls to make): parse every frame from now on instead, keeping none.
+                self._unkept = self._sites_made > (self.executes - self._executes_at_clear) // 2
+                self._sites.clear()
+                self._sites_made, self._executes_at_clear = 0, self.executes
+            if not self._unkept:
+                self._sites[key] = site
+            self._sites_made += 1
+        return site
+
+    def _new_thread(self) -> tuple[int, memoryview]:
+        """The calling thread's StreamGetArgs, made on its first execute call (its Python thread state kept, see
+        :func:`_keep_thread_state`, unless ``keep_thread_states`` is off): its address and a writable view."""
+        args = StreamGetArgs(STREAM_GET_ARGS_SIZE, None, None, None)
+        got = (ctypes.addressof(args), memoryview(args).cast("B"))
+        if self.keep_thread_states:
+            _keep_thread_state()
+        with self._lock:
+            self._keep.append(args)
+            self._stream_args[get_ident()] = got
+        return got
 
     def _device_ordinal(self, bound: _BoundApi, ctx: int) -> int:
         if bound.device_ordinal_get is None:
@@ -459,7 +703,7 @@ class FfiHandler:
             return None
 
 
-def _check_buffers(entry: FfiEntry, bufs: list[int]) -> None:
+def _check_buffers(entry: FfiEntry, bufs: Sequence[int]) -> None:
     names = [f"operand {i}" for i in range(entry.num_args)] + [f"result {i}" for i in range(entry.num_rets)]
     for name, buf, (dtype, dims) in zip(names, bufs, entry.expected):
         got_dtype = _i32(buf + _BUF_DTYPE).value

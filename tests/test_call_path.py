@@ -276,6 +276,137 @@ def test_a_plan_keeps_a_scan_worth_of_pointer_sets():
     assert Launcher.launches == 200 and Launcher.packs == 100
 
 
+# ---- a plan's launch bound to its pointers (the XLA FFI handler's) ----------------------------------------------
+
+class _Spec:
+    dims, strides = (16, 1, 1), (16, 16)  # 16 bytes: the operands lie apart
+
+    def encode(self, ptr):
+        return ptr.to_bytes(8, "little") * 16
+
+
+def _stub_memset(monkeypatch):
+    """cuMemsetD32Async as a ctypes callback recording its arguments (the plan binds the driver's by address)."""
+    import ctypes
+
+    from cupygemm import plan as plan_mod
+    from cupygemm import tma
+
+    calls = []
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p)
+    stub = proto(lambda ptr, value, count, stream: calls.append((ptr, value, count, stream)) or 0)
+    monkeypatch.setattr(tma, "driver", lambda: SimpleNamespace(cuMemsetD32Async=stub))
+    plan_mod._memset_gil_fn.cache_clear()
+    return calls
+
+
+def test_bind_does_the_per_pointer_work_once_and_the_fire_only_launches(monkeypatch):
+    from cupygemm import plan as plan_mod
+    from cupygemm.kinds.forward import NORMAL
+    from cupygemm.plan import GemmPlan
+
+    memsets = _stub_memset(monkeypatch)
+
+    class Launcher:
+        def __init__(self):
+            self.packs, self.fired = 0, []
+
+        def pack(self, values):
+            self.packs += 1
+            return tuple(values)
+
+        def bound(self, params, grid, block, smem, pdl=False):
+            return lambda stream: self.fired.append((params[5:10], grid, block, smem, pdl, stream))
+
+    launcher = Launcher()
+    plan = GemmPlan(NORMAL, 64, 256, 512, 1, 0, None, None, launcher, 132, 384, 1024, 64, 2048, 16, (_Spec(),) * 5,
+                    (64, 1, 256, 0))
+    try:
+        fire = plan.bind(0x1000, 0x2000, 0x3000, 0x4000, 0x5000, partials=0x6000, counters=0x7000,
+                         zero_counters=True)
+        again = plan.bind(0x1000, 0x2000, 0x3000, 0x4000, 0x5000, partials=0x6000, counters=0x7000,
+                          zero_counters=True)
+        assert launcher.packs == 1 and launcher.fired == [] and memsets == []  # binding launches nothing
+        fire(0xABC0)
+        again(0xDEF0)
+        # the counters cleared on the call's stream, then the kernel: sfb, layout, d, partials, counters
+        assert memsets == [(0x7000, 0, 16, 0xABC0), (0x7000, 0, 16, 0xDEF0)]
+        assert launcher.fired == [((0x4000, 0, 0x5000, 0x6000, 0x7000), 132, 384, 1024, False, s)
+                                  for s in (0xABC0, 0xDEF0)]
+        # the same pointers through launch(): the packed parameters are shared
+        plan.bind(0x1000, 0x2000, 0x3000, 0x4000, 0x5000, partials=0x6000, counters=0x7000)(1)
+        assert len(memsets) == 2 and launcher.packs == 1  # zero_counters off: no memset
+        with pytest.raises(ValueError, match="needs scratch"):
+            plan.bind(0x1000, 0x2000, 0x3000, 0x4000, 0x5000)
+        with pytest.raises(ValueError, match="overlaps lhs\\[0\\]"):
+            plan.bind(0x1000, 0x2000, 0x3000, 0x4000, 0x1008, partials=0x6000, counters=0x7000)
+    finally:
+        plan_mod._memset_gil_fn.cache_clear()
+
+
+def test_a_failed_memset_is_a_device_error(monkeypatch):
+    import ctypes
+
+    from cupygemm import plan as plan_mod
+    from cupygemm import tma
+    from cupygemm.errors import CupygemmDeviceError
+    from cupygemm.kinds.forward import NORMAL
+    from cupygemm.plan import GemmPlan
+
+    proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p)
+    stub = proto(lambda *a: 700)
+    monkeypatch.setattr(tma, "driver", lambda: SimpleNamespace(cuMemsetD32Async=stub))
+    plan_mod._memset_gil_fn.cache_clear()
+    launched = []
+    launcher = SimpleNamespace(pack=tuple, bound=lambda *a, **k: launched.append)
+    plan = GemmPlan(NORMAL, 64, 256, 512, 1, 0, None, None, launcher, 132, 384, 1024, 64, 2048, 16, (_Spec(),) * 5,
+                    (64, 1, 256, 0))
+    try:
+        fire = plan.bind(0x1000, 0x2000, 0x3000, 0x4000, 0x5000, partials=0x6000, counters=0x7000,
+                         zero_counters=True)
+        with pytest.raises(CupygemmDeviceError, match="CUresult 700"):
+            fire(5)
+        assert launched == []
+    finally:
+        plan_mod._memset_gil_fn.cache_clear()
+
+
+def test_packed_launcher_bound_launches_its_parameters():
+    import ctypes
+    import struct
+
+    from cupygemm.errors import CupygemmDeviceError
+    from cupygemm.launch import DESC, PTR, PackedLauncher
+
+    class DriverError(Exception):
+        pass
+
+    calls = []
+    launcher = PackedLauncher.__new__(PackedLauncher)  # no driver here: what __init__ would set
+    launcher._struct = struct.Struct("<" + DESC + PTR)
+    launcher._func, launcher._error, launcher._pdl_configs = 0xF00, DriverError, {}
+    launcher._launch_kernel = lambda *args: calls.append(args)
+    params = launcher.pack((b"\0" * 128, 0x1234))
+    fire = launcher.bound(params, 66, 384, 2048)
+    del params  # the fire keeps the packed bytes its pointer points at
+    fire(0xABC0)
+    (args,) = calls
+    assert args[:10] == (0xF00, 66, 1, 1, 384, 1, 1, 2048, 0xABC0, 0)
+    extra = ctypes.c_void_p.from_address(args[10] + 8).value  # the buffer pointer in `extra`
+    assert bytes((ctypes.c_char * 136).from_address(extra))[128:] == (0x1234).to_bytes(8, "little")
+
+    def fail(*args):
+        raise DriverError("CUDA_ERROR_INVALID_VALUE")
+    launcher._launch_kernel = fail
+    with pytest.raises(CupygemmDeviceError, match="cuLaunchKernel failed .*grid 66, block 384"):
+        launcher.bound(launcher.pack((b"\0" * 128, 1)), 66, 384, 2048)(0)
+    pdl = []
+    launcher.launch_pdl = lambda *args: pdl.append(args)
+    p2 = launcher.pack((b"\0" * 128, 2))
+    launcher.bound(p2, 66, 384, 2048, pdl=True)(7)
+    assert pdl == [(p2, 66, 384, 2048, 7)]
+
+
 # ---- out overlapping an input -------------------------------------------------------------------------------------
 
 def _real_plan(m=256, n=256, k=512):

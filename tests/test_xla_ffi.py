@@ -43,13 +43,32 @@ def test_struct_offsets_match_the_header():
     assert ffi.DEVICE_ORDINAL_GET_ARGS_SIZE == 28 and ffi.CALL_FRAME_SIZE == 168
 
 
-def test_the_handler_reads_the_frame_and_the_scalar_as_64_bit_words():
-    """The handler copies the call frame as an array of 64-bit words and the entry_id scalar as two: every field it
-    reads there must sit on an 8-byte boundary."""
-    offsets = (ffi._CF_EXT, ffi._CF_API, ffi._CF_CTX, ffi._CF_STAGE, ffi._CF_NARGS, ffi._CF_ARGV, ffi._CF_NRETS,
-               ffi._CF_RETV, ffi._CF_NATTRS, ffi._CF_ATTR_TYPES, ffi._CF_ATTRV)
-    assert all(off % 8 == 0 for off in offsets) and ffi.CALL_FRAME_SIZE % 8 == 0
+def test_the_frame_struct_reads_the_header_fields():
+    """The handler reads a call frame with one struct unpack: (extension_start, api, ctx, stage, the static bytes
+    from args.size to the end of attrs), whose fields _STATIC gives; the layouts' reads are 'Q' words."""
+    xla = FakeXla()
+    fr = Frame(xla, ARGS, RETS, entry_id=7)
+    ext, api, ctx, stage, static = ffi._FRAME.unpack_from(ffi._MEM, fr.address)
+    assert (ext, api, ctx, stage) == (0, xla.api, ctypes.addressof(xla.ctx), ffi.EXECUTE)
+    f = fr.frame
+    assert ffi._STATIC.unpack(static) == (
+        len(ARGS), ctypes.cast(f.args.args, ctypes.c_void_p).value, len(RETS),
+        ctypes.cast(f.rets.rets, ctypes.c_void_p).value, 1, ctypes.cast(f.attrs.types, ctypes.c_void_p).value,
+        ctypes.cast(f.attrs.attrs, ctypes.c_void_p).value)
+    assert ffi._FRAME.size == ffi.CALL_FRAME_SIZE and ffi.Buffer.data.offset % 8 == 0
     assert (ffi.Scalar.dtype.offset, ffi.Scalar.value.offset) == (0, 8)
+
+
+def test_gather_reads_scattered_fields_in_one_unpack():
+    words = (ctypes.c_int64 * 16)(*range(100, 116))
+    base = ctypes.addressof(words)
+    items = [(base + 8 * 9, "q"), (base + 8 * 2, "q"), (base + 8 * 9, "q"), (base + 8 * 5, "i")]
+    s, start, positions = ffi._gather(items)
+    got = s.unpack_from(ffi._MEM, start)
+    assert [got[p] for p in positions] == [109, 102, 109, 105] and len(got) == 3  # the repeated item read once
+    assert ffi._getter(positions[1:2])(got) == (102,) and ffi._getter(())(got) == ()
+    with pytest.raises(ValueError, match="overlapping"):
+        ffi._gather([(base, "q"), (base + 4, "i")])
 
 
 def test_dtype_map():
@@ -123,10 +142,13 @@ class FakeXla:
 
 
 class Frame:
-    """An execute call frame: buffers (dtype, dims, data address) for args and rets, an int64 entry_id attribute."""
+    """An execute call frame: buffers (dtype, dims, data address) for args and rets, an int64 entry_id attribute.
+    ``buffers`` (args then rets), ``arg_ptrs``/``ret_ptrs`` (the frame's pointer arrays), ``scalar``, ``value`` and
+    ``attr_ptrs`` are the frame's own memory, which a test may change in place as XLA does."""
 
     def __init__(self, xla: FakeXla, args, rets, entry_id: int = 0, attr_dtype: int = 5, nattrs: int = 1):
         self._keep = []
+        self.buffers = []
         self.frame = ffi.CallFrame()
         f = self.frame
         f.struct_size = ffi.CALL_FRAME_SIZE
@@ -141,20 +163,26 @@ class Frame:
             self._keep += [ptrs, types]
             setattr(part, field, ctypes.cast(ptrs, ctypes.POINTER(ctypes.c_void_p)))
             part.types = ctypes.cast(types, ctypes.POINTER(ctypes.c_int))
-        value = ctypes.c_int64(entry_id)
-        scalar = ffi.Scalar(attr_dtype, ctypes.addressof(value))
-        attr_ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(scalar))
+            setattr(self, "arg_ptrs" if field == "args" else "ret_ptrs", ptrs)
+        self.value = ctypes.c_int64(entry_id)
+        self.scalar = ffi.Scalar(attr_dtype, ctypes.addressof(self.value))
+        self.attr_ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(self.scalar))
         attr_types = (ctypes.c_int * 1)(ffi.ATTR_SCALAR)
-        self._keep += [value, scalar, attr_ptrs, attr_types]
+        self._keep += [attr_types]
         f.attrs.size = nattrs
-        f.attrs.attrs = ctypes.cast(attr_ptrs, ctypes.POINTER(ctypes.c_void_p))
+        f.attrs.attrs = ctypes.cast(self.attr_ptrs, ctypes.POINTER(ctypes.c_void_p))
         f.attrs.types = ctypes.cast(attr_types, ctypes.POINTER(ctypes.c_int))
 
     def _buffer(self, dtype: int, dims: tuple, data: int) -> int:
         d = (ctypes.c_int64 * max(len(dims), 1))(*dims)
         b = ffi.Buffer(ctypes.sizeof(ffi.Buffer), None, dtype, data, len(dims), ctypes.cast(d, ctypes.POINTER(ctypes.c_int64)))
         self._keep += [d, b]
+        self.buffers.append(b)
         return ctypes.addressof(b)
+
+    def new_buffer(self, dtype: int, dims: tuple, data: int) -> int:
+        """A buffer struct that is not (yet) in the frame: its address."""
+        return self._buffer(dtype, dims, data)
 
     @property
     def address(self) -> int:
@@ -179,6 +207,14 @@ def recording_entry(name="normal GEMM", expected=None, fail=None):
             raise fail
         seen.append((stream, list(args), list(rets)))
     return ffi.FfiEntry(name, len(ARGS), len(RETS), {0: launch}, expected), seen
+
+
+def handler_with_frame(expected=None):
+    """A fake XLA, a handler with one recording entry, and a frame calling it: (xla, handler, seen, frame)."""
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4))
+    entry, seen = recording_entry(expected=expected)
+    return xla, h, seen, Frame(xla, ARGS, RETS, entry_id=h.add(entry))
 
 
 def test_handshake_writes_version_and_traits_and_does_not_run():
@@ -289,6 +325,254 @@ def test_device_ordinal_picks_the_plan():
     assert "no kernel was planned for XLA device 3" in xla.errors[-1][0]
 
 
+# --- the per-call-site layout cache ---------------------------------------------------------------------------
+
+def _pointers(seen):
+    return [(stream, tuple(a), tuple(r)) for stream, a, r in seen]
+
+
+def test_pointers_that_move_between_calls_are_read_on_every_call():
+    """XLA keeps a call site's frame and rewrites its buffers' data pointers in place: the cached layout must give
+    the new pointers, and a pointer set seen before gets its launch back without a new bind."""
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4))
+    binds, fired = [], []
+
+    def bind(args, rets):
+        binds.append((tuple(args), tuple(rets)))
+        return lambda stream: fired.append((stream, tuple(args), tuple(rets)))
+    eid = h.add(ffi.FfiEntry("e", len(ARGS), len(RETS), {0: None}, binds={0: bind}))
+    fr = Frame(xla, ARGS, RETS, entry_id=eid)
+    first = ((0x1000, 0x2000, 0x3000, 0x4000), (0x5000, 0x6000, 0x7000))
+    assert call_through_c(h, fr) is None
+    for i, b in enumerate(fr.buffers):
+        b.data += 0x100 * (i + 1)  # the next call's buffers, as XLA writes them into the frame it keeps
+    moved = ((0x1100, 0x2200, 0x3300, 0x4400), (0x5500, 0x6600, 0x7700))
+    assert call_through_c(h, fr) is None
+    for i, b in enumerate(fr.buffers):
+        b.data -= 0x100 * (i + 1)
+    assert call_through_c(h, fr) is None and call_through_c(h, fr) is None
+    assert fired == [(FakeXla.STREAM, *first), (FakeXla.STREAM, *moved), (FakeXla.STREAM, *first),
+                     (FakeXla.STREAM, *first)]
+    assert binds == [first, moved]  # a known pointer set is not bound again
+    assert len(h._sites) == 1 and xla.errors == [] and h.executes == 4
+
+
+def test_call_sites_keep_their_own_layouts():
+    """Two call sites (different entries, operand counts and buffers) called in turn: each call launches its own
+    entry on its own pointers."""
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4))
+    e1, seen1 = recording_entry("first")
+    seen2 = []
+    e2 = ffi.FfiEntry("second", 2, 1, {0: lambda stream, a, r: seen2.append((stream, list(a), list(r)))})
+    f1 = Frame(xla, ARGS, RETS, entry_id=h.add(e1))
+    f2 = Frame(xla, [(20, (8, 8), 0xA000), (11, (1,), 0xB000)], [(16, (8, 8), 0xC000)], entry_id=h.add(e2))
+    for _ in range(3):
+        assert call_through_c(h, f1) is None and call_through_c(h, f2) is None
+    assert seen1 == [(FakeXla.STREAM, [0x1000, 0x2000, 0x3000, 0x4000], [0x5000, 0x6000, 0x7000])] * 3
+    assert seen2 == [(FakeXla.STREAM, [0xA000, 0xB000], [0xC000])] * 3
+    assert len(h._sites) == 2 and xla.errors == []
+
+
+def test_a_frame_rebuilt_in_the_same_memory_is_read_anew():
+    """XLA frees a frame with its executable; another call site's frame may then sit at the same addresses with the
+    same static words. Whatever changed behind them (the buffer structs, the attribute, the entry id) is read, not
+    taken from the layout cached for the old frame."""
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4))
+    e0, seen0 = recording_entry("zero")
+    e1, seen1 = recording_entry("one")
+    i0, i1 = h.add(e0), h.add(e1)
+    fr = Frame(xla, ARGS, RETS, entry_id=i0)
+    assert call_through_c(h, fr) is None
+    # new buffer structs behind the same pointer array: their pointers, not the old structs'
+    fr.arg_ptrs[2] = fr.new_buffer(20, (128, 256), 0x9000)
+    fr.ret_ptrs[0] = fr.new_buffer(16, (64, 128), 0x9900)
+    assert call_through_c(h, fr) is None
+    assert seen0[-1] == (FakeXla.STREAM, [0x1000, 0x2000, 0x9000, 0x4000], [0x9900, 0x6000, 0x7000])
+    # the entry id changed in place: the other entry runs
+    fr.value.value = i1
+    assert call_through_c(h, fr) is None and len(seen1) == 1 and len(seen0) == 2
+    # a new scalar struct behind the same attribute array
+    value = ctypes.c_int64(i0)
+    scalar = ffi.Scalar(5, ctypes.addressof(value))
+    fr.attr_ptrs[0] = ctypes.addressof(scalar)
+    assert call_through_c(h, fr) is None and len(seen0) == 3
+    # and what is wrong now is caught as on a first call
+    value.value = 99
+    assert call_through_c(h, fr) and "unknown entry_id 99" in xla.errors[-1][0]
+    value.value = i0
+    scalar.dtype = 4
+    assert call_through_c(h, fr) and "int64 scalar" in xla.errors[-1][0]
+    assert len(seen0) == 3 and len(seen1) == 1
+
+
+def test_the_buffer_check_runs_on_every_call_of_a_known_layout():
+    """CUPYGEMM_CHECK_INPUTS=1 gives the entry ``expected``: a frame whose dims change after its layout was
+    cached is still refused."""
+    xla, h, seen, fr = handler_with_frame(expected=tuple((d, dims) for d, dims, _ in ARGS + RETS))
+    assert call_through_c(h, fr) is None and len(seen) == 1
+    fr.buffers[0].dims[1] = 255
+    assert call_through_c(h, fr)
+    assert "operand 0: expected dtype 20 with shape (64, 256), XLA passed dtype 20 with shape (64, 255)" in \
+        xla.errors[-1][0]
+    fr.buffers[0].dims[1] = 256
+    fr.buffers[4].dtype = 15
+    assert call_through_c(h, fr) and "result 0: expected dtype 16" in xla.errors[-1][0]
+    assert len(seen) == 1
+
+
+def test_a_frame_the_entry_was_not_made_for_is_refused_before_binding():
+    """Under CUPYGEMM_CHECK_INPUTS=1 a mismatched frame is refused before its pointers are bound (packed)."""
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4))
+    binds = []
+    entry = ffi.FfiEntry("e", len(ARGS), len(RETS), {0: None}, tuple((d, dims) for d, dims, _ in ARGS + RETS),
+                         binds={0: lambda a, r: binds.append(a) or (lambda stream: None)})
+    bad = list(ARGS)
+    bad[3] = (11, (1, 3), 0x4000)
+    assert call_through_c(h, Frame(xla, bad, RETS, entry_id=h.add(entry)))
+    assert "operand 3: expected dtype 11 with shape (1, 2)" in xla.errors[-1][0] and binds == []
+
+
+def test_profile_parts_and_trace():
+    """The benchmarks' diagnostics: each alone or together, per call."""
+    xla, h, seen, fr = handler_with_frame()
+    h.profile_parts = []
+    assert call_through_c(h, fr) is None
+    (read, stream, end), = h.profile_parts
+    assert 0 < read <= stream <= end
+    h.profile_parts, h.profile, h.trace = None, [], []
+    assert call_through_c(h, fr) is None and call_through_c(h, fr) is None
+    assert len(h.profile) == 2 and all(t > 0 for t in h.profile)
+    assert h.trace == [(0, (0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000))] * 2 and len(seen) == 3
+
+
+def test_null_pointers_in_the_frame_are_errors():
+    """NULL arrays or values where the frame must hold them are refused (reading them would crash the process)."""
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4))
+    entry, seen = recording_entry()
+    eid = h.add(entry)
+    cases = []
+    fr = Frame(xla, ARGS, RETS, entry_id=eid)
+    fr.frame.args.args = None
+    cases.append((fr, "buffer arrays are NULL"))
+    fr = Frame(xla, ARGS, RETS, entry_id=eid)
+    fr.frame.attrs.attrs = None
+    cases.append((fr, "attribute arrays are NULL"))
+    fr = Frame(xla, ARGS, RETS, entry_id=eid)
+    fr.scalar.value = None
+    cases.append((fr, "int64 scalar"))
+    fr = Frame(xla, ARGS, RETS, entry_id=eid)
+    fr.ret_ptrs[1] = None
+    cases.append((fr, "NULL buffer"))
+    for fr, why in cases:
+        assert call_through_c(h, fr)
+        assert xla.errors[-1][1] == ffi.INVALID_ARGUMENT and why in xla.errors[-1][0], xla.errors[-1]
+    assert seen == []
+
+
+def test_launches_per_device_and_pointer_set():
+    """An entry planned for two devices binds one fire per (device, pointers): the ordinal is asked on every call."""
+    xla = FakeXla(ordinal=1)
+    h = ffi.FfiHandler("t", (0, 4))
+    binds, fired = [], []
+
+    def binder(dev):
+        def bind(args, rets):
+            binds.append(dev)
+            return lambda stream: fired.append((dev, tuple(args)))
+        return bind
+    entry = ffi.FfiEntry("e", len(ARGS), len(RETS), {0: None, 1: None}, binds={0: binder(0), 1: binder(1)})
+    fr = Frame(xla, ARGS, RETS, entry_id=h.add(entry))
+    for ordinal in (1, 1, 0, 1, 0):
+        xla.ordinal = ordinal
+        assert call_through_c(h, fr) is None
+    assert [d for d, _ in fired] == [1, 1, 0, 1, 0] and binds == [1, 0]
+    xla.ordinal = 5
+    assert call_through_c(h, fr) and "no kernel was planned for XLA device 5" in xla.errors[-1][0]
+    with pytest.raises(ValueError, match="binds for devices"):
+        ffi.FfiEntry("e", 1, 1, {0: None, 1: None}, binds={0: binder(0)})
+
+
+def test_kept_launches_are_bounded(monkeypatch):
+    """A cycle of more pointer sets than the handler keeps still launches each on its own pointers."""
+    monkeypatch.setattr(ffi, "_FIRE_LIMIT", 4)
+    xla, h, seen, fr = handler_with_frame()
+    for _ in range(2):
+        for step in range(6):
+            fr.buffers[0].data = 0x10000 * (step + 1)
+            assert call_through_c(h, fr) is None
+            assert seen[-1][1][0] == 0x10000 * (step + 1)
+    site, = h._sites.values()
+    assert len(site.fires) <= 4 and len(h.entry(0).fires) <= 4 and len(seen) == 12
+
+
+def test_frames_built_anew_for_every_call_are_parsed_without_layouts(monkeypatch):
+    """Where every call comes with a new frame (an XLA that does not keep its frames), the handler stops keeping
+    layouts once most calls made one, and parses each frame instead."""
+    monkeypatch.setattr(ffi, "_SITE_LIMIT", 8)
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4))
+    entry, seen = recording_entry()
+    eid = h.add(entry)
+    frames = [Frame(xla, [(d, dims, data + i) for d, dims, data in ARGS], RETS, entry_id=eid) for i in range(20)]
+    for fr in frames:
+        assert call_through_c(h, fr) is None
+    assert h._unkept and not h._sites
+    assert [s[1][0] for s in seen] == [0x1000 + i for i in range(20)]
+    assert call_through_c(h, Frame(xla, ARGS, RETS, entry_id=eid + 3)) and "unknown entry_id" in xla.errors[-1][0]
+
+
+def test_layouts_that_pile_up_are_forgotten(monkeypatch):
+    """Frames of executables made and dropped, each called many times: the layouts are dropped when too many, and
+    the handler keeps making them."""
+    monkeypatch.setattr(ffi, "_SITE_LIMIT", 4)
+    xla = FakeXla()
+    h = ffi.FfiHandler("t", (0, 4))
+    entry, seen = recording_entry()
+    eid = h.add(entry)
+    for i in range(10):
+        fr = Frame(xla, ARGS, RETS, entry_id=eid)
+        for _ in range(5):
+            assert call_through_c(h, fr) is None
+    assert not h._unkept and 1 <= len(h._sites) <= 4 and len(seen) == 50
+
+
+def _thread_states() -> int:
+    """How many Python thread states the interpreter holds."""
+    api = ctypes.pythonapi
+    api.PyInterpreterState_Get.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.restype = api.PyThreadState_Next.restype = ctypes.c_void_p
+    api.PyInterpreterState_ThreadHead.argtypes = api.PyThreadState_Next.argtypes = [ctypes.c_void_p]
+    n, t = 0, api.PyInterpreterState_ThreadHead(api.PyInterpreterState_Get())
+    while t:
+        n, t = n + 1, api.PyThreadState_Next(t)
+    return n
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pthread_create through ctypes")
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_native_thread_keeps_its_python_thread_state(keep):
+    """XLA runs executables on threads Python did not start, where a ctypes callback gets a new Python thread state
+    per call and drops it on return (microseconds a call). The handler keeps the state of each thread it runs on:
+    a thread that called it leaves one behind."""
+    xla, h, seen, fr = handler_with_frame()
+    h.keep_thread_states = keep
+    libc = ctypes.CDLL(None)
+    libc.pthread_create.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    libc.pthread_join.argtypes = [ctypes.c_ulong, ctypes.c_void_p]
+    before = _thread_states()
+    thread = ctypes.c_ulong()
+    # the handler is a void *(void *): a thread's start routine, run with the frame as its argument
+    assert libc.pthread_create(ctypes.byref(thread), None, h.address, fr.address) == 0
+    assert libc.pthread_join(thread.value, None) == 0
+    assert len(seen) == 1 and xla.errors == [] and len(h.threads) == 1
+    assert _thread_states() - before == (1 if keep else 0)
+
+
 def test_import_cupygemm_imports_no_framework():
     code = ("import sys, cupygemm, cupygemm.xla_ffi; "
             "bad = [m for m in ('jax', 'torch') if m in sys.modules]; assert not bad, bad")
@@ -368,7 +652,12 @@ class HostPlan:
         self.scratch_floats, self.scratch_counters = floats, counters
         self.fail = fail
         self.sides = sides
-        self.calls = 0
+        self.calls = self.binds = 0
+
+    def bind(self, *args, **kwargs):
+        """The launch on these pointers as the handler keeps it (the GPU plan packs its parameters here)."""
+        self.binds += 1
+        return lambda stream: self.launch(stream, *args, **kwargs)
 
     def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, zero_counters=False,
                page_sides=NO_PAGE_SIDES):
@@ -467,7 +756,7 @@ def test_jax_dense_eager_jit_scan(cj):
     assert ds.shape == (3, 72, 136)
     for i in range(3):
         _close(ds[i], r)
-    assert plan.calls == before + 3
+    assert plan.calls == before + 3 and 1 <= plan.binds <= plan.calls  # launches bound per pointer set
 
 
 def test_jax_vmap_dense(cj):

@@ -24,8 +24,9 @@ The masked case runs twice: updating the scan's carry in place (``out=``), and w
 Per case it also reports how often XLA runs the FFI handler in the first scan of a fresh executable and in the
 next one (with command buffers, a run means recording or updating the graph), the handler's host time per call
 (``perf_counter_ns`` around the Python handler, as XLA calls it) split into reading the call frame, asking XLA for
-its stream, and our launch, and which of the custom call's buffers (operands, then results) change address from
-one call to the next: a moved buffer is what makes XLA record the command again.
+its stream, and our launch, whether XLA calls it from the Python thread that dispatched the scan or from a thread of
+its own, and which of the custom call's buffers (operands, then results) change address from one call to the
+next: a moved buffer is what makes XLA record the command again.
 
 Every step reads a per-step operand (its A scales; the baselines an output scale): XLA hoists a loop-invariant
 call out of the loop, and the scan would time one GEMM.
@@ -39,6 +40,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -179,6 +181,9 @@ def child(steps: int, repeats: int, with_cupy: bool, unroll: int = 1) -> dict:
         if handler.profile_parts:  # where the handler's time goes: frame read, XLA's stream, our launch
             read, stream, end = (_median([p[i] for p in handler.profile_parts]) / 1e3 for i in range(3))
             row["handler_parts_us"] = {"frame_read": read, "stream_get": stream - read, "launch": end - stream}
+        # XLA's TFRT GPU client runs executables on its own threads, where a ctypes callback needs a Python thread
+        # state of its own (the handler keeps one per thread): does it call from the dispatching Python thread?
+        row["handler_on_main_thread"] = threading.main_thread().ident in handler.threads
         # Which of the custom call's buffers move from one call to the next (operands, then results): a moved
         # buffer is why XLA records the command again.
         trace = handler.trace

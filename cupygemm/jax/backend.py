@@ -2,7 +2,8 @@
 
 A :class:`Backend` is an XLA platform and a planner. ``plan(kind, m, n, k, num_groups, static)`` (``sides=True``
 added for side-aware packed weights, ``scale_rows`` for the flat k-grouped kind) returns ``{xla_device_ordinal:
-plan}``, plans with the attributes and ``launch`` of :func:`cupygemm.plan.plan_gemm`'s. The CUDA backend (:data:`CUDA`) plans on every local GPU of this
+plan}``, plans with the attributes, ``launch`` and ``bind`` of :func:`cupygemm.plan.plan_gemm`'s (``bind``
+optional: the handler then calls ``launch``). The CUDA backend (:data:`CUDA`) plans on every local GPU of this
 process. The CPU tests install a backend whose plans compute on the host (:class:`use_backend`), which runs the
 whole package, the handler included, without a GPU.
 
@@ -65,6 +66,8 @@ class TraceOnlyPlan:
     def launch(self, *args: Any, **kwargs: Any) -> None:
         raise CupygemmDeviceError(f"cupygemm.jax needs JAX with a CUDA GPU backend (e.g. pip install "
                                   f"'jax[cuda12]'): this GEMM was traced without one ({self.why})")
+
+    bind = launch
 
 
 def plan_cuda(kind: Any, m: int, n: int, k: int, num_groups: int, static: int | None,

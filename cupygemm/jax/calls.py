@@ -19,7 +19,7 @@ where the plan has none), ``scratch_floats``, ``scratch_counters`` and ``launch`
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -105,25 +105,27 @@ def entry(kind: GemmKind, static: int | None, packed: PackedSpec | None, p: Prob
     ic = (ip + 1) if counters else 0
     il = 4 if kind.layout else 0
 
-    def make_launch(plan: Any) -> Callable:
-        run = plan.launch
+    def call_args(a: Sequence[int], r: Sequence[int]) -> tuple[tuple[int, ...], dict[str, Any]]:
+        """The plan's launch arguments after the stream, from the custom call's operand and result pointers."""
+        kw = {"partials": r[ip] if ip else 0, "counters": r[ic] if ic else 0, "zero_counters": bool(ic)}
+        if il:  # r[0] is the aliased ``out`` (also the last operand): rows the kernel skips keep its contents.
+            kw["layout"] = a[il]
         if packed is not None:  # B: the packed bytes at their offset in the operand
-            off, sides = packed.data_offset, packed.launch_sides
+            kw["page_sides"] = packed.launch_sides
+            return (a[0], a[1], a[2] + packed.data_offset, a[3], r[0]), kw
+        return (a[0], a[1], a[2], a[3], r[0]), kw
 
-            def launch(stream: int, a: list[int], r: list[int]) -> None:
-                run(stream, a[0], a[1], a[2] + off, a[3], r[0], layout=a[il] if il else 0,
-                    partials=r[ip] if ip else 0, counters=r[ic] if ic else 0, zero_counters=bool(ic),
-                    page_sides=sides)
-        elif il:
-            def launch(stream: int, a: list[int], r: list[int]) -> None:
-                # r[0] is the aliased ``out`` (also the last operand): rows the kernel skips keep its contents.
-                run(stream, a[0], a[1], a[2], a[3], r[0], layout=a[il], partials=r[ip] if ip else 0,
-                    counters=r[ic] if ic else 0, zero_counters=bool(ic))
-        else:
-            def launch(stream: int, a: list[int], r: list[int]) -> None:
-                run(stream, a[0], a[1], a[2], a[3], r[0], partials=r[ip] if ip else 0,
-                    counters=r[ic] if ic else 0, zero_counters=bool(ic))
+    def make_launch(plan: Any) -> xla_ffi.Launch:
+        def launch(stream: int, a: Sequence[int], r: Sequence[int]) -> None:
+            ptrs, kw = call_args(a, r)
+            plan.launch(stream, *ptrs, **kw)
         return launch
+
+    def make_bind(plan: Any) -> xla_ffi.Bind:
+        def bind(a: Sequence[int], r: Sequence[int]) -> xla_ffi.Fire:
+            ptrs, kw = call_args(a, r)
+            return plan.bind(*ptrs, **kw)
+        return bind
 
     expected = None
     if check:
@@ -140,7 +142,10 @@ def entry(kind: GemmKind, static: int | None, packed: PackedSpec | None, p: Prob
         expected = tuple(shapes)
     name = f"{kind.name} GEMM M={p.m} N={p.n} K={p.k} G={p.num_groups}"
     e = xla_ffi.FfiEntry(name, len(operands), 1 + bool(floats) + bool(counters),
-                         {dev: make_launch(pl) for dev, pl in plans.items()}, expected)
+                         {dev: make_launch(pl) for dev, pl in plans.items()}, expected,
+                         # plans that can bind their pointers (the GPU's; the CPU tests' host plans launch)
+                         {dev: make_bind(pl) for dev, pl in plans.items()}
+                         if all(hasattr(pl, "bind") for pl in plans.values()) else None)
     result = (handler.add(e), sfa_pad, sfb_pad, floats, counters)
     with be.lock:
         be.entries.setdefault(key, result)
