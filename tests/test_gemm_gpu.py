@@ -451,7 +451,9 @@ def test_packed_launch_matches_cupy_launch():
     out_packed = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
     plan = plan_gemm(C.KIND_NORMAL, m, n, k, 1, 0)
     assert isinstance(plan.launcher, PackedLauncher), "the driver should report parameter offsets (CUDA >= 12.4)"
-    cupy_plan = dataclasses.replace(plan, launcher=CupyLauncher(plan.kernel.function, GEMM_PARAMS), _packed={})
+    # CuPy's launch has no PDL attribute: the plan launches the PDL variant plainly then, as plan_gemm does.
+    cupy_plan = dataclasses.replace(plan, launcher=CupyLauncher(plan.kernel.function, GEMM_PARAMS), _packed={},
+                                    pdl=False)
     sfa_mm = cupygemm.get_col_major_tma_aligned_tensor(sfa)
     out_cupy = cp.empty_like(out_packed)
     floats, counters = cupy_plan.scratch_floats, cupy_plan.scratch_counters
