@@ -39,6 +39,9 @@ def test_example_runs(name):
     r = subprocess.run([sys.executable, str(EXAMPLES / name), *ARGS.get(name, [])], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    diffs = [float(v) for v in re.findall(r"calc_diff[^0-9]*([0-9.]+e[-+][0-9]+)", r.stdout)]
+    # The first number in scientific notation after "calc_diff" on its line ("vs float32 = 2.0e-03" has another
+    # number before it, which an earlier pattern stopped at, so that the line was never checked).
+    diffs = [float(v) for v in re.findall(r"calc_diff\b[^\n]*?(\d\.\d+e[-+]\d+)", r.stdout)]
+    assert len(diffs) == r.stdout.count("calc_diff"), r.stdout
     assert diffs, r.stdout
     assert all(d < GATE.get(name, 1e-3) for d in diffs), r.stdout
