@@ -8,7 +8,7 @@
   (cupygemm.jax's partitioning rules: the down GEMM's K-sharded partial products summed by one all-reduce).
 
 Both are checked against float32 on one device. ``--small`` shrinks the shapes; ``--bench`` times both layers on 1
-and 2 GPUs (weak and strong scaling, :mod:`cupygemm.bench.multigpu_jax`) and writes JSON to ``--out``.
+and 2 GPUs (weak and strong scaling, :mod:`cupygemm.jax.parallel_bench`) and writes JSON to ``--out``.
 ``--chunks`` splits the EP layer's tokens into chunks whose all_to_alls XLA may overlap with the other chunks' GEMMs
 (default 1: on 2x H200 2 and 4 chunks ran slower, benchmarks/NOTES.md, "Multi-GPU");
 for that the example turns on XLA's latency-hiding scheduler (and lets two async collectives be in flight: chunk
@@ -52,7 +52,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from cupygemm import reference as ref  # noqa: E402
-from cupygemm.bench import multigpu_jax as mg  # noqa: E402
+from cupygemm.jax import parallel_bench as mg  # noqa: E402
 
 gpus = jax.devices("gpu")
 if len(gpus) < 2:

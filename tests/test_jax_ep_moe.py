@@ -1,8 +1,8 @@
-"""The expert-parallel MoE layer's dispatch and combine (:func:`cupygemm.bench.multigpu_jax.ep_moe`, issue 47) on
+"""The expert-parallel MoE layer's dispatch and combine (:func:`cupygemm.jax.parallel_bench.ep_moe`, issue 47) on
 XLA's CPU backend with 1, 2 and 4 host devices, and the real layer (cupygemm's GEMMs) traced there.
 
 The expert FFN is the layer's argument: here a float32 ``jnp`` one on the dequantized rows and the unquantized
-weights, so the layer must match :func:`~cupygemm.bench.multigpu_jax.moe_reference` of the dequantized tokens to
+weights, so the layer must match :func:`~cupygemm.jax.parallel_bench.moe_reference` of the dequantized tokens to
 float32 rounding (any token sent to the wrong device, any pair in the wrong slot, lost or counted twice shows). The
 FFN returns NaN past each expert's ``masked_m`` (a row read there poisons the result) and reports, per device, the
 ``masked_m`` and the slots per expert it ran with, which are checked against the counts from the routing.
@@ -26,7 +26,7 @@ _PRELUDE = textwrap.dedent("""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import cupygemm.jax as cj
     from cupygemm import reference as ref
-    from cupygemm.bench import multigpu_jax as mg
+    from cupygemm.jax import parallel_bench as mg
 
     H, I = 256, 128
     seen = []  # (device, masked_m, slots per expert) of every expert step that ran

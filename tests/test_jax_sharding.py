@@ -345,11 +345,11 @@ def test_casts_and_gemm_trace_in_shard_map():
 
 
 def test_multigpu_layers_on_host_plans():
-    """The example's layers (cupygemm.bench.multigpu_jax) at small shapes on four CPU devices: the EP MoE layer
+    """The example's layers (cupygemm.jax.parallel_bench) at small shapes on four CPU devices: the EP MoE layer
     (all_to_all dispatch, masked GEMMs, combine; unchunked and in 2 chunks) and the TP MLP (one all-reduce, no
     all-gather) match float32."""
     _run("""
-        from cupygemm.bench import multigpu_jax as mg
+        from cupygemm.jax import parallel_bench as mg
         with backend.use_backend("cpu", Planner(floats=64, counters=4)):
             ys = []
             for chunks in (1, 2):

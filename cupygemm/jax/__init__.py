@@ -83,7 +83,9 @@ The package, one job per module: :mod:`.frontend` (the public functions, made fr
 :mod:`.checks` (trace-time checks: the kinds' own, on Views), :mod:`.batching` (each kind's op: its vmap rule and
 no derivative), :mod:`.calls` (trace-time planning, handler entries, the ``ffi_call``), :mod:`.vma` (types under
 ``shard_map``), :mod:`.casts`, :mod:`.packed` (PackedWeights as a pytree), :mod:`.backend` (FFI target, handler,
-planner; the test hook), :mod:`.adapter` (the eager entry points' way in).
+planner; the test hook), :mod:`.adapter` (the eager entry points' way in). Not imported here:
+:mod:`.parallel_bench` (the expert-parallel MoE and tensor-parallel MLP of ``examples/jax_expert_parallel_moe.py``
+and their timing).
 """
 from __future__ import annotations
 
