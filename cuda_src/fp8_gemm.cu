@@ -69,7 +69,7 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     tma_prefetch_descriptor(&tmap_b);
     tma_prefetch_descriptor(&tmap_sfa);
     tma_prefetch_descriptor(&tmap_d);
-    if constexpr (T::kBPrefetchBytes > 0) prefetch_b_window<T>(tmap_b, sides.packed_b, num_groups);
+    if constexpr (T::kBPrefetchBytes > 0) prefetch_b_window<T>(sides.packed_b, num_groups);
     for (uint32_t s = 0; s < T::kNumStages; ++s) {
       mbarrier_init(&smem.full_bar[s], 1);
       mbarrier_init(&smem.empty_bar[s], T::kConsumersPerStage * 4 * T::kStageSharers);  // one per consuming warp

@@ -211,14 +211,11 @@ def test_pdl_variant_waits_and_releases(tmp_path):
     assert "CUPYGEMM_PDL" not in gemm_source(cfg, False).text.split("#include")[0]
 
 
-@pytest.mark.parametrize("sides", [False, True])
-def test_b_prefetch_is_issued_before_the_wait(tmp_path, sides):
-    """Weights before the wait (cuda_src/b_prefetch.cuh): the prefetch variant fetches B into L2 (packed B as byte
-    runs, plain B as TMA boxes) before griddepcontrol.wait (ACQBULK); the PDL kernel without it fetches nothing."""
-    cfg = C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132)
-    if sides:
-        cfg = C.side_aware_config(cfg, 132, 232448)
-    fetch = "UBLKPF" if sides else "UTMAPF"
+def test_b_prefetch_is_issued_before_the_wait(tmp_path):
+    """Weights before the wait (cuda_src/b_prefetch.cuh): the prefetch variant fetches packed B into L2 as byte runs
+    before griddepcontrol.wait (ACQBULK); the PDL kernel without it fetches nothing."""
+    cfg = C.side_aware_config(C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132), 132, 232448)
+    fetch = "UBLKPF"
     for b_prefetch in (0, 8 << 20):
         sass, _ = _sass(compile_gemm(cfg, True, b_prefetch), tmp_path)
         ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
