@@ -11,12 +11,10 @@ Each case runs in a subprocess (the device count is an XLA flag read when JAX st
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from jax_host_devices import run_on_host_devices
 
 pytest.importorskip("jax")
 
@@ -94,12 +92,7 @@ _PRELUDE = textwrap.dedent("""
 
 
 def _run(body: str, devices: int = 4) -> None:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    res = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(body)], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-6000:]
+    run_on_host_devices(_PRELUDE + textwrap.dedent(body), devices)
 
 
 def test_random_routing_on_1_2_4_devices():

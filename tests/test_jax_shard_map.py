@@ -10,13 +10,11 @@ rest of the suite has started already.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from jax_host_devices import run_on_host_devices
 
 pytest.importorskip("jax")
 
@@ -45,12 +43,7 @@ _PRELUDE = textwrap.dedent("""
 
 
 def _run(body: str) -> None:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    code = _PRELUDE.format(tests=str(TESTS)) + textwrap.dedent(body)
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-6000:]
+    run_on_host_devices(_PRELUDE.format(tests=str(TESTS)) + textwrap.dedent(body), 2, timeout=300)
 
 
 def test_casts_trace_and_run_in_shard_map():
