@@ -1,7 +1,8 @@
 // The wgrad kernel's producer: one thread of the last warpgroup streams each tile's A and B blocks and both
-// operands' per-128-of-K scales into the ring of stages with TMA. Dense tiles load through the launch's maps (with
-// cluster multicast of A or B); k-grouped tiles through their group's maps, which the prep kernel wrote into the
-// workspace (k_grouped_workspace.cuh), acquired once per change of group before the first load through them.
+// operands' per-128-of-K scales into the ring of stages with TMA, with cluster multicast of A or B where the config
+// asks for it. Dense tiles load through the launch's maps; k-grouped tiles through their group's maps, which the prep
+// kernel wrote into the workspace (k_grouped_workspace.cuh), acquired once per change of group before the first load
+// through them (both CTAs of a pair are in the same group: wgrad_traits.cuh).
 #pragma once
 #include "k_grouped_workspace.cuh"
 #include "ptx_mbarrier.cuh"

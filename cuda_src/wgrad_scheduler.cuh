@@ -65,7 +65,8 @@ template <class T, bool kWarpWide> struct WgradScheduler {
     const uint32_t unit = next_unit;
     next_unit += stride;
     if constexpr (T::kKGrouped) {
-      constexpr uint32_t kTilesPerGroup = T::kNumMBlocksGrouped * kNumNUnits;
+      constexpr uint32_t kMUnitsPerGroup = T::kMulticast == 2 ? T::kNumMBlocksGrouped / 2 : T::kNumMBlocksGrouped;
+      constexpr uint32_t kTilesPerGroup = kMUnitsPerGroup * kNumNUnits;  // scheduling units: pairs with multicast
       const uint32_t slot = unit / kTilesPerGroup;
       t.group = uniform(__ldg(ws.active() + slot));
       const uint4 info = __ldg(reinterpret_cast<const uint4*>(ws.info() + t.group));

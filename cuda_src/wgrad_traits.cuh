@@ -55,11 +55,15 @@ struct WgradTraits {
   static constexpr uint32_t kNumNBlocks = ceil_div(SHAPE_N, BLOCK_N);
 
   // ---- operand loads ----
-  // Multicast (dense only): 1 = 2-CTA clusters on neighbouring n blocks, each CTA loads half of the A tile into
-  // both; 2 = on neighbouring m blocks, sharing B halves. A pair whose second block lies past the last one still
-  // runs it (the peer needs its half of the shared operand), loading its own operand from the last block and
-  // storing nothing, so odd block counts stay correct (the host pairs even counts only: the extra tile is waste).
-  static_assert(kMulticast >= 0 && kMulticast <= 2 && (kMulticast == 0 || !kKGrouped), "multicast: dense only");
+  // Multicast: 1 = 2-CTA clusters on neighbouring n blocks, each CTA loads half of the A tile into both; 2 = on
+  // neighbouring m blocks, sharing B halves. Dense: a pair whose second block lies past the last one still runs it
+  // (the peer needs its half of the shared operand), loading its own operand from the last block and storing
+  // nothing, so odd block counts stay correct (the host pairs even counts only: the extra tile is waste).
+  // K-grouped: even counts only, so that both tiles of a pair are real and in the same group (the same K, the same
+  // maps): a group's tiles are whole pairs.
+  static_assert(kMulticast >= 0 && kMulticast <= 2, "multicast: 0, 1 (share A) or 2 (share B)");
+  static_assert(!kKGrouped || kMulticast != 1 || kNumNBlocks % 2 == 0, "k-grouped A multicast: even n blocks");
+  static_assert(!kKGrouped || kMulticast != 2 || kNumMBlocksGrouped % 2 == 0, "k-grouped B multicast: even m blocks");
   static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
   static constexpr uint32_t A_BOX_M = kMulticast == 1 ? BLOCK_M / 2 : BLOCK_M;
   static constexpr uint32_t B_BOX_N = kMulticast == 2 ? BLOCK_N / 2 : BLOCK_N;

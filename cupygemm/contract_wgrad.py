@@ -83,11 +83,15 @@ PRODUCER_REGS_TWO_WG, MATH_REGS_TWO_WG, MATH_REGS_ONE_WG = 40, 232, 255
 #: The widest tiles whose K loop compiles without spills (NVRTC 12.9 and 13.5, tests/test_wgrad_compile.py): per
 #: thread BLOCK_N / 2 sums, BLOCK_N / 2 wgmma accumulators and BLOCK_N / 2 products of the two scales, which ptxas
 #: computes while the wgmmas run (so the promotion after the wait is one FFMA per sum). Two math warpgroups (232
-#: registers): 144 (152 compiles without spills under NVRTC 13.5 but spills under 13.0, and ran 7 % slower than 128
-#: on 2048x7168x4096 on an H100; 160 does not fit four stages beside its staging); one (255): 160 (176 spills in the
-#: dense loop, 192 in both). A second accumulator set: 96 and 128. Widths are multiples of 8 (16 with B multicast,
-#: whose halves are whole 8-row swizzle atoms).
-MAX_BLOCK_N = {(2, False): 144, (2, True): 96, (1, False): 160, (1, True): 128}
+#: registers): 152 (with A multicast NVRTC 13.0 keeps one register in local memory, a load and a store per four K
+#: blocks; 160 does not fit four stages beside its staging); one (255): 160 (176 spills in the dense loop, 192 in
+#: both). A second accumulator set: 96 and 128. Widths are multiples of 8 (16 with B multicast, whose halves are
+#: whole 8-row swizzle atoms).
+MAX_BLOCK_N = {(2, False): 152, (2, True): 96, (1, False): 160, (1, True): 128}
+#: The chooser's widths: steps of 16, and 152 (two math warpgroups, no multicast) where its fewer rounds outweigh its
+#: slower tiles: with as many rounds it took 1.04x the time of 128x144 (1536x24576x8192), with one round fewer
+#: 0.95x (7168x2112x4096/8192) on an H100 (benchmarks/NOTES.md, "Weight-gradient kernel").
+_WIDE_BLOCK_N, _WIDE_TILE_COST = 152, 1.05
 
 
 def workspace_bytes(num_groups: int) -> int:
@@ -148,6 +152,11 @@ def smem_bytes(block_m: int, block_n: int, stages: int, swizzle: int, staged_sla
     return staging_bytes(block_m, swizzle, staged_slabs) + stages * smem_per_stage(block_m, block_n)
 
 
+def _pairs_even(multicast: int, m: int, n: int, block_m: int, block_n: int) -> bool:
+    """Whether a multicast pair's partner dimension (n blocks for A multicast, m blocks for B) has an even count."""
+    return (ceil_div(n, block_n) if multicast == 1 else ceil_div(m, block_m)) % 2 == 0
+
+
 def max_stages(block_m: int, block_n: int, swizzle: int, staged_slabs: int, smem_limit: int = SMEM_LIMIT) -> int:
     budget = smem_limit - STATIC_SMEM - staging_bytes(block_m, swizzle, staged_slabs)
     return max(0, budget // smem_per_stage(block_m, block_n))
@@ -158,7 +167,8 @@ class WgradConfig:
     """One wgrad kernel: its kind, compile-time shape, tile, pipeline and schedule. See the module docstring.
 
     ``shape_m``: k-grouped only (0 for dense); ``shape_k``: dense only (0 for k-grouped). ``multicast``: 0, 1 (2-CTA
-    clusters on neighbouring n blocks share A), 2 (on neighbouring m blocks, share B); dense only. ``swizzle``: bytes
+    clusters on neighbouring n blocks share A), 2 (on neighbouring m blocks, share B); k-grouped: only where those
+    blocks are an even count. ``swizzle``: bytes
     per row of a D staging slab (128: 32 floats, 64: 16, 32: 8; it must divide BLOCK_N's bytes). ``staged_slabs``:
     slabs staged at once per math warpgroup (0: the whole tile). ``raster``: n units per raster stripe.
     ``two_acc_sets``: the K loop keeps one K block's wgmmas in flight while promoting the previous one. ``store``
@@ -191,8 +201,14 @@ class WgradConfig:
             if self.shape_m <= 0 or self.shape_k != 0:
                 raise ValueError(f"k_grouped_wgrad: shape_m must be positive and shape_k 0 (K is per group, on the "
                                  f"device), got shape_m={self.shape_m}, shape_k={self.shape_k}")
-            if self.multicast or self.store:
-                raise ValueError("k_grouped_wgrad: no multicast, no store (empty groups must keep D)")
+            if self.store:
+                raise ValueError("k_grouped_wgrad: no store (empty groups must keep D)")
+            if self.multicast and not _pairs_even(self.multicast, self.shape_m, self.shape_n, self.block_m,
+                                                  self.block_n):
+                raise ValueError(f"k_grouped_wgrad: multicast {self.multicast} pairs neighbouring "
+                                 f"{'n' if self.multicast == 1 else 'm'} blocks, so their count must be even "
+                                 f"(a group's tiles whole pairs), got M={self.shape_m} N={self.shape_n} with "
+                                 f"{self.block_m}x{self.block_n} tiles")
         if self.shape_n <= 0:
             raise ValueError(f"shape_n must be positive, got {self.shape_n}")
         if self.block_m not in (64, 128):
@@ -389,9 +405,10 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     """A config for one problem: dense ``m x n x k``, or k-grouped ``num_groups`` groups of ``m x n`` with about
     ``k_or_expected`` tokens each (only the choice depends on it).
 
-    A first heuristic, to be replaced by a measured cost model: tile candidates 128 x {64 ... 144} (two math
-    warpgroups) and 64 x {64 ... 160} (one, with two accumulator sets up to 128 wide), multicast of the operand whose
-    partner dimension has an even number of blocks (dense); each candidate's time is the rounds of tiles over the SMs
+    A first heuristic, to be replaced by a measured cost model: tile candidates 128 x {64 ... 144, 152} (two math
+    warpgroups; 152 costed 5 % more a tile, without multicast) and 64 x {64 ... 160} (one, with two accumulator sets
+    up to 128 wide), multicast of the operand whose
+    partner dimension has an even number of blocks; each candidate's time is the rounds of tiles over the SMs
     times a tile's cycles (max of the wgmma and L2-load rates per K block plus a fixed cost, and an epilogue); the
     fastest wins (ties: fewer, larger tiles). Stages: as many as fit, up to 8, with the whole tile staged when 4 or
     more stages remain. ``store``: the dense kernel that stores D (the choice is the same).
@@ -408,22 +425,25 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
         wg = math_warpgroups(block_m)
         # Widths in steps of 16: the steps of 8 between them (136, 152) measured no faster on any test_core shape
         # (benchmarks/NOTES.md, "Weight-gradient kernel"); the kernel takes them (block_n % 8) for tuning.
-        for block_n in range(64, MAX_BLOCK_N[(wg, False)] + 1, 16):
+        widths = list(range(64, MAX_BLOCK_N[(wg, False)] + 1, 16)) + ([_WIDE_BLOCK_N] if wg == 2 else [])
+        for block_n in widths:
+            wide = block_n == _WIDE_BLOCK_N and wg == 2
             two = wg == 1 and block_n <= MAX_BLOCK_N[(1, True)]
             m_blocks, n_blocks = ceil_div(m, block_m), ceil_div(n, block_n)
             options = [0]
-            # Pairs over an even block count only: the kernel runs a pair's second tile past the last block
-            # correctly (loads from the last block, no writes), but that is work for nothing.
-            if kind == KIND_WGRAD and num_sms >= 2:
-                if n_blocks >= 2 and n_blocks % 2 == 0:
+            # Pairs over an even block count only: the dense kernel runs a pair's second tile past the last block
+            # correctly (loads from the last block, no writes), but that is work for nothing; the k-grouped kernel
+            # takes whole pairs only.
+            if num_sms >= 2 and not wide:
+                if n_blocks >= 2 and _pairs_even(1, m, n, block_m, block_n):
                     options.append(1)
-                if m_blocks >= 2 and m_blocks % 2 == 0 and block_n % 16 == 0:
+                if m_blocks >= 2 and _pairs_even(2, m, n, block_m, block_n) and block_n % 16 == 0:
                     options.append(2)
             for mc in options:
                 sms = num_sms - num_sms % 2 if mc else num_sms
                 tiles = m_blocks * n_blocks * groups
                 rounds = ceil_div(tiles, sms)
-                cycles = rounds * _tile_cycles(block_m, block_n, mc, num_kb)
+                cycles = rounds * _tile_cycles(block_m, block_n, mc, num_kb) * (_WIDE_TILE_COST if wide else 1.0)
                 key = (round(cycles, 3), tiles, -mc)
                 if best is None or key < best[0]:
                     best = (key, block_m, block_n, mc, two, sms)

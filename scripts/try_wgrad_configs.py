@@ -6,7 +6,7 @@ Every variant is timed with the bench's timer (CUPTI kernel time per call, summe
 L2 flush; median of ``--iters``) and its result compared bit for bit with the pick's (the promotion order is the
 same whatever the tile, so the bits must be too).
 
-Usage (on a Hopper machine): python scripts/try_wgrad_configs.py SPEC.json OUT.json [--iters N]
+Usage (on a Hopper machine): python scripts/try_wgrad_configs.py SPEC.json OUT.json [--iters N] [--max-block-n N]
 SPEC.json: [{"dims": [M, N, K], "variants": [{}, {"pingpong": true}, ...]},
             {"dims": [G, M, N, K], "variants": [...]}]   (k-grouped: K tokens per group, every group the same)
 OUT.json: {"device", "timing", "command", "rows": [{dims, variant, config, us, same_bits, error}]}
@@ -73,7 +73,11 @@ def main() -> None:
     ap.add_argument("spec")
     ap.add_argument("out")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--max-block-n", type=int, default=0,
+                    help="raise the two-warpgroup width limit (contract_wgrad.MAX_BLOCK_N) for wider variants")
     args = ap.parse_args()
+    if args.max_block_n:
+        cw.MAX_BLOCK_N[(2, False)] = args.max_block_n
     spec = json.load(open(args.spec))
     rng = np.random.default_rng(0)
     dev = cp.cuda.runtime.getDevice()

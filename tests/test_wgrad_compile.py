@@ -57,6 +57,7 @@ def make(kind, bm, bn, stages=None, **kw):
 REPRESENTATIVE = {
     "dense-128x128": make(cw.KIND_WGRAD, 128, 128),
     "dense-128x144": make(cw.KIND_WGRAD, 128, 144),
+    "dense-128x152": make(cw.KIND_WGRAD, 128, 152, swizzle=32, n=2112),
     "dense-128x96-2acc": make(cw.KIND_WGRAD, 128, 96, two_acc_sets=True),
     "dense-128x128-mcA": make(cw.KIND_WGRAD, 128, 128, multicast=1),
     "dense-128x128-mcB": make(cw.KIND_WGRAD, 128, 128, multicast=2),
@@ -69,6 +70,8 @@ REPRESENTATIVE = {
     "dense-128x128-mcB-store": make(cw.KIND_WGRAD, 128, 128, multicast=2, store=True),
     "kgrouped-128x128": make(cw.KIND_K_GROUPED, 128, 128, n=4096),
     "kgrouped-128x144": make(cw.KIND_K_GROUPED, 128, 144, n=4096),
+    "kgrouped-128x128-mcA": make(cw.KIND_K_GROUPED, 128, 128, n=4096, multicast=1),
+    "kgrouped-128x144-mcB": make(cw.KIND_K_GROUPED, 128, 144, n=4096, multicast=2),
     "kgrouped-128x96-2acc": make(cw.KIND_K_GROUPED, 128, 96, two_acc_sets=True),
     "kgrouped-64x128-2acc": make(cw.KIND_K_GROUPED, 64, 128, two_acc_sets=True),
     "kgrouped-64x160": make(cw.KIND_K_GROUPED, 64, 160),
@@ -236,10 +239,16 @@ def test_contract_values():
 def test_config_legality():
     with pytest.raises(ValueError, match="block_n"):
         make(cw.KIND_WGRAD, 128, 160)
+    with pytest.raises(ValueError, match="block_n"):  # B multicast halves: whole 8-row atoms
+        make(cw.KIND_WGRAD, 128, 152, swizzle=32, multicast=2)
     with pytest.raises(ValueError, match="block_n"):
         make(cw.KIND_WGRAD, 128, 112, two_acc_sets=True)
-    with pytest.raises(ValueError, match="multicast"):
-        make(cw.KIND_K_GROUPED, 128, 128, multicast=1)
+    with pytest.raises(ValueError, match="multicast 1 pairs neighbouring n blocks"):  # 29 n blocks
+        make(cw.KIND_K_GROUPED, 128, 144, n=4096, multicast=1)
+    with pytest.raises(ValueError, match="multicast 2 pairs neighbouring m blocks"):  # 3 m blocks
+        cw.WgradConfig(cw.KIND_K_GROUPED, 300, 4096, 0, 128, 128, 4, multicast=2)
+    with pytest.raises(ValueError, match="no store"):
+        make(cw.KIND_K_GROUPED, 128, 128, store=True)
     with pytest.raises(ValueError, match="swizzle"):
         make(cw.KIND_WGRAD, 128, 112, swizzle=128)
     with pytest.raises(ValueError, match="shared memory"):
@@ -259,4 +268,7 @@ def test_chooser_returns_legal_configs(kind, m, n, k, g):
     if kind == "wgrad":
         assert (cfg.shape_m, cfg.shape_n, cfg.shape_k) == (0, n, k)
     else:
-        assert (cfg.shape_m, cfg.shape_n, cfg.shape_k) == (m, n, 0) and cfg.multicast == 0
+        assert (cfg.shape_m, cfg.shape_n, cfg.shape_k) == (m, n, 0)
+        if cfg.multicast:  # the k-grouped kernel takes whole pairs only
+            blocks = -(-n // cfg.block_n) if cfg.multicast == 1 else -(-m // cfg.block_m)
+            assert blocks % 2 == 0

@@ -131,6 +131,8 @@ DENSE_VARIANTS = {
     "128x128-mcA-odd-n": dict(bm=128, bn=128, multicast=1, num_sms=8, n=600),  # 5 n blocks
     "128x128-mcB-odd-m": dict(bm=128, bn=128, multicast=2, num_sms=8, m=850),  # 7 m blocks
     "128x144-2stages": dict(bm=128, bn=144, num_stages=2, num_sms=6),
+    "128x152-swz32": dict(bm=128, bn=152, swizzle=32, num_sms=6),  # the chooser's wide tile: 19 slabs of 8 floats
+    "128x152-mcA": dict(bm=128, bn=152, swizzle=32, multicast=1, num_sms=6, n=600),  # 4 n blocks, the last partial
     "128x96-2acc": dict(bm=128, bn=96, two_acc_sets=True, num_sms=6),
     "64x128-2acc": dict(bm=64, bn=128, two_acc_sets=True, num_sms=6),
     "64x160": dict(bm=64, bn=160, num_sms=5),
@@ -260,6 +262,14 @@ def test_k_grouped_config_variants(name):
     fields = dict(GROUPED_VARIANTS[name])
     cfg = grouped_cfg(m, n, fields.pop("bm"), fields.pop("bn"), **fields)
     run_grouped(m, n, sizes, seed=len(name), cfg=cfg, ld_d=n + 4)
+
+
+@pytest.mark.parametrize("multicast,m,n", [(1, 300, 400), (2, 500, 136)])
+def test_k_grouped_multicast(multicast, m, n):
+    """2-CTA clusters sharing A (pairs of n blocks: 4 of 128) or B (pairs of m blocks: 4 of 128), across empty groups
+    and groups of a few K blocks, so that a pair's CTAs change group together."""
+    cfg = grouped_cfg(m, n, 128, 128 if multicast == 1 else 144, multicast=multicast, num_sms=6)
+    run_grouped(m, n, [1040, 0, 16, 4096 + 48, 272], seed=multicast, cfg=cfg, ld_d=n + 4)
 
 
 def test_k_grouped_changed_sizes_on_the_same_buffers():
