@@ -1,6 +1,7 @@
 // The wgrad kernel's epilogue: a math warpgroup's FP32 tile sums are added into D (FP32, in place) by TMA
 // reductions. The sums are staged in shared memory in slabs of 64 rows x kSlabCols floats (rows of kSwizzleD bytes,
-// swizzled as the D map says, so the 8-byte stores of a warp hit every bank twice: two wavefronts, the minimum),
+// swizzled as the D map says, or one unswizzled slab of a width 8 mod 16: either way the 8-byte stores of a warp
+// hit every bank twice, two wavefronts, the minimum),
 // and each slab is added into L2 with one cp.reduce.async.bulk.tensor. The reductions overlap the next tile's K
 // loop; elements past M or N are not written (the map's extents), nor the rows' padding up to ld_d. Every element
 // gets one add per launch, so results are repeatable bit for bit. With T::kStore the slabs are stored instead (D =
@@ -17,10 +18,13 @@
 
 namespace cupygemm {
 
-// Byte offset of float (row, col) in a slab whose rows are kSwizzleBytes wide, swizzled for TMA
-// (CU_TENSOR_MAP_SWIZZLE_{32,64,128}B: the 16-byte chunk index XORed with the row's place in the swizzle pattern).
-template <uint32_t kSwizzleBytes> __device__ __forceinline__ uint32_t f32_slab_offset(uint32_t row, uint32_t col) {
-  const uint32_t offset = row * kSwizzleBytes + col * 4;
+// Byte offset of float (row, col) in a slab with kRowBytes-wide rows, swizzled for TMA when kSwizzleBytes is a span
+// (CU_TENSOR_MAP_SWIZZLE_{32,64,128}B: the 16-byte chunk index XORed with the row's place in the swizzle pattern;
+// the rows are then the span wide), plain row-major when it is 0.
+template <uint32_t kSwizzleBytes, uint32_t kRowBytes>
+__device__ __forceinline__ uint32_t f32_slab_offset(uint32_t row, uint32_t col) {
+  const uint32_t offset = row * kRowBytes + col * 4;
+  if constexpr (kSwizzleBytes == 0) return offset;
   return offset ^ (((offset >> 7) & (kSwizzleBytes / 16 - 1)) << 4);
 }
 
@@ -52,7 +56,7 @@ template <class T> struct EpilogueF32 {
 #pragma unroll
         for (uint32_t h = 0; h < 2; ++h) {
           const uint32_t addr = staging + (slab - slab0) * T::kSlabBytes +
-                                f32_slab_offset<T::kSwizzleD>(th.row_in_sub + 8 * h, col);
+                                f32_slab_offset<T::kSwizzleD, T::kSlabRowBytes>(th.row_in_sub + 8 * h, col);
           st_shared_f32x2(addr, out[g * 4 + 2 * h], out[g * 4 + 2 * h + 1]);
         }
       }

@@ -73,13 +73,19 @@ struct WgradTraits {
   // ---- FP32 output staging: per math warpgroup, kStagedSlabs slabs of 64 rows x kSlabCols floats ----
   // A slab is one TMA reduce box; its rows are kSwizzleD bytes, swizzled as the D map says. BLOCK_N / kSlabCols
   // slabs make the tile; with fewer staged slabs than that the epilogue reuses them in rounds (less shared memory
-  // for stages, a wait for the previous round's reads).
-  static_assert(kSwizzleD == 128 || kSwizzleD == 64 || kSwizzleD == 32, "D staging rows: a swizzle span");
-  static constexpr uint32_t kSlabCols = kSwizzleD / 4;
+  // for stages, a wait for the previous round's reads). kSwizzleD == 0: one unswizzled slab the tile's width, for
+  // widths of 8 mod 16 (136, 152) that no 64- or 128-byte span divides: rows of BLOCK_N floats start 8 banks apart
+  // (mod 32), so a warp's 8-byte stores (8 rows x 4 lanes) still take the minimum two wavefronts, and the tile goes
+  // out in one reduce instead of BLOCK_N / 8.
+  static_assert(kSwizzleD == 128 || kSwizzleD == 64 || kSwizzleD == 32 || kSwizzleD == 0,
+                "D staging rows: a swizzle span, or 0 (unswizzled)");
+  static constexpr uint32_t kSlabCols = kSwizzleD == 0 ? BLOCK_N : kSwizzleD / 4;
+  static_assert(kSwizzleD != 0 || BLOCK_N % 4 == 0, "unswizzled D rows: whole 16-byte units (a TMA box row)");
   static_assert(BLOCK_N % kSlabCols == 0, "D slabs tile BLOCK_N (a partial slab would add into the next tile)");
   static constexpr uint32_t kNumSlabs = BLOCK_N / kSlabCols;
   static_assert(kStagedSlabs >= 1 && kStagedSlabs <= kNumSlabs, "staged slabs: 1 .. BLOCK_N / slab columns");
-  static constexpr uint32_t kSlabBytes = WG_M * kSwizzleD;
+  static constexpr uint32_t kSlabRowBytes = kSlabCols * 4;
+  static constexpr uint32_t kSlabBytes = WG_M * kSlabRowBytes;
   static constexpr uint32_t kRounds = ceil_div(kNumSlabs, kStagedSlabs);
 
   // ---- shared memory, in this order (cupygemm/contract_wgrad.py smem_bytes adds the same parts up) ----

@@ -88,10 +88,11 @@ PRODUCER_REGS_TWO_WG, MATH_REGS_TWO_WG, MATH_REGS_ONE_WG = 40, 232, 255
 #: both). A second accumulator set: 96 and 128. Widths are multiples of 8 (16 with B multicast, whose halves are
 #: whole 8-row swizzle atoms).
 MAX_BLOCK_N = {(2, False): 152, (2, True): 96, (1, False): 160, (1, True): 128}
-#: The chooser's widths: steps of 16, and 152 (two math warpgroups, no multicast) where its fewer rounds outweigh its
-#: slower tiles: with as many rounds it took 1.04x the time of 128x144 (1536x24576x8192), with one round fewer
-#: 0.95x (7168x2112x4096/8192) on an H100 (benchmarks/NOTES.md, "Weight-gradient kernel").
-_WIDE_BLOCK_N, _WIDE_TILE_COST = 152, 1.05
+#: The chooser's widths: steps of 16, and for dense tiles 152 (two math warpgroups, no multicast, its FP32 staging one
+#: unswizzled slab), costed at 0.98 of a tile's cycles: per column and round it ran 0-4 % faster than 128 or 144 with
+#: B multicast on six DeepGEMM wgrad shapes on an H100, and 2 % slower on a k-grouped one (benchmarks/NOTES.md,
+#: "Weight-gradient kernel").
+_WIDE_BLOCK_N, _WIDE_TILE_COST = 152, 0.98
 
 
 def workspace_bytes(num_groups: int) -> int:
@@ -141,15 +142,26 @@ def smem_per_stage(block_m: int, block_n: int) -> int:
             + _STAGE_BARRIER_BYTES)
 
 
-def staging_bytes(block_m: int, swizzle: int, staged_slabs: int) -> int:
-    """The FP32 output staging: per math warpgroup ``staged_slabs`` slabs of 64 rows x ``swizzle`` bytes."""
-    return round_up(math_warpgroups(block_m) * staged_slabs * 64 * swizzle, 1024)
+def slab_cols(block_n: int, swizzle: int) -> int:
+    """Floats per row of a D staging slab: the swizzle span's, or the tile's width when unswizzled (0)."""
+    return swizzle // 4 if swizzle else block_n
+
+
+def staging_bytes(block_m: int, block_n: int, swizzle: int, staged_slabs: int) -> int:
+    """The FP32 output staging: per math warpgroup ``staged_slabs`` slabs of 64 rows x :func:`slab_cols` floats."""
+    return round_up(math_warpgroups(block_m) * staged_slabs * 64 * 4 * slab_cols(block_n, swizzle), 1024)
+
+
+def staging_swizzle(block_n: int) -> int:
+    """The D staging a width takes: the widest swizzle span dividing its row (128, 64 bytes), else unswizzled (0):
+    widths of 8 mod 16 store conflict-free unswizzled and go out in one TMA box (cuda_src/wgrad_traits.cuh)."""
+    return 128 if block_n % 32 == 0 else 64 if block_n % 16 == 0 else 0
 
 
 def smem_bytes(block_m: int, block_n: int, stages: int, swizzle: int, staged_slabs: int) -> int:
     """Dynamic shared memory per CTA (WgradSmem: staging, stages, barriers). The kernel's static 1024 bytes come on
     top (:data:`STATIC_SMEM`)."""
-    return staging_bytes(block_m, swizzle, staged_slabs) + stages * smem_per_stage(block_m, block_n)
+    return staging_bytes(block_m, block_n, swizzle, staged_slabs) + stages * smem_per_stage(block_m, block_n)
 
 
 def _pairs_even(multicast: int, m: int, n: int, block_m: int, block_n: int) -> bool:
@@ -158,7 +170,7 @@ def _pairs_even(multicast: int, m: int, n: int, block_m: int, block_n: int) -> b
 
 
 def max_stages(block_m: int, block_n: int, swizzle: int, staged_slabs: int, smem_limit: int = SMEM_LIMIT) -> int:
-    budget = smem_limit - STATIC_SMEM - staging_bytes(block_m, swizzle, staged_slabs)
+    budget = smem_limit - STATIC_SMEM - staging_bytes(block_m, block_n, swizzle, staged_slabs)
     return max(0, budget // smem_per_stage(block_m, block_n))
 
 
@@ -169,7 +181,8 @@ class WgradConfig:
     ``shape_m``: k-grouped only (0 for dense); ``shape_k``: dense only (0 for k-grouped). ``multicast``: 0, 1 (2-CTA
     clusters on neighbouring n blocks share A), 2 (on neighbouring m blocks, share B); k-grouped: only where those
     blocks are an even count. ``swizzle``: bytes
-    per row of a D staging slab (128: 32 floats, 64: 16, 32: 8; it must divide BLOCK_N's bytes). ``staged_slabs``:
+    per row of a D staging slab (128: 32 floats, 64: 16, 32: 8; it must divide BLOCK_N's bytes), or 0: one
+    unswizzled slab of BLOCK_N floats (conflict-free for widths of 8 mod 16). ``staged_slabs``:
     slabs staged at once per math warpgroup (0: the whole tile). ``raster``: n units per raster stripe.
     ``two_acc_sets``: the K loop keeps one K block's wgmmas in flight while promoting the previous one. ``store``
     (dense only): D = A B^T, the epilogue stores its tiles instead of adding them into D."""
@@ -221,9 +234,9 @@ class WgradConfig:
                              f"got {self.block_n}")
         if self.multicast not in (0, 1, 2):
             raise ValueError(f"multicast: 0, 1 (share A) or 2 (share B), got {self.multicast}")
-        if self.swizzle not in (32, 64, 128) or (self.block_n * 4) % self.swizzle:
-            raise ValueError(f"swizzle: 32, 64 or 128 bytes dividing block_n * 4 = {self.block_n * 4}, "
-                             f"got {self.swizzle}")
+        if self.swizzle not in (0, 32, 64, 128) or (self.swizzle and (self.block_n * 4) % self.swizzle):
+            raise ValueError(f"swizzle: 32, 64 or 128 bytes dividing block_n * 4 = {self.block_n * 4}, or 0 "
+                             f"(unswizzled), got {self.swizzle}")
         if not 0 <= self.staged_slabs <= self.num_slabs:
             raise ValueError(f"staged_slabs: 0 (all) to {self.num_slabs}, got {self.staged_slabs}")
         if self.pingpong and (math_warpgroups(self.block_m) != 2 or self.two_acc_sets):
@@ -246,7 +259,7 @@ class WgradConfig:
 
     @property
     def slab_cols(self) -> int:
-        return self.swizzle // 4
+        return slab_cols(self.block_n, self.swizzle)
 
     @property
     def num_slabs(self) -> int:
@@ -388,7 +401,7 @@ def _tile_cycles(block_m: int, block_n: int, multicast: int, num_kb: float) -> f
 def _staging_and_stages(block_m: int, block_n: int, swizzle: int, num_kb: int, smem_limit: int,
                         max_stages_cap: int = 8) -> tuple[int, int]:
     """(staged slabs, stages): the whole tile staged when that leaves 4 stages or more, else fewer slabs."""
-    num_slabs = block_n * 4 // swizzle
+    num_slabs = block_n // slab_cols(block_n, swizzle)
     want = max(2, min(max_stages_cap, num_kb))
     best = (num_slabs, min(max_stages(block_m, block_n, swizzle, num_slabs, smem_limit), max_stages_cap))
     for slabs in range(num_slabs, 0, -1):
@@ -405,9 +418,9 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     """A config for one problem: dense ``m x n x k``, or k-grouped ``num_groups`` groups of ``m x n`` with about
     ``k_or_expected`` tokens each (only the choice depends on it).
 
-    A first heuristic, to be replaced by a measured cost model: tile candidates 128 x {64 ... 144, 152} (two math
-    warpgroups; 152 costed 5 % more a tile, without multicast) and 64 x {64 ... 160} (one, with two accumulator sets
-    up to 128 wide), multicast of the operand whose
+    A first heuristic, to be replaced by a measured cost model: tile candidates 128 x {64 ... 144} and, dense, 128 x
+    152 without multicast at 0.98 of its modelled cost (two math warpgroups), and 64 x {64 ... 160} (one, with two
+    accumulator sets up to 128 wide), multicast of the operand whose
     partner dimension has an even number of blocks; each candidate's time is the rounds of tiles over the SMs
     times a tile's cycles (max of the wgmma and L2-load rates per K block plus a fixed cost, and an epilogue); the
     fastest wins (ties: fewer, larger tiles). Stages: as many as fit, up to 8, with the whole tile staged when 4 or
@@ -425,9 +438,10 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
         wg = math_warpgroups(block_m)
         # Widths in steps of 16: the steps of 8 between them (136, 152) measured no faster on any test_core shape
         # (benchmarks/NOTES.md, "Weight-gradient kernel"); the kernel takes them (block_n % 8) for tuning.
-        widths = list(range(64, MAX_BLOCK_N[(wg, False)] + 1, 16)) + ([_WIDE_BLOCK_N] if wg == 2 else [])
+        wide_ok = wg == 2 and kind == KIND_WGRAD
+        widths = list(range(64, MAX_BLOCK_N[(wg, False)] + 1, 16)) + ([_WIDE_BLOCK_N] if wide_ok else [])
         for block_n in widths:
-            wide = block_n == _WIDE_BLOCK_N and wg == 2
+            wide = block_n == _WIDE_BLOCK_N and wide_ok
             two = wg == 1 and block_n <= MAX_BLOCK_N[(1, True)]
             m_blocks, n_blocks = ceil_div(m, block_m), ceil_div(n, block_n)
             options = [0]
@@ -448,9 +462,9 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
                 if best is None or key < best[0]:
                     best = (key, block_m, block_n, mc, two, sms)
     _, block_m, block_n, mc, two, sms = best
-    swizzle = 128 if block_n % 32 == 0 else 64 if block_n % 16 == 0 else 32
+    swizzle = staging_swizzle(block_n)
     slabs, stages = _staging_and_stages(block_m, block_n, swizzle, num_kb, smem_limit)
-    num_slabs = block_n * 4 // swizzle
+    num_slabs = block_n // slab_cols(block_n, swizzle)
     n_units = ceil_div(ceil_div(n, block_n), 2) if mc == 1 else ceil_div(n, block_n)
     raster = max(1, min(16 // (2 if mc == 1 else 1), n_units))
     return WgradConfig(kind, m if kind == KIND_K_GROUPED else 0, n, k_or_expected if kind == KIND_WGRAD else 0,

@@ -274,9 +274,10 @@ def test_jax_k_grouped_kinds_match_the_eager_bits():
     assert (np.asarray(got).view(np.uint32) == cp.asnumpy(want).view(np.uint32)).all()
 
 
-@pytest.mark.parametrize("m,n,k", [(2048, 7168, 4096), (7168, 2112, 4096)])
+@pytest.mark.parametrize("m,n,k", [(2048, 7168, 4096), (7168, 2112, 4096), (512, 32768, 1024)])
 def test_wgrad_store_at_training_sizes(m, n, k):
-    """The storing kernel (the chooser's configs at DeepSeek-V3 sizes, multicast ones among them) writes every
+    """The storing kernel (the chooser's configs at DeepSeek-V3 sizes: 128x152 with one unswizzled staging slab, and
+    128x144 with B multicast at 512x32768) writes every
     element: bitwise the accumulating kernel's result on zeros, over a NaN-filled out."""
     a, sfa, b, sfb, _, _, _ = _wgrad_operands(m, n, k, 17)
     want = cp.zeros((m, n), cp.float32)

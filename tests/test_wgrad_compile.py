@@ -47,17 +47,18 @@ def kparams(cubin: bytes, entry: str) -> list[tuple[int, int, int]]:
 def make(kind, bm, bn, stages=None, **kw):
     m, k = (0, 4096) if kind == cw.KIND_WGRAD else (7168, 0)
     n = kw.pop("n", 7168)
-    sw = kw.pop("swizzle", 128 if bn % 32 == 0 else 64)
+    sw = kw.pop("swizzle", cw.staging_swizzle(bn))
     slabs = kw.pop("staged_slabs", 0)
     if stages is None:
-        stages = min(8, cw.max_stages(bm, bn, sw, slabs or bn * 4 // sw))
+        stages = min(8, cw.max_stages(bm, bn, sw, slabs or bn // cw.slab_cols(bn, sw)))
     return cw.WgradConfig(kind, m, n, k, bm, bn, stages, swizzle=sw, staged_slabs=slabs, **kw)
 
 
 REPRESENTATIVE = {
     "dense-128x128": make(cw.KIND_WGRAD, 128, 128),
     "dense-128x144": make(cw.KIND_WGRAD, 128, 144),
-    "dense-128x152": make(cw.KIND_WGRAD, 128, 152, swizzle=32, n=2112),
+    "dense-128x152": make(cw.KIND_WGRAD, 128, 152, n=2112),  # unswizzled staging: one reduce per warpgroup
+    "dense-128x152-32B": make(cw.KIND_WGRAD, 128, 152, swizzle=32, n=2112),
     "dense-128x96-2acc": make(cw.KIND_WGRAD, 128, 96, two_acc_sets=True),
     "dense-128x128-mcA": make(cw.KIND_WGRAD, 128, 128, multicast=1),
     "dense-128x128-mcB": make(cw.KIND_WGRAD, 128, 128, multicast=2),
@@ -216,7 +217,7 @@ def test_contract_values():
     assert (cfg.num_math_wg, cfg.threads, cfg.math_regs, cfg.producer_regs) == (2, 384, 232, 40)
     assert cfg.producer_regs * 128 + cfg.math_regs * 256 <= 64 * 1024
     # 64 KB of FP32 staging (the whole 128x128 tile) leaves 4 stages of 33 KB.
-    assert cw.staging_bytes(128, 128, 4) == 64 * 1024 and cfg.num_stages == 4
+    assert cw.staging_bytes(128, 128, 128, 4) == 64 * 1024 and cfg.num_stages == 4
     assert cfg.smem_bytes + cw.STATIC_SMEM <= cw.SMEM_LIMIT
     a, b, sfa, sfb, d = cw.tma_specs(cfg, 1000, ld_d=4100)
     assert a.dims == (4096, 1000, 1) and a.box == (128, 128, 1) and a.swizzle == 128
@@ -224,6 +225,9 @@ def test_contract_values():
     assert sfa.dims == (1000, 32, 1) and sfa.strides[0] == 4 * 1000 and sfa.box == (128, 1, 1)
     assert sfb.dims == (7168, 32, 1) and sfb.box == (128, 1, 1)
     assert d.dims == (7168, 1000, 1) and d.strides[0] == 4 * 4100 and d.box == (32, 64, 1) and d.swizzle == 128
+    wide = REPRESENTATIVE["dense-128x152"]  # one unswizzled slab: a 152 x 64 box, 76 KB of staging
+    assert wide.swizzle == 0 and wide.num_slabs == 1 and cw.tma_specs(wide, 1000)[4].box == (152, 64, 1)
+    assert cw.tma_specs(wide, 1000)[4].swizzle == 0 and cw.staging_bytes(128, 152, 0, 1) == 2 * 64 * 152 * 4
     mc = REPRESENTATIVE["dense-128x128-mcA"]
     assert cw.tma_specs(mc, 1000)[0].box == (128, 64, 1) and cw.defines(mc)["CUPYGEMM_CLUSTER_ATTR"]
     assert cw.tma_specs(REPRESENTATIVE["dense-128x128-mcB"], 1000)[1].box == (128, 64, 1)

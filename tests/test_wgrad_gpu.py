@@ -50,16 +50,16 @@ def m_major(s_rows):
 
 
 def dense_cfg(n, k, bm, bn, **kw):
-    sw = kw.pop("swizzle", 128 if bn % 32 == 0 else 64)
+    sw = kw.pop("swizzle", cw.staging_swizzle(bn))
     slabs = kw.pop("staged_slabs", 0)
-    stages = kw.pop("num_stages", None) or min(8, cw.max_stages(bm, bn, sw, slabs or bn * 4 // sw))
+    stages = kw.pop("num_stages", None) or min(8, cw.max_stages(bm, bn, sw, slabs or bn // cw.slab_cols(bn, sw)))
     return cw.WgradConfig(cw.KIND_WGRAD, 0, n, k, bm, bn, stages, swizzle=sw, staged_slabs=slabs, **kw)
 
 
 def grouped_cfg(m, n, bm, bn, **kw):
-    sw = kw.pop("swizzle", 128 if bn % 32 == 0 else 64)
+    sw = kw.pop("swizzle", cw.staging_swizzle(bn))
     slabs = kw.pop("staged_slabs", 0)
-    stages = kw.pop("num_stages", None) or min(8, cw.max_stages(bm, bn, sw, slabs or bn * 4 // sw))
+    stages = kw.pop("num_stages", None) or min(8, cw.max_stages(bm, bn, sw, slabs or bn // cw.slab_cols(bn, sw)))
     return cw.WgradConfig(cw.KIND_K_GROUPED, m, n, 0, bm, bn, stages, swizzle=sw, staged_slabs=slabs, **kw)
 
 
@@ -131,8 +131,10 @@ DENSE_VARIANTS = {
     "128x128-mcA-odd-n": dict(bm=128, bn=128, multicast=1, num_sms=8, n=600),  # 5 n blocks
     "128x128-mcB-odd-m": dict(bm=128, bn=128, multicast=2, num_sms=8, m=850),  # 7 m blocks
     "128x144-2stages": dict(bm=128, bn=144, num_stages=2, num_sms=6),
-    "128x152-swz32": dict(bm=128, bn=152, swizzle=32, num_sms=6),  # the chooser's wide tile: 19 slabs of 8 floats
-    "128x152-mcA": dict(bm=128, bn=152, swizzle=32, multicast=1, num_sms=6, n=600),  # 4 n blocks, the last partial
+    "128x152": dict(bm=128, bn=152, num_sms=6),  # the chooser's wide tile: one unswizzled slab of 152 floats
+    "128x152-swz32": dict(bm=128, bn=152, swizzle=32, num_sms=6),  # 19 slabs of 8 floats
+    "128x152-mcA": dict(bm=128, bn=152, multicast=1, num_sms=6, n=600),  # 4 n blocks, the last partial
+    "64x40-unswizzled": dict(bm=64, bn=40, swizzle=0, num_sms=7),
     "128x96-2acc": dict(bm=128, bn=96, two_acc_sets=True, num_sms=6),
     "64x128-2acc": dict(bm=64, bn=128, two_acc_sets=True, num_sms=6),
     "64x160": dict(bm=64, bn=160, num_sms=5),
