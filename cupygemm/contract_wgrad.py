@@ -413,6 +413,15 @@ def _staging_and_stages(block_m: int, block_n: int, swizzle: int, num_kb: int, s
     return best
 
 
+def _fewest_ctas(tiles: int, ctas: int, cluster: int) -> int:
+    """The fewest CTAs (whole clusters) that run ``tiles`` in as many rounds as ``ctas`` do. Idle SMs leave the
+    others more of the power budget: dense wgrad ran 0.6-1.7 % faster on 126-131 CTAs than on 132 in as many rounds
+    (H100), k-grouped no faster (benchmarks/NOTES.md, "Weight-gradient kernel")."""
+    units, slots = ceil_div(tiles, cluster), ctas // cluster
+    rounds = ceil_div(units, slots)
+    return ceil_div(units, rounds) * cluster
+
+
 def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_groups: int = 1, num_sms: int = 132,
                         smem_limit: int = SMEM_LIMIT, store: bool = False) -> WgradConfig:
     """A config for one problem: dense ``m x n x k``, or k-grouped ``num_groups`` groups of ``m x n`` with about
@@ -424,7 +433,8 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     partner dimension has an even number of blocks; each candidate's time is the rounds of tiles over the SMs
     times a tile's cycles (max of the wgmma and L2-load rates per K block plus a fixed cost, and an epilogue); the
     fastest wins (ties: fewer, larger tiles). Stages: as many as fit, up to 8, with the whole tile staged when 4 or
-    more stages remain. ``store``: the dense kernel that stores D (the choice is the same).
+    more stages remain. Dense grids: the fewest CTAs that keep the rounds (:func:`_fewest_ctas`). ``store``: the
+    dense kernel that stores D (the choice is the same).
     """
     if kind not in KIND_IDS:
         raise ValueError(f"kind: expected one of {list(KIND_IDS)}, got {kind!r}")
@@ -462,6 +472,8 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
                 if best is None or key < best[0]:
                     best = (key, block_m, block_n, mc, two, sms)
     _, block_m, block_n, mc, two, sms = best
+    if kind == KIND_WGRAD:
+        sms = _fewest_ctas(ceil_div(m, block_m) * ceil_div(n, block_n), sms, 2 if mc else 1)
     swizzle = staging_swizzle(block_n)
     slabs, stages = _staging_and_stages(block_m, block_n, swizzle, num_kb, smem_limit)
     num_slabs = block_n // slab_cols(block_n, swizzle)

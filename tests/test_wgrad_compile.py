@@ -240,6 +240,13 @@ def test_contract_values():
     assert cw.prep_grid(1) == 1 and cw.prep_grid(8) == 1 and cw.prep_grid(9) == 2
 
 
+def test_dense_grid_is_the_fewest_ctas_for_its_rounds():
+    """7168x4096 on 128x152 tiles: 1512 tiles are 12 rounds of 132 CTAs or of 126; 126 CTAs are launched."""
+    cfg = cw.choose_wgrad_config(cw.KIND_WGRAD, 7168, 4096, 4096, 1, 132)
+    assert (cfg.block_n, cfg.multicast, cfg.num_sms, cw.grid(cfg)) == (152, 0, 126, 126)
+    assert cw.choose_wgrad_config(cw.KIND_K_GROUPED, 2048, 7168, 4096, 4, 132).num_sms == 132  # k-grouped: all
+
+
 def test_config_legality():
     with pytest.raises(ValueError, match="block_n"):
         make(cw.KIND_WGRAD, 128, 160)
@@ -271,6 +278,11 @@ def test_chooser_returns_legal_configs(kind, m, n, k, g):
     assert cw.grid(cfg) % cfg.cluster_size == 0
     if kind == "wgrad":
         assert (cfg.shape_m, cfg.shape_n, cfg.shape_k) == (0, n, k)
+        # the fewest CTAs that keep the rounds of a full grid (pairs with multicast)
+        units = -(-(-(-m // cfg.block_m) * -(-n // cfg.block_n)) // cfg.cluster_size)
+        full = 132 // cfg.cluster_size
+        assert cfg.num_sms <= 132 and -(-units // (cfg.num_sms // cfg.cluster_size)) == -(-units // full)
+        assert -(-units // (cfg.num_sms // cfg.cluster_size - 1 or 1)) > -(-units // full) or cfg.num_sms == cfg.cluster_size
     else:
         assert (cfg.shape_m, cfg.shape_n, cfg.shape_k) == (m, n, 0)
         if cfg.multicast:  # the k-grouped kernel takes whole pairs only
