@@ -37,6 +37,27 @@ all devices fit) or the exact layout for the whole call, holding the chunks' col
 device takes the same one); its one host round trip comes first, before the GPU has work queued, instead of once a
 chunk between its dispatch and its GEMMs. ``C = 1`` is the unchunked layer above, per-device cond included.
 
+Overlap (``overlap="local"`` or ``"split"``, issue 47): a device's own tokens need no communication for its own
+experts. The layer runs them as expert steps of their own (rows: the own tokens in place, no gather; partial rows
+float32, never on the wire) and only the other devices' tokens go through the dispatch (the own block empty) into a
+remote step (exact ``(D - 1) * T`` rows an expert; each step's small layout the same fraction of ``slots`` as of
+``D * T``). Order: dispatch start, the own tokens' step (with ``"split"``: their first half), the remote step, the
+combine start, the second half. ``lax.optimization_barrier`` ties the remote step to the first local part and the
+second half to the remote step: nothing else orders them, and XLA's scheduler could otherwise put the local GEMMs
+after the remote ones. What hides the collectives is XLA's latency-hiding scheduler moving each async start above
+and its done below the independent local GEMMs; the compiled HLO (:func:`schedule_summary`) shows where they land.
+A collective's kernels need SMs while a persistent GEMM holds them all (benchmarks/NOTES.md, "Multi-GPU"): leave
+some (``set_num_sms``, ``sms=`` in :func:`parse_variant`; NCCL_MAX_NCHANNELS) or move the bytes with the copy
+engines (XLA's ``--xla_gpu_use_memcpy_local_p2p``). ``transport="ppermute"``: ``D - 1`` collective-permutes each way
+(shift j: to device ``me + j``) instead of one all_to_all, no own block at all; for D = 2 one of them. General for
+any D; the overlap only pays where the local part is large (few devices, or routing that favours local experts).
+
+Layout choice (``decide``): ``"after"`` puts a ``lax.cond`` on each expert step's counts (one host round trip each
+on GPU, outside command buffers); ``"before"`` makes one choice for all steps of all devices from an all-gathered
+``[D, parts, E]`` routing histogram before the dispatch, the cond at the start holding the collectives (every
+device takes the same branch); ``"never"`` runs the exact layout without a cond (more padded rows around the GEMMs).
+Unchunked and not overlapped, ``"before"`` is the chunked path's one decision with one chunk.
+
 Bytes: the fixed-shape all_to_all moves a whole block to every device, used or not, so each device sends
 ``(D - 1) * T`` payload rows of ``H + 4 * ceil(H / 128) + 8 * topk`` bytes and gets ``(D - 1) * T`` BF16 rows of
 ``2 * H`` bytes back: in bytes an all-gather of the FP8 tokens, which is what top-8 of 16 experts on 2 devices
@@ -53,6 +74,7 @@ shardings those of :mod:`cupygemm.jax.sharding`'s rules.
 from __future__ import annotations
 
 import math
+import re
 import sys
 import time
 from typing import Any, Callable
@@ -71,7 +93,8 @@ _BLOCK = 128
 #: The experts' FFN as :func:`ep_moe` calls it: ``ffn(a, sfa, masked_m, params) -> out``, ``a`` float8_e4m3fn
 #: ``[E_l, M, H]``, ``sfa`` float32 ``[E_l, M, ceil(H/128)]``, ``masked_m`` int32 ``[E_l]`` (expert ``e``'s tokens
 #: are its first ``masked_m[e]`` rows), ``params`` this device's expert weights; ``out`` ``[E_l, M, H]`` (BF16 or
-#: float32), of which rows past ``masked_m`` are never read.
+#: float32), of which rows past ``masked_m`` are never read. An FFN may carry ``for_expected_m(m) -> ExpertFFN``: the
+#: same FFN for an expert step whose average count is ``m`` (a config hint; the overlapped layer's steps differ).
 ExpertFFN = Callable[[jax.Array, jax.Array, jax.Array, Any], jax.Array]
 
 
@@ -115,6 +138,7 @@ def cupygemm_ffn(expected_m: int) -> ExpertFFN:
         return cj.m_grouped_gemm_fp8_fp8_bf16_nt_masked(aq.reshape(g, m, -1), asf.reshape(g, m, -1), down_q, down_s,
                                                         masked_m, expected_m)
 
+    ffn.for_expected_m = cupygemm_ffn  # an expert step of another average count (the overlapped layer's parts)
     return ffn
 
 
@@ -131,14 +155,18 @@ def _unwords(w: jax.Array, dtype: Any) -> jax.Array:
     return lax.bitcast_convert_type(w, dtype).reshape(w.shape[0], -1)
 
 
-def dispatch_slots(experts: jax.Array, devices: int, experts_per_device: int) -> tuple[jax.Array, ...]:
+def dispatch_slots(experts: jax.Array, devices: int, experts_per_device: int,
+                   skip: jax.Array | int | None = None) -> tuple[jax.Array, ...]:
     """Where a device's tokens go, from their experts [T, topk] (device ``j`` holds experts ``j * E_l`` ...):
     ``needs`` bool [T, D] (an expert of token t is on device j), ``slot`` int32 [T, D] (its row in block j: its rank
     among the tokens that need j; meaningless where not needed) and ``src`` int32 [D, T] (the token in block j's row
-    p, ``T`` for an unused row)."""
+    p, ``T`` for an unused row). ``skip``: a device no token is sent to (its block all unused rows; the overlapped
+    layer's own device, whose experts run on the tokens in place)."""
     t = experts.shape[0]
     dest = experts // experts_per_device
     needs = jnp.any(dest[:, :, None] == jnp.arange(devices, dtype=dest.dtype), axis=1)
+    if skip is not None:
+        needs = needs & (jnp.arange(devices) != skip)
     slot = jnp.cumsum(needs.astype(jnp.int32), axis=0) - 1
     flat = jnp.where(needs, jnp.arange(devices, dtype=jnp.int32) * t + slot, devices * t)
     tokens = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[:, None], (t, devices))
@@ -226,24 +254,163 @@ def _combine(partial: jax.Array, needs: jax.Array, slot: jax.Array, axis: str) -
     return y
 
 
+#: ``overlap`` of :func:`ep_moe`: ``"none"`` (dispatch, experts, combine in a row), ``"local"`` (the device's own
+#: tokens run on its experts while the other tokens are in flight), ``"split"`` (those in two halves: the first
+#: under the dispatch, the second under the combine).
+OVERLAPS = ("none", "local", "split")
+#: ``decide`` of :func:`ep_moe`: when the layout (``slots`` or exact) is chosen. ``"after"``: each expert step on
+#: its own counts, by a ``lax.cond`` once they are known (per device; one host round trip per cond on GPU);
+#: ``"before"``: once for all steps and devices, from an all-gathered routing histogram before any dispatch (one
+#: cond, at the start, holding the collectives); ``"never"``: the exact layout, no cond.
+DECIDES = ("after", "before", "never")
+#: ``transport`` of the overlapped layer: one ``all_to_all`` each way (the own block sent empty), or ``D - 1``
+#: ``ppermute`` shifts each way (no own block at all; for D = 2 one collective-permute).
+TRANSPORTS = ("all_to_all", "ppermute")
+
+
+def _ffn_for(ffn: ExpertFFN, average: float) -> ExpertFFN:
+    """``ffn`` for an expert step whose average count is ``average``: ``ffn.for_expected_m(m)`` where the FFN has
+    one (:func:`cupygemm_ffn`: the GEMMs' config hint), else ``ffn`` itself."""
+    make = getattr(ffn, "for_expected_m", None)
+    return ffn if make is None else make(max(1, round(average)))
+
+
+def part_slots(slots: int | None, rows: int, total: int) -> int:
+    """Rows per expert of an expert step over ``rows`` candidate rows (``rows``: its exact layout) when the whole
+    layer's small layout is ``slots`` rows for ``total``: the same fraction, rounded up, at most ``rows``."""
+    return rows if slots is None else min(rows, -(-slots * rows // total))
+
+
+def _step(operands: tuple, params: Any, ffn: ExpertFFN, el: int, out_dtype: Any, exact: int, small: int,
+          average: float, choice: str) -> jax.Array:
+    """One expert step on ``operands = (rq, rs, local, rank, rw, counts)``: the exact layout (``exact`` rows an
+    expert), the small one (``small``), or (``choice == "cond"``) a ``lax.cond`` on its counts between them."""
+    f = _ffn_for(ffn, average)
+    if small >= exact or choice == "exact":
+        return _expert_step(exact, f, el, out_dtype)(*operands, params)
+    if choice == "small":
+        return _expert_step(small, f, el, out_dtype)(*operands, params)
+    return lax.cond(jnp.max(operands[-1]) <= small, _expert_step(small, f, el, out_dtype),
+                    _expert_step(exact, f, el, out_dtype), *operands, params)
+
+
+def _ep_overlap(x: jax.Array, experts: jax.Array, weights: jax.Array, params: Any, *, ffn: ExpertFFN, el: int,
+                axis: str, slots: int | None, combine_dtype: Any, split: bool, decide: str,
+                transport: str) -> jax.Array:
+    """:func:`ep_moe` with ``overlap="local"`` or ``"split"`` (see the module docstring, "Overlap")."""
+    t, h = x.shape
+    k = experts.shape[1]
+    d = lax.axis_size(axis)
+    me = lax.axis_index(axis)
+    e = d * el
+    q, s = cj.per_token_cast_to_fp8(x)
+    qw, w32 = _words(q), weights.astype(jnp.float32)
+    hw, kb = qw.shape[1], s.shape[1]
+    parts = chunk_bounds(t, 2) if split and t >= 2 else [(0, t)]
+    share = k / e  # a token's chance of choosing a given expert: the average count is rows x share
+    local_small = [part_slots(slots, b - a, d * t) for a, b in parts]
+    r_exact = (d - 1) * t  # every other device's every token: one expert's most in the remote step
+    r_small = part_slots(slots, r_exact, d * t)
+
+    def local_operands(a: int, b: int) -> tuple:
+        local, rank, counts = expert_slots(experts[a:b], me * el, el)
+        return qw[a:b], s[a:b], local, rank, w32[a:b], counts
+
+    def layer(choice: str) -> jax.Array:
+        def local_part(i: int, operands: tuple) -> jax.Array:  # float32: these rows never go on the wire
+            a, b = parts[i]
+            return _step(operands, params, ffn, el, jnp.float32, b - a, local_small[i], (b - a) * share, choice)
+
+        if d == 1:
+            return jnp.concatenate([local_part(i, local_operands(a, b)) for i, (a, b) in enumerate(parts)])
+        # Dispatch to the other devices only: this device's own block goes out empty (all_to_all) or not at all.
+        needs, slot, src = dispatch_slots(experts, d, el, skip=me)
+        payload = jnp.concatenate([qw, _words(s), experts.astype(jnp.int32), _words(w32)], axis=1)
+        unused = jnp.zeros((1, payload.shape[1]), jnp.int32).at[0, hw + kb:hw + kb + k].set(-1)
+        payload = jnp.concatenate([payload, unused])
+        if transport == "all_to_all":
+            recv = lax.all_to_all(payload[src], axis, 0, 0, tiled=True).reshape(d * t, -1)
+        else:  # shift j: to device me + j, from device me - j
+            recv = jnp.concatenate([
+                lax.ppermute(jnp.take(payload, jnp.take(src, (me + j) % d, axis=0), axis=0), axis,
+                             [(i, (i + j) % d) for i in range(d)]) for j in range(1, d)])
+        first = local_part(0, local_operands(*parts[0]))
+        # The barrier holds the remote step until the first local part is done: without it nothing orders the
+        # two, and the scheduler may put the local GEMMs after the remote ones (nothing left under the dispatch).
+        recv, first = lax.optimization_barrier((recv, first))
+        rq, rs = recv[:, :hw], _unwords(recv[:, hw:hw + kb], jnp.float32)
+        rex, rw = recv[:, hw + kb:hw + kb + k], _unwords(recv[:, hw + kb + k:], jnp.float32)
+        local, rank, counts = expert_slots(rex, me * el, el)
+        remote = (rq, rs, local, rank, rw, counts)
+        partial = _step(remote, params, ffn, el, combine_dtype, r_exact, r_small, r_exact * share, choice)
+        if transport == "all_to_all":
+            y = _combine(partial, needs, slot, axis)
+        else:  # shift j back: the rows device me - j sent come back to it; this device gets those of me + j
+            y = jnp.zeros((t, h), jnp.float32)
+            for j in range(1, d):
+                back = lax.ppermute(partial[(j - 1) * t:j * t], axis, [(i, (i - j) % d) for i in range(d)])
+                to = (me + j) % d
+                got = jnp.take(back, jnp.maximum(jnp.take(slot, to, axis=1), 0), axis=0).astype(jnp.float32)
+                y = y + jnp.where(jnp.take(needs, to, axis=1)[:, None], got, 0.0)
+        ys = [first]
+        if len(parts) > 1:
+            # The second half waits for the remote step (the barrier), so that it runs while the combine is in
+            # flight; the combine itself reads the remote partial rows from before the barrier.
+            _, later = lax.optimization_barrier((partial, local_operands(*parts[1])))
+            ys.append(local_part(1, later))
+        return jnp.concatenate(ys) + y
+
+    if decide != "before":
+        return layer("exact" if decide == "never" else "cond")
+    # One choice for all steps of all devices: each device's routing histogram per local part, all-gathered
+    # ([D, P, E], tiny), gives every step's counts on every device before anything is sent.
+    hist = jnp.stack([jnp.sum(experts[a:b].reshape(-1, 1) == jnp.arange(e, dtype=experts.dtype), axis=0)
+                      for a, b in parts]).astype(jnp.int32)
+    every = lax.all_gather(hist, axis) if d > 1 else hist[None]
+    owner = jnp.arange(e) // el
+    own = every[owner, :, jnp.arange(e)]  # [E, P]: expert e's count from its own device's tokens, per part
+    fits = jnp.all(own <= jnp.asarray(local_small, jnp.int32))
+    if d > 1:
+        fits = fits & (jnp.max(jnp.sum(every, axis=(0, 1)) - jnp.sum(own, axis=1)) <= r_small)
+    return lax.cond(fits, lambda: layer("small"), lambda: layer("exact"))
+
+
 def ep_moe(x: jax.Array, experts: jax.Array, weights: jax.Array, params: Any, *, ffn: ExpertFFN,
            experts_per_device: int, axis: str = "ep", slots: int | None = None,
-           combine_dtype: Any = jnp.bfloat16, chunks: int = 1) -> jax.Array:
+           combine_dtype: Any = jnp.bfloat16, chunks: int = 1, overlap: str = "none", decide: str | None = None,
+           transport: str = "all_to_all") -> jax.Array:
     """One device's part of the expert-parallel MoE layer, inside ``shard_map`` over ``axis`` (see the module
     docstring): ``x`` [T, H] (BF16 or float32), its routing ``experts`` int32 [T, topk] (global ids; device ``j``
     holds experts ``j * E_l`` to ``(j + 1) * E_l - 1``) and ``weights`` [T, topk], ``params`` this device's expert
     weights as ``ffn`` takes them. Returns y [T, H] float32. ``slots``: the small layout's rows per expert, of one
     chunk (None or ``>= D`` x the largest chunk: only the exact one); ``combine_dtype``: the partial rows on the
     wire; ``chunks``: the tokens split into that many chunks, each dispatched, run and combined on its own (see the
-    module docstring)."""
+    module docstring); ``overlap`` (:data:`OVERLAPS`), ``decide`` (:data:`DECIDES`; None: ``"after"`` unchunked,
+    ``"before"`` chunked, its only choice) and ``transport`` (:data:`TRANSPORTS`, overlapped layers only): see
+    the module docstring, "Overlap". ValueError for an unknown or unsupported combination."""
     t, h = x.shape
     el = experts_per_device
     d = lax.axis_size(axis)
     if h % 4:
         raise ValueError(f"x: expected a hidden size that is a multiple of 4 (FP8 rows sent as int32 words), got {h}")
+    decide = ("after" if chunks == 1 else "before") if decide is None else decide
+    for name, value, allowed in (("overlap", overlap, OVERLAPS), ("decide", decide, DECIDES),
+                                 ("transport", transport, TRANSPORTS)):
+        if value not in allowed:
+            raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+    if overlap != "none":
+        if chunks != 1:
+            raise ValueError(f"overlap={overlap!r} runs unchunked: expected chunks=1, got {chunks}")
+        return _ep_overlap(x, experts, weights, params, ffn=ffn, el=el, axis=axis, slots=slots,
+                           combine_dtype=combine_dtype, split=overlap == "split", decide=decide,
+                           transport=transport)
+    if transport != "all_to_all":
+        raise ValueError(f"transport={transport!r} needs an overlapped layer (overlap='local' or 'split')")
     bounds = chunk_bounds(t, chunks)
     small_ok = slots is not None and slots < d * max(b - a for a, b in bounds)
-    if chunks == 1:
+    if decide == "after":
+        if chunks != 1:
+            raise ValueError(f"decide='after' runs unchunked: with {chunks} chunks the choice comes before")
         operands, back = _dispatch(x, experts, weights, axis, el)
         exact = _expert_step(d * t, ffn, el, combine_dtype)
         if small_ok:  # each device for itself, once its rows have arrived
@@ -269,7 +436,7 @@ def ep_moe(x: jax.Array, experts: jax.Array, weights: jax.Array, params: Any, *,
 
         return run
 
-    if not small_ok:
+    if decide == "never" or not small_ok:
         return pipeline(None)(x, experts, weights, params)
     # One decision for every chunk and every device, before any dispatch: expert e's count in chunk i is the
     # number of chunk-i tokens of all sources that chose it, so a [C, E] histogram of the routing summed over the
@@ -285,14 +452,16 @@ def ep_moe(x: jax.Array, experts: jax.Array, weights: jax.Array, params: Any, *,
 
 
 def moe_layer(mesh: Mesh, experts_per_device: int, ffn: ExpertFFN, slots: int | None = None,
-              combine_dtype: Any = jnp.bfloat16, chunks: int = 1) -> Callable:
+              combine_dtype: Any = jnp.bfloat16, chunks: int = 1, overlap: str = "none", decide: str | None = None,
+              transport: str = "all_to_all") -> Callable:
     """The jitted EP layer ``(x [D*T, H], experts [D*T, topk], weights [D*T, topk], params) -> y [D*T, H] f32``
     over the mesh axis ``"ep"``: tokens, routing and the experts' weights (each leaf of ``params``: experts first)
-    sharded along it, :func:`ep_moe` on each device."""
+    sharded along it, :func:`ep_moe` on each device (the keywords are its own)."""
 
     def local(x, experts, weights, params):
         return ep_moe(x, experts, weights, params, ffn=ffn, experts_per_device=experts_per_device, axis="ep",
-                      slots=slots, combine_dtype=combine_dtype, chunks=chunks)
+                      slots=slots, combine_dtype=combine_dtype, chunks=chunks, overlap=overlap, decide=decide,
+                      transport=transport)
 
     spec = P("ep")
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec, check_vma=False))
@@ -365,13 +534,15 @@ def mlp_reference(x: jax.Array, params: dict[str, Any]) -> np.ndarray:
 
 
 def moe_setup(devices: list, tokens_per_device: int, hidden: int, inter: int, experts_per_device: int, topk: int,
-              slot_factor: float = 1.125, seed: int = 0, chunks: int = 1) -> tuple[Callable, tuple, dict]:
+              slot_factor: float = 1.125, seed: int = 0, chunks: int = 1,
+              **layer: Any) -> tuple[Callable, tuple, dict]:
     """The EP layer over ``devices`` on cupygemm's FFN in ``chunks`` chunks, with its sharded inputs ``(x, experts,
     weights, params)``. ``info``: the inputs and parameters for the reference, ``slots`` (the small layout's rows
     per expert of a chunk: ``slot_factor`` x the largest chunk's average count, in 128s, at most ``D * T_c``),
     ``counts`` per expert and ``chunk_counts`` per chunk and expert, ``max_count`` (the largest count of a chunk:
     the small layout runs when it is ``<= slots``), ``expected_m`` (a chunk's average), ``dropped`` (always 0) and
-    the bytes each device sends (:func:`ep_bytes`)."""
+    the bytes each device sends (:func:`ep_bytes`). ``layer``: :func:`moe_layer`'s ``overlap``, ``decide``,
+    ``transport``."""
     d = len(devices)
     mesh = Mesh(np.array(devices), ("ep",))
     e = d * experts_per_device
@@ -388,7 +559,7 @@ def moe_setup(devices: list, tokens_per_device: int, hidden: int, inter: int, ex
     args = (jax.device_put(x, shard), jax.device_put(routing["experts"], shard),
             jax.device_put(routing["weights"], shard),
             tuple(jax.device_put(v, shard) for v in (*params["up"], *params["down"])))
-    f = moe_layer(mesh, experts_per_device, cupygemm_ffn(expected_m), slots, chunks=chunks)
+    f = moe_layer(mesh, experts_per_device, cupygemm_ffn(expected_m), slots, chunks=chunks, **layer)
     ex = np.asarray(routing["experts"]).reshape(d, tokens_per_device, topk)
     chunk_counts = np.stack([np.bincount(ex[:, a:b].ravel(), minlength=e) for a, b in bounds])  # distinct experts
     return f, args, {"x": x, "routing": routing, "params": params, "slots": slots, "counts": chunk_counts.sum(0),
@@ -430,14 +601,7 @@ def mlp_setup(devices: list, tokens: int, hidden: int, ffn: int, seed: int = 1) 
 
 def time_ms(f: Callable, args: tuple, repeats: int = 20, warmup: int = 3) -> float:
     """Median wall time of ``f(*args)`` in ms (each call waited for)."""
-    for _ in range(warmup):
-        jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
+    return float(np.median(_call_times(f, args, repeats, warmup)))
 
 
 def bench(devices: list, tokens_per_device: int = 4096, hidden: int = 7168, inter: int = 2048,
@@ -474,3 +638,169 @@ def bench(devices: list, tokens_per_device: int = 4096, hidden: int = 7168, inte
             "experts_per_device": experts_per_device, "topk": topk, "ffn": ffn, "slot_factor": slot_factor,
             "chunks": chunks,
             "rows": rows}
+
+
+def parse_variant(spec: str) -> dict[str, Any]:
+    """A variant of the EP layer for :func:`variant_bench`, written as ``+``-joined words: an overlap
+    (:data:`OVERLAPS`), a decide (:data:`DECIDES`), ``a2a`` or ``pp`` (the transport), ``sms=N`` (the GEMMs
+    planned for N SMs on every device, :func:`cupygemm.set_num_sms`: SMs left to the collectives' kernels),
+    ``chunks=C``. ``base`` (or ``none``) alone is the default layer. ValueError for an unknown word."""
+    kw: dict[str, Any] = {"overlap": "none", "decide": None, "transport": "all_to_all", "sms": None, "chunks": 1}
+    for word in spec.split("+"):
+        if word in OVERLAPS:
+            kw["overlap"] = word
+        elif word in DECIDES:
+            kw["decide"] = word
+        elif word in ("a2a", "pp"):
+            kw["transport"] = "all_to_all" if word == "a2a" else "ppermute"
+        elif word.startswith(("sms=", "chunks=")) and word.split("=", 1)[1].isdigit():
+            kw[word.split("=", 1)[0]] = int(word.split("=", 1)[1])
+        elif word != "base":
+            raise ValueError(f"variant {spec!r}: unknown word {word!r} (expected one of {OVERLAPS + DECIDES}, a2a, pp, "
+                             f"sms=N, chunks=C or base)")
+    return kw
+
+
+#: Opcodes :func:`schedule_summary` keeps: the collectives (sync and async halves), conditionals, barriers, custom
+#: calls (cupygemm's GEMMs and casts).
+_EVENTS = ("all-to-all", "all-to-all-start", "all-to-all-done", "collective-permute", "collective-permute-start",
+           "collective-permute-done", "all-gather", "all-gather-start", "all-gather-done", "all-reduce",
+           "all-reduce-start", "all-reduce-done", "async-start", "async-done", "conditional", "opt-barrier",
+           "custom-call", "send", "recv", "send-done", "recv-done")
+
+
+def schedule_summary(hlo_text: str) -> dict[str, list[str]]:
+    """The order of the collectives, conditionals, barriers and custom calls in each computation of a compiled
+    (scheduled) HLO module's text, e.g. from ``jit(f).lower(*args).compile().as_text()``: a scheduled module lists
+    each computation's instructions in their execution order, so this shows what XLA put between an async
+    collective's start and done. Entries ``opcode name shape`` (custom calls: their result's shape) and ``(N other
+    ops)`` (the count of other instructions between two entries); computations without any entry are left out."""
+    out: dict[str, list[str]] = {}
+    comp, between = None, 0
+    for line in hlo_text.splitlines():
+        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+        if head and not line.startswith(" "):
+            comp, between = head.group(1), 0
+            continue
+        m = re.match(r"^\s+(?:ROOT )?%?([\w.\-]+) = (.*?) ([a-z][a-z0-9\-]*)\(", line)
+        if comp is None or m is None:
+            continue
+        name, shape, op = m.groups()
+        if op not in _EVENTS:
+            between += op not in ("parameter", "constant", "get-tuple-element", "bitcast", "tuple")
+            continue
+        events = out.setdefault(comp, [])
+        if between and events:
+            events.append(f"({between} other ops)")  # fusions, copies: work that also runs between the events
+        between = 0
+        events.append(f"{op} {name}" + (f" {shape.split('{')[0]}" if op == "custom-call" else ""))
+    return out
+
+
+def variant_bench(devices: list, variants: list[str], tokens_per_device: int = 4096, hidden: int = 7168,
+                  inter: int = 2048, experts_per_device: int = 8, topk: int = 8, repeats: int = 20, rounds: int = 3,
+                  slot_factor: float = 1.125, counts: list[int] | None = None, dump: str | None = None,
+                  ffn_factory: Callable[[int], ExpertFFN] = cupygemm_ffn, reference: bool = True,
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Times EP layer variants (:func:`parse_variant`; the first one the baseline) on the same inputs, on each
+    device count in ``counts`` (default 1 and ``len(devices)``): every variant compiled first, then ``rounds``
+    rounds of ``repeats`` calls each, the variants in turn within a round (drift hits all alike); ``ms`` is the
+    median of all of a variant's calls. Each variant's output is compared with the baseline's and (``reference``)
+    with :func:`moe_reference` (``calc_diff``). ``dump``: a folder for each compiled module's text
+    (``<variant>_d<n>.hlo.txt``); every row carries :func:`schedule_summary` of it either way. ``ffn_factory``:
+    the expert FFN of an average count (tests pass a ``jnp`` one). Returns a dict with ``rows`` (one per variant and
+    device count) and ``summary`` (per variant: ms on each count, weak scaling against its own and the baseline's
+    one-device time)."""
+    import os
+
+    from cupygemm import reference as ref
+    from cupygemm.device import reset_num_sms, set_num_sms
+
+    counts = sorted(set(counts or {1, len(devices)}))
+    el = experts_per_device
+    parsed = {v: parse_variant(v) for v in variants}
+    rows: list[dict[str, Any]] = []
+    for n in counts:
+        mesh = Mesh(np.array(devices[:n]), ("ep",))
+        e = n * el
+        kx, kr = jax.random.split(jax.random.key(7))
+        x = jax.random.normal(kx, (n * tokens_per_device, hidden), jnp.float32).astype(jnp.bfloat16)
+        routing = route(jax.random.normal(kr, (n * tokens_per_device, e), jnp.float32), topk)
+        params = moe_params(n, el, hidden, inter)
+        shard = NamedSharding(mesh, P("ep"))
+        args = (jax.device_put(x, shard), jax.device_put(routing["experts"], shard),
+                jax.device_put(routing["weights"], shard),
+                tuple(jax.device_put(v, shard) for v in (*params["up"], *params["down"])))
+        built = {}
+        for v, kw in parsed.items():
+            tc = tokens_per_device // kw["chunks"]
+            average = tc * topk / el
+            slots = min(n * tc, _BLOCK * math.ceil(slot_factor * average / _BLOCK))
+            gpus = [int(dev.id if getattr(dev, "local_hardware_id", None) is None else dev.local_hardware_id)
+                    for dev in devices[:n]] if kw["sms"] is not None else []
+            for g in gpus:
+                set_num_sms(kw["sms"], g)
+            try:  # the GEMMs are planned when the layer is traced: lower and compile now, under this SM count
+                f = moe_layer(mesh, el, ffn_factory(max(1, round(average))), slots, chunks=kw["chunks"],
+                              overlap=kw["overlap"], decide=kw["decide"], transport=kw["transport"])
+                compiled = f.lower(*args).compile()
+            finally:
+                for g in gpus:
+                    reset_num_sms(g)
+            text = compiled.as_text()
+            if dump:
+                os.makedirs(dump, exist_ok=True)
+                with open(os.path.join(dump, f"{v.replace('=', '')}_d{n}.hlo.txt"), "w") as fh:
+                    fh.write(text)
+            built[v] = (compiled, slots, schedule_summary(text))
+        want = None
+        if reference:
+            want = moe_reference(x, routing, params)
+        base_y = None
+        times: dict[str, list[float]] = {v: [] for v in variants}
+        checks = {}
+        for v in variants:
+            y = np.asarray(jax.block_until_ready(built[v][0](*args)))
+            base_y = y if base_y is None else base_y
+            checks[v] = {"calc_diff_base": ref.calc_diff(y, base_y),
+                         "calc_diff_ref": None if want is None else ref.calc_diff(y, want),
+                         "finite": bool(np.isfinite(y).all())}
+        for _ in range(rounds):
+            for v in variants:
+                times[v].extend(_call_times(built[v][0], args, repeats))
+        for v in variants:
+            row = {"variant": v, **parsed[v], "devices": n, "tokens": n * tokens_per_device, "slots": built[v][1],
+                   "ms": float(np.median(times[v])), "ms_rounds": [float(np.median(times[v][i:i + repeats]))
+                                                                  for i in range(0, len(times[v]), repeats)],
+                   **checks[v], "schedule": built[v][2]}
+            rows.append(row)
+            log(f"{v:>24} on {n} device(s): {row['ms']:.3f} ms (rounds {', '.join(f'{t:.3f}' for t in row['ms_rounds'])}"
+                f"), calc_diff vs base {row['calc_diff_base']:.1e}, vs float32 {row['calc_diff_ref']}")
+        del built, args
+    summary = {}
+    base1 = next((r["ms"] for r in rows if r["variant"] == variants[0] and r["devices"] == counts[0]), None)
+    for v in variants:
+        ms = {r["devices"]: r["ms"] for r in rows if r["variant"] == v}
+        most = max(ms)
+        summary[v] = {"ms": ms, "weak_scaling": ms[counts[0]] / ms[most] if most != counts[0] else 1.0,
+                      "weak_scaling_vs_base_1": base1 / ms[most] if base1 else None}
+    return {"device": getattr(devices[0], "device_kind", str(devices[0])), "devices": [str(d) for d in devices],
+            "command": " ".join(sys.argv), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+            "timing": f"ms per call of the compiled layer (each call waited for): median of {rounds} rounds x "
+                      f"{repeats} calls, the variants in turn within a round",
+            "tokens_per_device": tokens_per_device, "hidden": hidden, "inter": inter,
+            "experts_per_device": experts_per_device, "topk": topk, "slot_factor": slot_factor,
+            "variants": variants, "rows": rows, "summary": summary}
+
+
+def _call_times(f: Callable, args: tuple, repeats: int, warmup: int = 2) -> list[float]:
+    """Wall times of ``repeats`` calls of ``f(*args)`` in ms, each waited for, after ``warmup`` calls."""
+    for _ in range(warmup):
+        jax.block_until_ready(f(*args))
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
