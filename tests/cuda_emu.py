@@ -368,7 +368,8 @@ def build(kind: str, mode: str, out_dir: Path, defines: dict[str, object] | None
         raise RuntimeError("g++ is not installed")
     defines = dict(defines or {})
     defines.update(CUPYGEMM_QUANT_IN_KIND=KINDS[kind], CUPYGEMM_CT_MODE=MODES[mode])
-    tag = "_".join(str(v) for k, v in sorted(defines.items()) if k.startswith("CUPYGEMM_CT_") and k != "CUPYGEMM_CT_MODE")
+    tag = "_".join(str(v) for k, v in sorted(defines.items()) if k not in ("CUPYGEMM_QUANT_IN_KIND",
+                                                                            "CUPYGEMM_CT_MODE"))
     out_dir = out_dir / f"{kind}_{mode}_{tag}"  # a directory per build: builds may run in parallel
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "cuda_emu_shim.h").write_text(_SHIM)

@@ -144,7 +144,8 @@ def test_launch_shape():
     cast: one CTA per tile, no ring."""
     for entry in (quant.TRANSPOSED, quant.TRANSPOSED_ROWWISE):
         assert quant.fused_cast_defines(BF16, entry)["CUPYGEMM_CT_STAGES"] == 1
-        assert quant.fused_cast_smem(BF16, entry) == 128 * 128 * 2 and quant.fused_cast_smem(F32, entry) == 128 * 128 * 4
+        assert quant.fused_cast_smem(BF16, entry) == 128 * 128 * 2
+        assert quant.fused_cast_smem(F32, entry) == 128 * 128 * 4
         assert quant.fused_cast_grid(entry, BF16, 4096, 32768, 132) == 132 * 4
         assert quant.fused_cast_grid(entry, F32, 4096, 32768, 132) == 132 * 2
         assert quant.fused_cast_grid(entry, BF16, 300, 130, 132) == 3 * 2
@@ -158,7 +159,7 @@ def test_launch_shape():
 # ---- the kernels, emulated on the CPU ----------------------------------------------------------------------------
 
 #: The ring depths the kernels are emulated with beside the host's own (the probe's candidates).
-OTHER_STAGES = (0, 2)
+OTHER_STAGES = (0, 2, 3)
 #: SMs the emulated launches are planned for: few, so that every CTA takes several tiles (and its ring turns over).
 EMU_SMS = 1
 
