@@ -4,8 +4,8 @@ casts").
 
 Two steps, since the device machine has no git history:
 
-    python3 benchmarks/probes/casts_ab.py export REV DIR      # here: REV's kernel sources into DIR (untracked)
-    python3 benchmarks/probes/casts_ab.py run OUT.json DIR    # on the H100: build, check, time; table + JSON
+    python3 benchmarks/probes/casts_ab.py export REV .exp/casts_base     # here (.exp/ is git-ignored: carry it)
+    python3 benchmarks/probes/casts_ab.py run OUT.json .exp/casts_base   # on the H100, about a minute
 
 ``export`` writes the files cast_transpose.cu includes at REV, and ``manifest.json`` (REV's commit, this checkout's
 HEAD and whether it had uncommitted changes). ``run`` renders REV's kernel the way cupygemm renders the tree's
@@ -249,9 +249,9 @@ def run(out_json: Path, base_dir: Path, iters: int, passes: int) -> int:
         print(f"pass {p + 1}/{passes} done at {time.time() - t0:.0f} s", file=sys.stderr)
 
     names_all = ["base"] + list(CANDIDATES)
-    lines = [f"{info.name}, 1 GiB copy {copy_gbs:.0f} GB/s; copy_ratio (copy of the same bytes / kernel), "
-             f"median us of {passes} x {iters} calls", "",
-             "| cast | shape | dtype | copy us | " + " | ".join(names_all) + " | tree / base |",
+    lines = [f"{info.name}, 1 GiB copy {copy_gbs:.0f} GB/s; each kernel: copy_ratio (copy of the same bytes / kernel) "
+             f"and (median us of {passes} x {iters} calls)", "",
+             "| cast | shape | dtype | copy us | " + " | ".join(names_all) + " | base us / tree us |",
              "|---|---|---|---|" + "---|" * len(names_all) + "---|"]
     for row in rows:
         med = {k: float(np.median(v)) for k, v in row["samples_us"].items()}
