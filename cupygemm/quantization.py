@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .device import on_device, single_gpu
+from .device import get_num_sms, on_device, single_gpu
 from .errors import CupygemmDeviceError
 from .frameworks import adapter
 from .jit.loader import PackedParams, SmallKernel, ensure_context
@@ -65,6 +65,12 @@ _FUSED = {TRANSPOSED: 0, TRANSPOSED_ROWWISE: 1, BLOCK_WITH_TRANSPOSE: 2}
 # Their parameters: x, q_t, s_t, q, s, then m, n, ld_x, s_t's row and column strides, s_t's rows (all 64-bit).
 _FUSED_KINDS = (PTR,) * 11
 _U64 = (1 << 64) - 1
+# Per entry: tiles whose loads are in flight while a CTA casts another (CUPYGEMM_CT_STAGES). With stages, CTAs are
+# persistent (as many as fit on the SMs, each taking every grid-th tile); without, one CTA per tile.
+_FUSED_STAGES = {TRANSPOSED: 1, TRANSPOSED_ROWWISE: 1, BLOCK_WITH_TRANSPOSE: 0}
+_FUSED_L2_PREFETCH = 0  # CUPYGEMM_CT_L2_PREFETCH: the L2 fetch size the stages' copies ask for (0, 128, 256)
+_SM_SMEM = 228 * 1024  # shared memory of an H100 SM
+_CTA_SMEM_EXTRA = 6 * 1024  # per CTA beside the ring: the row maxima and factors (<= 4.5 KiB), 1 KiB reserved
 
 def _kernel_source(dtype: Any, entry: str):
     """The rendered kernel source (``quantize.cu`` or, for the fused casts, ``cast_transpose.cu``) for one input
@@ -75,8 +81,7 @@ def _kernel_source(dtype: Any, entry: str):
     if dtype not in _IN_KINDS:
         raise TypeError(f"no quantization kernel for input dtype {dtype}; expected float32, bfloat16 or float16")
     if entry in _FUSED:
-        return render("cast_transpose.cu", entry, {"CUPYGEMM_QUANT_IN_KIND": _IN_KINDS[dtype],
-                                                   "CUPYGEMM_CT_MODE": _FUSED[entry]})
+        return render("cast_transpose.cu", entry, fused_cast_defines(dtype, entry))
     if entry not in _ENTRIES:
         raise ValueError(f"unknown quantization entry point {entry!r}; expected one of {sorted(_ENTRIES | _FUSED)}")
     return render("quantize.cu", entry, {"CUPYGEMM_QUANT_IN_KIND": _IN_KINDS[dtype],
@@ -224,15 +229,51 @@ def fused_cast_outputs(entry: str, m: int, n: int, m_major_scales: bool = False)
 _fused_outputs = functools.lru_cache(maxsize=1024)(fused_cast_outputs)
 
 
+# ---- the host contract of cast_transpose.cu: its compile-time constants, block, shared memory and grid ----
+
+def fused_cast_defines(dtype: Any, entry: str, stages: int | None = None,
+                       l2_prefetch: int | None = None) -> dict[str, int]:
+    """The CUPYGEMM_* constants cast_transpose.cu is rendered with for input ``dtype`` and fused cast ``entry``
+    (``stages`` and ``l2_prefetch`` override the defaults, for probes)."""
+    return {"CUPYGEMM_QUANT_IN_KIND": _IN_KINDS[np.dtype(dtype)], "CUPYGEMM_CT_MODE": _FUSED[entry],
+            "CUPYGEMM_CT_STAGES": _FUSED_STAGES[entry] if stages is None else stages,
+            "CUPYGEMM_CT_L2_PREFETCH": _FUSED_L2_PREFETCH if l2_prefetch is None else l2_prefetch}
+
+
 def fused_cast_threads(dtype: Any) -> int:
     """Threads of a fused cast's CTA: 128 for 16-bit inputs, 256 for float32 (``kThreads`` in cast_transpose.cu)."""
     return 128 if np.dtype(dtype).itemsize == 2 else 256
 
 
+def fused_cast_smem(dtype: Any, entry: str, stages: int | None = None) -> int:
+    """Dynamic shared memory of a launch (``kRingBytes``): ``stages`` 128 x 128 tiles of x."""
+    return (_FUSED_STAGES[entry] if stages is None else stages) * _GROUP * _GROUP * np.dtype(dtype).itemsize
+
+
+#: The most dynamic shared memory any fused cast is launched with (the kernels are allowed it when loaded).
+_FUSED_MAX_SMEM = max(fused_cast_smem(d, e) for d in _IN_KINDS for e in _FUSED)
+
+
+def fused_cast_ctas_per_sm(dtype: Any, entry: str, stages: int | None = None) -> int:
+    """CTAs of a fused cast one SM holds: 512 threads by registers (``kMinBlocks``), fewer where the ring does not
+    fit the shared memory of that many."""
+    regs = 512 // fused_cast_threads(dtype)
+    return max(1, min(regs, _SM_SMEM // (fused_cast_smem(dtype, entry, stages) + _CTA_SMEM_EXTRA)))
+
+
+def fused_cast_grid(entry: str, dtype: Any, m: int, n: int, num_sms: int, stages: int | None = None) -> int:
+    """CTAs of one launch: one per 128 x 128 tile without stages, else the tiles or as many CTAs as the SMs hold,
+    whichever is fewer."""
+    tiles = ceil_div(m, _GROUP) * ceil_div(n, _GROUP)
+    if (_FUSED_STAGES[entry] if stages is None else stages) == 0:
+        return tiles
+    return min(tiles, num_sms * fused_cast_ctas_per_sm(dtype, entry, stages))
+
+
 def fused_cast_args(entry: str, x: int, q_t: int, s_t: int, q: int, s: int, m: int, n: int, ld: int,
-                    m_major_scales: bool = False) -> tuple[int, tuple[int, ...]]:
-    """(grid, kernel arguments) of one launch of fused cast ``entry``: one CTA per 128 x 128 tile of x, and the
-    arguments as unsigned 64-bit values (``ld`` may be negative: two's complement, which the kernel reads back)."""
+                    m_major_scales: bool = False) -> tuple[int, ...]:
+    """The kernel arguments of one launch of fused cast ``entry``, as unsigned 64-bit values (``ld`` may be
+    negative: two's complement, which the kernel reads back)."""
     mb, nb = ceil_div(m, _GROUP), ceil_div(n, _GROUP)
     if entry == BLOCK_WITH_TRANSPOSE:
         st = (mb, 1, nb)  # s_t [nb, mb] dense
@@ -241,11 +282,12 @@ def fused_cast_args(entry: str, x: int, q_t: int, s_t: int, q: int, s: int, m: i
         st = (1, n_pad, n_pad)  # s_t[c, j] at c + j * n_pad; rows n .. n_pad - 1 get zeros
     else:
         st = (mb, 1, n)
-    return mb * nb, (x, q_t, s_t, q, s, m, n, ld & _U64, *st)
+    return (x, q_t, s_t, q, s, m, n, ld & _U64, *st)
 
 
-_FUSED_CASTS = SmallKernel(_kernel_source, _FUSED_KINDS, check=lambda dev: _check_device(require_cupy(), dev))
-_fused_params = PackedParams()  # as _params, for the fused casts
+_FUSED_CASTS = SmallKernel(_kernel_source, _FUSED_KINDS, dynamic_smem=_FUSED_MAX_SMEM,
+                           check=lambda dev: _check_device(require_cupy(), dev))
+_fused_launches = PackedParams()  # as _params, for the fused casts: (grid, block, smem, packed parameters)
 
 
 def load_fused_cast(entry: str, dtype: Any, device: int) -> None:
@@ -269,17 +311,19 @@ def launch_fused_cast(entry: str, dtype: np.dtype, x: int, q_t: int, s_t: int, q
     """
     if m <= 0 or n <= 0:
         return
-    grid, args = fused_cast_args(entry, x, q_t, s_t, q, s, m, n, ld, m_major_scales)
-    key = (entry, dtype, device, args)  # the allocators hand the same buffers back step after step
-    params = _fused_params.get(key)
-    if params is None:
-        params = _fused_params.put(key, _FUSED_CASTS.pack(device, args, dtype, entry))
+    key = (entry, dtype, device, x, q_t, s_t, q, s, m, n, ld, m_major_scales)  # the allocators hand the same
+    launch = _fused_launches.get(key)                                          # buffers back step after step
+    if launch is None:
+        args = fused_cast_args(entry, x, q_t, s_t, q, s, m, n, ld, m_major_scales)
+        launch = _fused_launches.put(key, (fused_cast_grid(entry, dtype, m, n, get_num_sms(device)),
+                                           fused_cast_threads(dtype), fused_cast_smem(dtype, entry),
+                                           _FUSED_CASTS.pack(device, args, dtype, entry)))
     if single_gpu():
         ensure_context(device)  # as CuPy's launches did: this may be the thread's first CUDA work
-        _FUSED_CASTS.launch(device, stream, grid, fused_cast_threads(dtype), 0, params, dtype, entry)
+        _FUSED_CASTS.launch(device, stream, *launch, dtype, entry)
     else:
         with on_device(device):
-            _FUSED_CASTS.launch(device, stream, grid, fused_cast_threads(dtype), 0, params, dtype, entry)
+            _FUSED_CASTS.launch(device, stream, *launch, dtype, entry)
 
 
 def _make_output(framework: Framework, out: CastOutput, device: int, alloc_stream: int | None) -> Any:

@@ -78,6 +78,16 @@ static int xphase[1024];
 static const char* error = nullptr;
 static constexpr size_t kStack = 256 * 1024;
 static std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // the memory a launch may touch: [lo, hi)
+// Dynamic shared memory (the launch's bytes, 16-byte aligned), and each thread's cp.async copies: those of its open
+// group, then its committed groups oldest first. A copy lands only when a wait retires its group; until then its
+// destination holds poison (0x7b bytes: a large finite value in every input format), so a read before the wait
+// shows in the results.
+struct Copy { void* dst; const void* src; };
+static std::vector<uint4> dyn_smem;
+static size_t dyn_smem_bytes = 0;
+static std::vector<std::vector<Copy>> open_copies;
+static std::vector<std::vector<std::vector<Copy>>> groups;
+static constexpr uint8_t kPoison = 0x7b;
 
 inline void fail(const char* what) {
   if (!error) error = what;
@@ -111,6 +121,9 @@ inline bool run_block(int threads) {
     f.state = RUNNABLE;
     xphase[t] = 0;
   }
+  open_copies.assign(threads, std::vector<Copy>());
+  groups.assign(threads, std::vector<std::vector<Copy>>());
+  memset(dyn_smem.data(), kPoison, dyn_smem.size() * sizeof(uint4));
   for (;;) {
     for (int t = 0; t < threads && !error; ++t) {
       if (fibers[t].state != RUNNABLE) continue;
@@ -124,7 +137,17 @@ inline bool run_block(int threads) {
       done += fibers[t].state == DONE;
       at_block += fibers[t].state == AT_BLOCK_BARRIER;
     }
-    if (done == threads) return true;
+    if (done == threads) {
+      for (int t = 0; t < threads; ++t) {
+        bool pending = !open_copies[t].empty();
+        for (const auto& g : groups[t]) pending = pending || !g.empty();
+        if (pending) {
+          fail("a thread exits with cp.async copies it never waited for");
+          return false;
+        }
+      }
+      return true;
+    }
     bool released = false;
     for (int w = 0; w < threads / 32; ++w) {
       int at_warp = 0;
@@ -157,6 +180,30 @@ inline uint32_t shuffle(unsigned mask, uint32_t v, int src_lane) {
 }  // namespace emu
 
 inline void __syncthreads() { emu::yield(emu::AT_BLOCK_BARRIER); }
+
+namespace cupygemm {
+template <int kL2Prefetch> inline void cp_async_16(void* dst, const void* src) {
+  static_assert(kL2Prefetch == 0 || kL2Prefetch == 128 || kL2Prefetch == 256, "L2 prefetch size");
+  const uintptr_t d = reinterpret_cast<uintptr_t>(dst), lo = reinterpret_cast<uintptr_t>(emu::dyn_smem.data());
+  if (d % 16 || reinterpret_cast<uintptr_t>(src) % 16) emu::fail("a misaligned cp.async");
+  if (d < lo || d + 16 > lo + emu::dyn_smem_bytes) emu::fail("a cp.async outside the dynamic shared memory");
+  emu::check_range(src, 16, "a cp.async from outside the input");
+  if (emu::error) return;
+  memset(dst, emu::kPoison, 16);
+  emu::open_copies[emu::cur].push_back({dst, src});
+}
+inline void cp_async_commit() {
+  emu::groups[emu::cur].push_back(std::move(emu::open_copies[emu::cur]));
+  emu::open_copies[emu::cur].clear();
+}
+template <int N> inline void cp_async_wait() {
+  auto& g = emu::groups[emu::cur];
+  while (g.size() > static_cast<size_t>(N)) {
+    for (const auto& c : g.front()) memcpy(c.dst, c.src, 16);
+    g.erase(g.begin());
+  }
+}
+}  // namespace cupygemm
 template <class T> inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   static_assert(sizeof(T) == 4, "32-bit shuffles only");
   uint32_t b;
@@ -254,6 +301,8 @@ inline uint32_t max_x2(uint32_t a, uint32_t b) {  // per half: a NaN loses to a 
 }  // namespace quant
 }  // namespace cupygemm
 
+uint4* cupygemm::cast_t::ring() { return emu::dyn_smem.data(); }
+
 extern "C" int emu_threads() { return cupygemm::cast_t::kThreads; }
 extern "C" uint8_t emu_e4m3_of(float f) { return emu_e4m3(f); }
 extern "C" const char* emu_error() { return emu::error; }
@@ -262,11 +311,13 @@ extern "C" void emu_add_range(const void* p, unsigned long long n) {
   emu::ranges.emplace_back(reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(p) + n);
 }
 
-// One launch of the kernel over `grid` CTAs, run one after another.
-extern "C" int emu_launch(unsigned grid, const void* x, uint8_t* q_t, float* s_t, uint8_t* q, float* s, long long m,
-                          long long n, long long ld, long long st_row_stride, long long st_col_stride,
-                          long long st_rows) {
+// One launch of the kernel over `grid` CTAs with `smem` bytes of dynamic shared memory, run one after another.
+extern "C" int emu_launch(unsigned grid, unsigned long long smem, const void* x, uint8_t* q_t, float* s_t, uint8_t* q,
+                          float* s, long long m, long long n, long long ld, long long st_row_stride,
+                          long long st_col_stride, long long st_rows) {
   emu::error = nullptr;
+  emu::dyn_smem.assign((smem + 15) / 16, uint4{0u, 0u, 0u, 0u});
+  emu::dyn_smem_bytes = smem;
   blockDim = {static_cast<unsigned>(cupygemm::cast_t::kThreads), 1u, 1u};
   gridDim = {grid, 1u, 1u};
   emu::body = [&] { CUPYGEMM_CT_ENTRY(x, q_t, s_t, q, s, m, n, ld, st_row_stride, st_col_stride, st_rows); };
@@ -285,22 +336,24 @@ class EmulatedKernel:
     def __init__(self, path: Path):
         self.lib = ctypes.CDLL(str(path))
         self.lib.emu_launch.restype = ctypes.c_int
-        self.lib.emu_launch.argtypes = [ctypes.c_uint] + [ctypes.c_void_p] * 5 + [ctypes.c_longlong] * 6
+        self.lib.emu_launch.argtypes = [ctypes.c_uint, ctypes.c_ulonglong] + [ctypes.c_void_p] * 5 + \
+            [ctypes.c_longlong] * 6
         self.lib.emu_error.restype = ctypes.c_char_p
         self.lib.emu_e4m3_of.restype = ctypes.c_uint8
         self.lib.emu_e4m3_of.argtypes = [ctypes.c_float]
         self.lib.emu_add_range.argtypes = [ctypes.c_void_p, ctypes.c_ulonglong]
         self.threads = self.lib.emu_threads()
 
-    def launch(self, grid: int, x: int, q_t: int, s_t: int, q: int, s: int, m: int, n: int, ld: int,
+    def launch(self, grid: int, smem: int, x: int, q_t: int, s_t: int, q: int, s: int, m: int, n: int, ld: int,
                st_row_stride: int, st_col_stride: int, st_rows: int,
                ranges: list[tuple[int, int]] | None = None) -> None:
-        """One launch; ``ranges``: (address, bytes) of the buffers its vector loads and stores may touch (the
-        input's whole allocation and each output's); a vector access outside all of them fails the launch."""
+        """One launch over ``grid`` CTAs with ``smem`` bytes of dynamic shared memory; ``ranges``: (address, bytes)
+        of the buffers its vector loads, copies and stores may touch (the input's whole allocation and each
+        output's); a vector access outside all of them fails the launch."""
         self.lib.emu_clear_ranges()
         for ptr, size in ranges or []:
             self.lib.emu_add_range(ptr, size)
-        rc = self.lib.emu_launch(grid, x, q_t, s_t, q, s, m, n, ld, st_row_stride, st_col_stride, st_rows)
+        rc = self.lib.emu_launch(grid, smem, x, q_t, s_t, q, s, m, n, ld, st_row_stride, st_col_stride, st_rows)
         if rc:
             raise AssertionError(f"emulated kernel: {self.lib.emu_error().decode()}")
 
@@ -308,16 +361,21 @@ class EmulatedKernel:
         return np.array([self.lib.emu_e4m3_of(float(v)) for v in np.asarray(values, np.float32).ravel()], np.uint8)
 
 
-def build(kind: str, mode: str, out_dir: Path) -> EmulatedKernel:
-    """Compile cast_transpose.cu for input ``kind`` (float32, bfloat16, float16) and ``mode`` (its entry point)."""
+def build(kind: str, mode: str, out_dir: Path, defines: dict[str, object] | None = None) -> EmulatedKernel:
+    """Compile cast_transpose.cu for input ``kind`` (float32, bfloat16, float16) and ``mode`` (its entry point)
+    with ``defines`` (the CUPYGEMM_* constants the host renders it with: ``quantization.fused_cast_defines``)."""
     if CXX is None:
         raise RuntimeError("g++ is not installed")
-    out_dir = out_dir / f"{kind}_{mode}"  # a directory per build: builds may run in parallel
+    defines = dict(defines or {})
+    defines.update(CUPYGEMM_QUANT_IN_KIND=KINDS[kind], CUPYGEMM_CT_MODE=MODES[mode])
+    tag = "_".join(str(v) for k, v in sorted(defines.items()) if k not in ("CUPYGEMM_QUANT_IN_KIND",
+                                                                            "CUPYGEMM_CT_MODE"))
+    out_dir = out_dir / f"{kind}_{mode}_{tag}"  # a directory per build: builds may run in parallel
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "cuda_emu_shim.h").write_text(_SHIM)
     tu = out_dir / f"emu_{kind}_{mode}.cpp"
-    tu.write_text(f'#include "cuda_emu_shim.h"\n#define CUPYGEMM_QUANT_IN_KIND {KINDS[kind]}\n'
-                  f'#define CUPYGEMM_CT_MODE {MODES[mode]}\n#include "cast_transpose.cu"\n{_PRIMITIVES}')
+    lines = "".join(f"#define {k} {v}\n" for k, v in defines.items())
+    tu.write_text(f'#include "cuda_emu_shim.h"\n{lines}#include "cast_transpose.cu"\n{_PRIMITIVES}')
     lib = out_dir / f"emu_{kind}_{mode}.so"
     cmd = [CXX, "-std=c++17", "-O1", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-w",
            "-I", str(out_dir), "-I", str(cuda_src_dir()), "-x", "c++", str(tu), "-o", str(lib)]

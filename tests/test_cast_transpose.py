@@ -69,7 +69,13 @@ def test_kernel_compiles(dtype, entry, tmp_path, monkeypatch):
     usage = re.search(r"REG:(\d+).*LOCAL:(\d+)", res)
     assert usage and int(usage.group(2)) == 0
     assert int(usage.group(1)) <= 128  # __launch_bounds__: 512 threads an SM at least
-    assert "LDG.E.NA.128.CONSTANT" in sass  # x read 16 bytes at a time, not kept in L1
+    if quant.fused_cast_defines(dtype, entry)["CUPYGEMM_CT_STAGES"]:
+        # x copied 16 bytes at a time into the ring, past L1 (one copy per row of a piece, and as many before the
+        # loop for the first tiles), read back 16 bytes a row
+        assert sass.count("LDGSTS.E.BYPASS.128") == 2 * 16 and not re.search(r"LDG\.E(\.NA)?\.128", sass)
+        assert "LDS.128" in sass
+    else:
+        assert "LDG.E.NA.128.CONSTANT" in sass  # x read 16 bytes at a time, not kept in L1
     assert sass.count("STG.E.128") == 16 // np.dtype(dtype).itemsize  # one 16-byte q_t store per column
     if entry != quant.TRANSPOSED:
         assert ("STG.E.64" if np.dtype(dtype).itemsize == 2 else "STG.E ") in sass  # q's rows, 8 / 4 bytes a store
@@ -124,26 +130,60 @@ def test_m_major_output_is_what_the_layout_helper_makes():
 
 
 def test_launch_arguments():
-    grid, args = quant.fused_cast_args(quant.TRANSPOSED, 1, 2, 3, 0, 0, 300, 130, -130)
-    assert grid == 3 * 2 and args == (1, 2, 3, 0, 0, 300, 130, (1 << 64) - 130, 3, 1, 130)
-    assert quant.fused_cast_args(quant.TRANSPOSED, 1, 2, 3, 0, 0, 300, 130, 130, m_major_scales=True)[1][-3:] == \
+    args = quant.fused_cast_args(quant.TRANSPOSED, 1, 2, 3, 0, 0, 300, 130, -130)
+    assert args == (1, 2, 3, 0, 0, 300, 130, (1 << 64) - 130, 3, 1, 130)
+    assert quant.fused_cast_args(quant.TRANSPOSED, 1, 2, 3, 0, 0, 300, 130, 130, m_major_scales=True)[-3:] == \
         (1, 132, 132)
-    assert quant.fused_cast_args(quant.BLOCK_WITH_TRANSPOSE, 1, 2, 3, 4, 5, 300, 130, 130)[1][-3:] == (3, 1, 2)
+    assert quant.fused_cast_args(quant.BLOCK_WITH_TRANSPOSE, 1, 2, 3, 4, 5, 300, 130, 130)[-3:] == (3, 1, 2)
     assert quant.fused_cast_threads(BF16) == quant.fused_cast_threads(F16) == 128
     assert quant.fused_cast_threads(F32) == 256
 
 
+def test_launch_shape():
+    """Per-token casts: persistent CTAs (as many as the SMs hold, or the tiles) with a ring of one tile; the per-block
+    cast: one CTA per tile, no ring."""
+    for entry in (quant.TRANSPOSED, quant.TRANSPOSED_ROWWISE):
+        assert quant.fused_cast_defines(BF16, entry)["CUPYGEMM_CT_STAGES"] == 1
+        assert quant.fused_cast_smem(BF16, entry) == 128 * 128 * 2
+        assert quant.fused_cast_smem(F32, entry) == 128 * 128 * 4
+        assert quant.fused_cast_grid(entry, BF16, 4096, 32768, 132) == 132 * 4
+        assert quant.fused_cast_grid(entry, F32, 4096, 32768, 132) == 132 * 2
+        assert quant.fused_cast_grid(entry, BF16, 300, 130, 132) == 3 * 2
+        assert quant.fused_cast_ctas_per_sm(BF16, entry, stages=2) == 3
+    assert quant.fused_cast_defines(BF16, quant.BLOCK_WITH_TRANSPOSE)["CUPYGEMM_CT_STAGES"] == 0
+    assert quant.fused_cast_smem(BF16, quant.BLOCK_WITH_TRANSPOSE) == 0
+    assert quant.fused_cast_grid(quant.BLOCK_WITH_TRANSPOSE, BF16, 4096, 32768, 132) == 32 * 256
+    assert quant._FUSED_MAX_SMEM == 128 * 128 * 4
+
+
 # ---- the kernels, emulated on the CPU ----------------------------------------------------------------------------
+
+#: The ring depths the kernels are emulated with beside the host's own (the probe's candidates).
+OTHER_STAGES = (0, 2, 3)
+#: SMs the emulated launches are planned for: few, so that every CTA takes several tiles (and its ring turns over).
+EMU_SMS = 1
+
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    """{(dtype name, entry): EmulatedKernel}, all nine built up front (in parallel)."""
+    """{(dtype name, entry): EmulatedKernel} as the host renders them, plus {(dtype name, entry, stages): ...} for
+    OTHER_STAGES, all built up front (in parallel)."""
     if cuda_emu.CXX is None:
         pytest.skip("g++ is not installed (the CPU emulation of the kernels needs it)")
     root = tmp_path_factory.mktemp("cuda_emu")
     keys = [(str(d), e) for d in IN_DTYPES for e in FUSED]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        built = list(pool.map(lambda k: cuda_emu.build(k[0], k[1], root), keys))
+    keys += [(str(d), e, st) for d in IN_DTYPES for e in FUSED for st in OTHER_STAGES
+             if st != quant.fused_cast_defines(d, e)["CUPYGEMM_CT_STAGES"]]
+    dtypes = {str(d): d for d in IN_DTYPES}
+
+    def build(key):
+        defines = quant.fused_cast_defines(dtypes[key[0]], key[1], *key[2:])
+        kernel = cuda_emu.build(key[0], key[1], root, defines)
+        kernel.stages = defines["CUPYGEMM_CT_STAGES"]
+        return kernel
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        built = list(pool.map(build, keys))
     return dict(zip(keys, built))
 
 
@@ -191,18 +231,23 @@ def _embed(x: np.ndarray) -> np.ndarray:
     return view
 
 
-def emulate(kernel, entry: str, x: np.ndarray, m_major: bool = False, offsets: dict | None = None):
+def emulate(kernel, entry: str, x: np.ndarray, m_major: bool = False, offsets: dict | None = None,
+            grid: int | None = None):
     """Run ``entry`` on host array ``x`` (any row stride) through the emulated kernel, with the host's launch
-    arguments and layouts; returns the outputs as ``fused_cast_outputs`` lists them (uint8 bits, float32)."""
+    arguments, layouts, shared memory and grid (planned for EMU_SMS SMs, or ``grid`` CTAs); returns the outputs as
+    ``fused_cast_outputs`` lists them (uint8 bits, float32)."""
     m, n = x.shape
     item = x.dtype.itemsize
     ld = x.strides[0] // item if m > 1 else n
     outs = quant.fused_cast_outputs(entry, m, n, m_major)
     bufs = {o.name: _Buffer(o.buffer, np.dtype(np.uint8) if o.dtype.itemsize == 1 else F32,
                             (offsets or {}).get(o.name, 0)) for o in outs}
-    grid, args = quant.fused_cast_args(entry, x.ctypes.data, bufs["q_t"].ptr, bufs["s_t"].ptr,
-                                       bufs["q"].ptr if "q" in bufs else 0, bufs["s"].ptr if "s" in bufs else 0,
-                                       m, n, ld, m_major)
+    args = quant.fused_cast_args(entry, x.ctypes.data, bufs["q_t"].ptr, bufs["s_t"].ptr,
+                                 bufs["q"].ptr if "q" in bufs else 0, bufs["s"].ptr if "s" in bufs else 0,
+                                 m, n, ld, m_major)
+    if grid is None:
+        grid = quant.fused_cast_grid(entry, x.dtype, m, n, EMU_SMS, kernel.stages)
+    smem = quant.fused_cast_smem(x.dtype, entry, kernel.stages)
     assert kernel.threads == quant.fused_cast_threads(x.dtype)
     root = x
     while isinstance(root.base, np.ndarray):
@@ -210,7 +255,7 @@ def emulate(kernel, entry: str, x: np.ndarray, m_major: bool = False, offsets: d
     byte_bounds = getattr(np, "byte_bounds", None) or np.lib.array_utils.byte_bounds  # NumPy 1 / 2
     lo, hi = byte_bounds(root)
     ranges = [(lo, hi - lo)] + [(b.ptr, b.nbytes) for b in bufs.values()]
-    kernel.launch(grid, *args, ranges=ranges)
+    kernel.launch(grid, smem, *args, ranges=ranges)
     results = []
     for o in outs:
         b = bufs[o.name]
@@ -233,6 +278,21 @@ SHAPES = [(1, 1), (1, 128), (128, 1), (7, 200), (127, 129), (129, 127), (128, 12
 def test_emulated_bitwise(emulated, dtype, entry, shape):
     x = _make_input(shape, dtype, seed=shape[0] * 31 + shape[1])
     _assert_equal(emulate(emulated[str(dtype), entry], entry, _embed(x)), expected(entry, x))
+
+
+@pytest.mark.parametrize("stages", OTHER_STAGES)
+@pytest.mark.parametrize("entry", FUSED)
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
+def test_emulated_other_stages(emulated, dtype, entry, stages):
+    """The ring depths the probe compares (and the path without a ring), on ragged shapes and any grid."""
+    kernel = emulated.get((str(dtype), entry, stages)) or emulated[str(dtype), entry]
+    assert kernel.stages == stages
+    for shape in ((300, 200), (383, 128), (256, 255), (130, 3), (129, 4097)):
+        x = _make_input(shape, dtype, seed=shape[0] + shape[1])
+        _assert_equal(emulate(kernel, entry, _embed(x)), expected(entry, x))
+    x = _make_input((520, 300), dtype, seed=9)
+    for grid in (1, 2, 5, 15):  # 15: one CTA per tile
+        _assert_equal(emulate(kernel, entry, _embed(x), grid=grid), expected(entry, x))
 
 
 @pytest.mark.parametrize("entry", FUSED)

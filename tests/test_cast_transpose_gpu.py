@@ -80,6 +80,28 @@ def test_deepseek_sizes_match_the_unfused_casts(t, d):
 
 @pytest.mark.parametrize("entry", FUSED)
 @pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
+def test_any_grid(dtype, entry):
+    """The kernel launched over fewer CTAs than tiles (each CTA then runs its ring over many tiles) or more (the extra
+    ones have nothing to do): the same bits as the host's launch."""
+    shape = (1000, 1100)  # 8 x 9 tiles, ragged in both directions
+    x = make_input(shape, dtype, seed=12)
+    xg = cp.asarray(x)
+    want = expected(entry, x)
+    stream = cp.cuda.get_current_stream()
+    for grid in (1, 5, 71, 72, 200):
+        outs = quant.fused_cast_outputs(entry, *shape)
+        bufs = {o.name: cp.full(o.buffer, 0x5A, cp.uint8 if o.dtype.itemsize == 1 else cp.float32) for o in outs}
+        args = quant.fused_cast_args(entry, xg.data.ptr, bufs["q_t"].data.ptr, bufs["s_t"].data.ptr,
+                                     bufs["q"].data.ptr if "q" in bufs else 0, bufs["s"].data.ptr if "s" in bufs else 0,
+                                     *shape, shape[1])
+        params = quant._FUSED_CASTS.pack(0, args, dtype, entry)
+        quant._FUSED_CASTS.launch(0, stream.ptr, grid, quant.fused_cast_threads(dtype),
+                                  quant.fused_cast_smem(dtype, entry), params, dtype, entry)
+        assert_equal(host(bufs[o.name] for o in outs), want)
+
+
+@pytest.mark.parametrize("entry", FUSED)
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
 def test_strided_inputs(dtype, entry):
     wide = make_input((300, 512), dtype, seed=3)
     xg = cp.asarray(wide)
