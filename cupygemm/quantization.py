@@ -67,8 +67,13 @@ _FUSED_KINDS = (PTR,) * 11
 _U64 = (1 << 64) - 1
 # Per entry: tiles whose loads are in flight while a CTA casts another (CUPYGEMM_CT_STAGES). With stages, CTAs are
 # persistent (as many as fit on the SMs, each taking every grid-th tile); without, one CTA per tile.
+# CUPYGEMM_CT_L2_PREFETCH: the L2 fetch size the stages' copies ask for (0, 128, 256). On an H100 (bf16, 4096 tokens
+# x 512..32768, benchmarks/results/casts-ab-h100-2026-11-27.json) one stage with 256-byte fetches took the transposed
+# cast from 0.82 to 0.87 of a copy's bandwidth (geometric mean; 0.89 at 16384 columns) and the row-wise one from 0.79
+# to 0.83; one stage without the hint 0.81 and 0.79, two stages 0.86 and 0.82; the per-block cast gained nothing
+# from a stage (0.919 either way) and keeps one CTA per tile.
 _FUSED_STAGES = {TRANSPOSED: 1, TRANSPOSED_ROWWISE: 1, BLOCK_WITH_TRANSPOSE: 0}
-_FUSED_L2_PREFETCH = 0  # CUPYGEMM_CT_L2_PREFETCH: the L2 fetch size the stages' copies ask for (0, 128, 256)
+_FUSED_L2_PREFETCH = 256
 _SM_SMEM = 228 * 1024  # shared memory of an H100 SM
 _CTA_SMEM_EXTRA = 6 * 1024  # per CTA beside the ring: the row maxima and factors (<= 4.5 KiB), 1 KiB reserved
 

@@ -71,8 +71,10 @@ def test_kernel_compiles(dtype, entry, tmp_path, monkeypatch):
     assert int(usage.group(1)) <= 128  # __launch_bounds__: 512 threads an SM at least
     if quant.fused_cast_defines(dtype, entry)["CUPYGEMM_CT_STAGES"]:
         # x copied 16 bytes at a time into the ring, past L1 (one copy per row of a piece, and as many before the
-        # loop for the first tiles), read back 16 bytes a row
-        assert sass.count("LDGSTS.E.BYPASS.128") == 2 * 16 and not re.search(r"LDG\.E(\.NA)?\.128", sass)
+        # loop for the first tiles), with the L2 fetch size the host asks for, read back 16 bytes a row
+        l2_fetch = quant.fused_cast_defines(dtype, entry)["CUPYGEMM_CT_L2_PREFETCH"]
+        fetch = {0: "", 128: ".LTC128B", 256: ".LTC256B"}[l2_fetch]
+        assert sass.count(f"LDGSTS.E.BYPASS{fetch}.128") == 2 * 16 and not re.search(r"LDG\.E(\.NA)?\.128", sass)
         assert "LDS.128" in sass
     else:
         assert "LDG.E.NA.128.CONSTANT" in sass  # x read 16 bytes at a time, not kept in L1
