@@ -61,8 +61,9 @@ def test_different_gpus(good):
     if cp.cuda.runtime.getDeviceCount() < 2:
         pytest.skip("needs two GPUs")
     a, sfa, b, sfb, _, _ = good
-    with cp.cuda.Device(1):
+    with cp.cuda.Device(1 - a.device.id):  # the other GPU, whichever is current
         b1, sfb1 = cp.asarray(b), cp.asarray(sfb)
+    assert b1.device.id != a.device.id
     with pytest.raises(ValueError, match="one GPU"):
         cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b1, sfb1))
     still_works(good)

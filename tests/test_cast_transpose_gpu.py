@@ -94,8 +94,8 @@ def test_any_grid(dtype, entry):
         args = quant.fused_cast_args(entry, xg.data.ptr, bufs["q_t"].data.ptr, bufs["s_t"].data.ptr,
                                      bufs["q"].data.ptr if "q" in bufs else 0, bufs["s"].data.ptr if "s" in bufs else 0,
                                      *shape, shape[1])
-        params = quant._FUSED_CASTS.pack(0, args, dtype, entry)
-        quant._FUSED_CASTS.launch(0, stream.ptr, grid, quant.fused_cast_threads(dtype),
+        params = quant._FUSED_CASTS.pack(xg.device.id, args, dtype, entry)  # the current device, not always 0
+        quant._FUSED_CASTS.launch(xg.device.id, stream.ptr, grid, quant.fused_cast_threads(dtype),
                                   quant.fused_cast_smem(dtype, entry), params, dtype, entry)
         assert_equal(host(bufs[o.name] for o in outs), want)
 

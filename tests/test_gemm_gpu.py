@@ -449,7 +449,7 @@ def test_packed_launch_matches_cupy_launch():
     m, n, k = 200, 2112, 1408
     a, sfa, b, sfb, _, _ = make_normal(m, n, k, 11)
     out_packed = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
-    plan = plan_gemm(C.KIND_NORMAL, m, n, k, 1, 0)
+    plan = plan_gemm(C.KIND_NORMAL, m, n, k, 1, a.device.id)  # the current device, not always 0
     assert isinstance(plan.launcher, PackedLauncher), "the driver should report parameter offsets (CUDA >= 12.4)"
     # CuPy's launch has no PDL attribute: the plan launches the PDL variant plainly then, as plan_gemm does.
     cupy_plan = dataclasses.replace(plan, launcher=CupyLauncher(plan.kernel.function, GEMM_PARAMS), _packed={},
