@@ -180,12 +180,12 @@ class WgradConfig:
 
     ``shape_m``: k-grouped only (0 for dense); ``shape_k``: dense only (0 for k-grouped). ``multicast``: 0, 1 (2-CTA
     clusters on neighbouring n blocks share A), 2 (on neighbouring m blocks, share B); k-grouped: only where those
-    blocks are an even count. ``swizzle``: bytes
-    per row of a D staging slab (128: 32 floats, 64: 16, 32: 8; it must divide BLOCK_N's bytes), or 0: one
-    unswizzled slab of BLOCK_N floats (conflict-free for widths of 8 mod 16). ``staged_slabs``:
-    slabs staged at once per math warpgroup (0: the whole tile). ``raster``: n units per raster stripe.
-    ``two_acc_sets``: the K loop keeps one K block's wgmmas in flight while promoting the previous one. ``store``
-    (dense only): D = A B^T, the epilogue stores its tiles instead of adding them into D."""
+    blocks are an even count. ``swizzle``: bytes per row of a D staging slab (128: 32 floats, 64: 16, 32: 8; it must
+    divide BLOCK_N's bytes), or 0: one unswizzled slab of BLOCK_N floats (conflict-free for widths of 8 mod 16).
+    ``staged_slabs``: slabs staged at once per math warpgroup (0: the whole tile). ``raster``: n units per raster
+    stripe. ``two_acc_sets``: the K loop keeps one K block's wgmmas in flight while promoting the previous one.
+    ``store`` (dense only): D = A B^T, the epilogue stores its tiles instead of adding them into D. ``num_sms``: the
+    persistent grid's CTAs at most (the chooser's dense configs: the fewest that keep their rounds)."""
 
     kind: str
     shape_m: int
@@ -427,14 +427,13 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     """A config for one problem: dense ``m x n x k``, or k-grouped ``num_groups`` groups of ``m x n`` with about
     ``k_or_expected`` tokens each (only the choice depends on it).
 
-    A first heuristic, to be replaced by a measured cost model: tile candidates 128 x {64 ... 144} and, dense, 128 x
-    152 without multicast at 0.98 of its modelled cost (two math warpgroups), and 64 x {64 ... 160} (one, with two
-    accumulator sets up to 128 wide), multicast of the operand whose
-    partner dimension has an even number of blocks; each candidate's time is the rounds of tiles over the SMs
-    times a tile's cycles (max of the wgmma and L2-load rates per K block plus a fixed cost, and an epilogue); the
-    fastest wins (ties: fewer, larger tiles). Stages: as many as fit, up to 8, with the whole tile staged when 4 or
-    more stages remain. Dense grids: the fewest CTAs that keep the rounds (:func:`_fewest_ctas`). ``store``: the
-    dense kernel that stores D (the choice is the same).
+    A first heuristic, to be replaced by a measured cost model: tile candidates 128 x {64 ... 144} and, dense, 128 x 152
+    without multicast at 0.98 of its modelled cost (two math warpgroups), and 64 x {64 ... 160} (one, with two
+    accumulator sets up to 128 wide), multicast of the operand whose partner dimension has an even number of blocks;
+    each candidate's time is the rounds of tiles over the SMs times a tile's cycles (max of the wgmma and L2-load rates
+    per K block plus a fixed cost, and an epilogue); the fastest wins (ties: fewer, larger tiles). Stages: as many as
+    fit, up to 8, with the whole tile staged when 4 or more stages remain. Dense grids: the fewest CTAs that keep the
+    rounds (:func:`_fewest_ctas`). ``store``: the dense kernel that stores D (the choice is the same).
     """
     if kind not in KIND_IDS:
         raise ValueError(f"kind: expected one of {list(KIND_IDS)}, got {kind!r}")
@@ -446,8 +445,8 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     best = None
     for block_m in (128, 64):
         wg = math_warpgroups(block_m)
-        # Widths in steps of 16: the steps of 8 between them (136, 152) measured no faster on any test_core shape
-        # (benchmarks/NOTES.md, "Weight-gradient kernel"); the kernel takes them (block_n % 8) for tuning.
+        # Widths in steps of 16, and 152 for dense tiles (_WIDE_BLOCK_N); the kernel takes any multiple of 8 for
+        # tuning (benchmarks/NOTES.md, "Weight-gradient kernel").
         wide_ok = wg == 2 and kind == KIND_WGRAD
         widths = list(range(64, MAX_BLOCK_N[(wg, False)] + 1, 16)) + ([_WIDE_BLOCK_N] if wide_ok else [])
         for block_n in widths:
