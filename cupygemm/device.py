@@ -209,6 +209,29 @@ def on_device(index: int):
     return cupy.cuda.Device(index)
 
 
+_threads = threading.local()
+
+
+def ensure_context(device: int) -> None:
+    """Bind ``device``'s context to this host thread if no launch from it has yet (``device`` must be current).
+
+    A thread that made no CUDA runtime call has no context bound, and its current device still reads as 0, so
+    neither ``on_device`` nor ``cupy.cuda.Device`` switches anything; a driver launch then fails with
+    CUDA_ERROR_INVALID_CONTEXT. Torch's autograd threads are such threads (their ``set_device(0)`` is skipped when
+    0 already reads as current), so a backward whose first CUDA work is one of our launches met it. The runtime
+    binds a context at a thread's first call that needs one: ``cudaMemGetInfo`` once per thread and device (as
+    CuPy's own launches do), then a thread-local set lookup."""
+    try:
+        if device in _threads.devices:
+            return
+    except AttributeError:
+        _threads.devices = set()
+    import cupy
+
+    cupy.cuda.runtime.memGetInfo()
+    _threads.devices.add(device)
+
+
 def num_sms_override(device: object = None) -> int | None:
     """The value given to set_num_sms for ``device`` (default: the current device), or None."""
     return _num_sms_overrides.get(device_index(device))

@@ -15,6 +15,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
+from .device import ensure_context
 from .errors import CupygemmDeviceError
 from .tma import driver
 
@@ -112,9 +113,11 @@ def _launch_ex():
 
 
 class PackedLauncher:
-    """Launches one kernel function with parameters of the given kinds (see DESC, PTR, U32, I64)."""
+    """Launches one kernel function, loaded on ``device``, with parameters of the given kinds (see DESC, PTR, U32,
+    I64). Every launch first makes sure the calling thread has the device's context bound (:func:`ensure_context`):
+    the caller has made ``device`` current, which binds nothing on a thread that has done no CUDA work yet."""
 
-    def __init__(self, func_ptr: int, kinds: Sequence[str], layout: list[tuple[int, int]]):
+    def __init__(self, func_ptr: int, kinds: Sequence[str], layout: list[tuple[int, int]], device: int):
         if [s for _, s in layout] != [_SIZES[k] for k in kinds]:
             raise CupygemmDeviceError(f"kernel parameters {layout} do not match the expected kinds {list(kinds)}")
         fmt, pos = "<", 0
@@ -122,7 +125,7 @@ class PackedLauncher:
             fmt += "x" * (off - pos) + kind
             pos = off + _SIZES[kind]
         self._struct = struct.Struct(fmt)
-        self._func = func_ptr
+        self._func, self._device = func_ptr, device
         from cupy.cuda import driver as cu
 
         # CuPy's Cython binding of cuLaunchKernel: a third of the cost of a ctypes call with eleven arguments.
@@ -137,6 +140,7 @@ class PackedLauncher:
         return _Packed(self._struct.pack(*values))
 
     def launch(self, params: _Packed, grid: int, block: int, smem: int, stream: int) -> None:
+        ensure_context(self._device)
         try:
             self._launch_kernel(self._func, grid, 1, 1, block, 1, 1, smem, stream, 0, params.extra_ptr)
         except self._error as e:
@@ -145,6 +149,7 @@ class PackedLauncher:
 
     def launch_grid(self, params: _Packed, grid: tuple[int, int, int], block: int, smem: int, stream: int) -> None:
         """As :meth:`launch`, on a grid of (x, y, z) blocks."""
+        ensure_context(self._device)
         try:
             self._launch_kernel(self._func, grid[0], grid[1], grid[2], block, 1, 1, smem, stream, 0, params.extra_ptr)
         except self._error as e:
@@ -153,7 +158,8 @@ class PackedLauncher:
 
     def bound(self, params: _Packed, grid: int, block: int, smem: int, pdl: bool = False) -> Callable[[int], None]:
         """:meth:`launch` (``pdl``: :meth:`launch_pdl`) of these parameters as a function of the stream alone, for a
-        caller that launches the same parameters again and again (the XLA FFI handler): one call, no lookups."""
+        caller that launches the same parameters again and again (the XLA FFI handler): one call, no lookups, and
+        no context check (XLA runs its thunks with the executor's context bound)."""
         if pdl:
             return lambda stream: self.launch_pdl(params, grid, block, smem, stream)
         launch_kernel, error, func = self._launch_kernel, self._error, self._func
@@ -169,6 +175,7 @@ class PackedLauncher:
     def launch_pdl(self, params: _Packed, grid: int, block: int, smem: int, stream: int) -> None:
         """As :meth:`launch`, with programmatic dependent launch: the kernel may start before the previous one on
         ``stream`` has finished (it must wait for it before touching memory: ``contract.defines(pdl=True)``)."""
+        ensure_context(self._device)
         cfg = self._pdl_configs.get((grid, block, smem, stream))
         if cfg is None:
             cfg = self._pdl_config(grid, block, smem, stream)
@@ -217,8 +224,8 @@ class CupyLauncher:
         return lambda stream: self.launch(params, grid, block, smem, stream)
 
 
-def make_launcher(function: Any, kinds: Sequence[str]) -> Launcher:
-    """The launcher for a loaded CuPy ``function``: packed through the driver where it reports the parameter
-    layout, else through CuPy."""
+def make_launcher(function: Any, kinds: Sequence[str], device: int) -> Launcher:
+    """The launcher for a CuPy ``function`` loaded on ``device``: packed through the driver where it reports the
+    parameter layout, else through CuPy."""
     layout = _param_layout(function.ptr, len(kinds))
-    return CupyLauncher(function, kinds) if layout is None else PackedLauncher(function.ptr, kinds, layout)
+    return CupyLauncher(function, kinds) if layout is None else PackedLauncher(function.ptr, kinds, layout, device)

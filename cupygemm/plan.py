@@ -20,7 +20,7 @@ from typing import Any, Callable
 from . import contract, l2, tma
 from .config import GemmConfig, b_evict_first, choose_config, config_version, model_rows, side_aware_config
 from .contract import TmaSpec
-from .device import get_num_sms, require_hopper
+from .device import ensure_context, get_num_sms, require_hopper
 from .env import B_EVICT_FIRST, B_PREFETCH, PDL, b_prefetch_bytes, pdl_enabled, setting_key
 from .errors import CupygemmDeviceError
 from .jit.build import LoadedKernel
@@ -77,6 +77,7 @@ class GemmPlan:
             raise ValueError(f"this launch needs scratch ({self.scratch_floats} floats, {self.scratch_counters} "
                              "counters)")
         if zero_counters and self.scratch_counters:
+            ensure_context(self.device)  # the memset, a driver call, comes before the launcher's own check
             _memset_u32(counters, self.scratch_counters, stream)
         ptrs = (a, sfa, b, sfb, d, layout, partials, counters, *page_sides)
         params = self._packed.get(ptrs)

@@ -30,7 +30,6 @@ gives ``per_block_cast_to_fp8(w.T)`` as well (dgrad's B operand). Each is bit-ex
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -38,7 +37,7 @@ import numpy as np
 from .device import get_num_sms, on_device, single_gpu
 from .errors import CupygemmDeviceError
 from .frameworks import adapter
-from .jit.loader import PackedParams, SmallKernel, ensure_context
+from .jit.loader import PackedParams, SmallKernel
 from .launch import I64, PTR
 from .streams import resolve
 from .tensors import BF16, F16, F32, FP8_E4M3, Framework, View, empty, framework_of, gpu_device_of, \
@@ -182,7 +181,6 @@ def launch_cast(entry: str, dtype: np.dtype, x: int, q: int, s: int, m: int, n: 
     if params is None:
         params = _params.put(values, _CASTS.pack(device, values, dtype, entry))
     with on_device(device):
-        ensure_context(device)  # as CuPy's launches did: this may be the thread's first CUDA work
         _CASTS.launch(device, stream, grid, _THREADS, 0, params, dtype, entry)
 
 
@@ -324,7 +322,6 @@ def launch_fused_cast(entry: str, dtype: np.dtype, x: int, q_t: int, s_t: int, q
                                            fused_cast_threads(dtype), fused_cast_smem(dtype, entry),
                                            _FUSED_CASTS.pack(device, args, dtype, entry)))
     if single_gpu():
-        ensure_context(device)  # as CuPy's launches did: this may be the thread's first CUDA work
         _FUSED_CASTS.launch(device, stream, *launch, dtype, entry)
     else:
         with on_device(device):

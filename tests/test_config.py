@@ -412,16 +412,16 @@ def test_packed_launch_parameters_follow_the_driver_layout():
 
     layout = [(128 * i, 128) for i in range(5)] + [(640 + 8 * i, 8) for i in range(5)] + \
              [(680, 4), (684, 4), (688, 4), (692, 4)]
-    launcher = PackedLauncher(0, GEMM_PARAMS, layout)
+    launcher = PackedLauncher(0, GEMM_PARAMS, layout, 0)
     values = [bytes([i]) * 128 for i in range(5)] + [1 << 40, 0, 7, 8, 9, 64, 2, 4096, 1]
     packed = bytes(launcher.pack(values))
     assert launcher.param_bytes == len(packed) == 696
     assert packed[512:640] == bytes([4]) * 128
     assert struct.unpack_from("<QQQQQIIII", packed, 640) == (1 << 40, 0, 7, 8, 9, 64, 2, 4096, 1)
-    padded = bytes(PackedLauncher(0, (U32, DESC, PTR), [(0, 4), (128, 128), (256, 8)]).pack([5, b"\x01" * 128, 6]))
+    padded = bytes(PackedLauncher(0, (U32, DESC, PTR), [(0, 4), (128, 128), (256, 8)], 0).pack([5, b"\x01" * 128, 6]))
     assert len(padded) == 264 and padded[:4] == b"\x05\0\0\0" and padded[4:128] == bytes(124)
     with pytest.raises(CupygemmDeviceError, match="do not match"):
-        PackedLauncher(0, GEMM_PARAMS, layout[:-1] + [(688, 8)])
+        PackedLauncher(0, GEMM_PARAMS, layout[:-1] + [(688, 8)], 0)
 
 
 def test_masked_plan_averages_group_sizes():

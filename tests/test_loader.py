@@ -70,7 +70,7 @@ def gpu(monkeypatch):
         finally:
             state.device = before
 
-    def make_launcher(function, kinds):
+    def make_launcher(function, kinds, device):
         launcher = _FakeLauncher(function, kinds, state.mode)
         state.launchers.append(launcher)
         return launcher
@@ -210,7 +210,7 @@ _DECLARED = [
 def test_declared_kinds_match_the_compiled_parameters(kernel, variant, values, old_types):
     src = kernel.source(*variant)
     layout = _param_layout(build_cubin(src, post_process=kernel.post_process)[1], src.entry)
-    launcher = PackedLauncher(0, kernel.kinds, layout)  # refuses kinds whose sizes differ from the layout's
+    launcher = PackedLauncher(0, kernel.kinds, layout, 0)  # refuses kinds whose sizes differ from the layout's
     packed = bytes(launcher.pack(values))
     want = bytearray(launcher.param_bytes)
     for (offset, size), t, v in zip(layout, old_types, values):
@@ -231,8 +231,9 @@ def test_declarations_keep_their_build_options():
 def test_launchers_take_a_grid_of_three_dimensions(monkeypatch):
     from cupygemm.launch import CupyLauncher
 
-    packed = PackedLauncher(0x1234, (PTR, I64, U32), [(0, 8), (8, 8), (16, 4)])
-    calls = []
+    packed = PackedLauncher(0x1234, (PTR, I64, U32), [(0, 8), (8, 8), (16, 4)], 3)
+    calls, contexts = [], []
+    monkeypatch.setattr("cupygemm.launch.ensure_context", contexts.append)
     packed._launch_kernel = lambda *args: calls.append(args)
     params = packed.pack((0x7F0000001000, -5, 7))
     assert bytes(params) == struct.pack("<QqI", 0x7F0000001000, -5, 7)
@@ -240,6 +241,7 @@ def test_launchers_take_a_grid_of_three_dimensions(monkeypatch):
     packed.launch_grid(params, (10, 3, 2), 512, 1024, 11)
     assert calls == [(0x1234, 10, 1, 1, 256, 1, 1, 0, 11, 0, params.extra_ptr),
                      (0x1234, 10, 3, 2, 512, 1, 1, 1024, 11, 0, params.extra_ptr)]
+    assert contexts == [3, 3]  # each launch binds its device's context first (a thread's first CUDA work)
 
     # Drivers without cuFuncGetParamInfo: CuPy converts the values, as the casts' launches did before.
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
@@ -256,13 +258,15 @@ def test_launchers_take_a_grid_of_three_dimensions(monkeypatch):
 def test_ensure_context_once_per_thread_and_device(monkeypatch):
     import threading
 
+    from cupygemm import device as dev
+
     calls = []
     monkeypatch.setattr(cupy.cuda.runtime, "memGetInfo", lambda: calls.append(threading.get_ident()) or (0, 0))
-    monkeypatch.setattr(loader, "_threads", threading.local())
+    monkeypatch.setattr(dev, "_threads", threading.local())
     for device in (0, 0, 1, 1):
-        loader.ensure_context(device)
+        dev.ensure_context(device)
     assert len(calls) == 2
-    worker = threading.Thread(target=lambda: [loader.ensure_context(0) for _ in range(3)])
+    worker = threading.Thread(target=lambda: [dev.ensure_context(0) for _ in range(3)])
     worker.start()
     worker.join()
     assert len(calls) == 3 and calls[2] != calls[0]

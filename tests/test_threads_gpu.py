@@ -105,3 +105,55 @@ def test_threads_on_the_per_thread_default_stream():
     r = subprocess.run([sys.executable, "-c", _PER_THREAD_DEFAULT_STREAM, str(Path(__file__).parent)], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_thread_whose_first_cuda_work_is_our_launch():
+    """A new thread has no CUDA context bound, and its current device still reads as 0, so no device switch binds
+    one: the launch itself must (torch's autograd threads are such threads: a backward whose first CUDA work was our
+    fused cast failed with CUDA_ERROR_INVALID_CONTEXT on a two-GPU host). Each call runs in a thread of its own with
+    nothing before it that binds the context (the GEMMs write given outputs on a given stream, with scales in the
+    kernels' layout, so no copy or allocation comes first), and gives the bits it gives on the test's thread."""
+    import threading
+
+    a, sfa, b, sfb, x, _ = make_normal(256, 512, 1024, 9)
+    sfa_mm = cupygemm.get_col_major_tma_aligned_tensor(sfa)
+    stream = cp.cuda.Stream(non_blocking=True)
+    out = cp.empty((256, 512), cupygemm.tensors.BF16)
+    acc = cp.empty((256, 256), cp.float32)
+
+    def gemm():
+        cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa_mm), (b, sfb), out, stream=stream.ptr)
+        stream.synchronize()
+        return out.view(cp.uint16).get()
+
+    def wgrad():  # acc = A @ A.T, K = 1024 along the 1x128 scales (the storing form: no zeros first)
+        cupygemm.wgrad_gemm_fp8_fp8_fp32_nt_store((a, sfa_mm), (a, sfa_mm), acc, stream=stream.ptr)
+        stream.synchronize()
+        return acc.get()
+
+    def cast(fn):
+        res = fn(x)
+        cp.cuda.Device().synchronize()
+        return [r.get() for r in res]
+
+    calls = {"gemm": gemm, "wgrad": wgrad, "cast": lambda: cast(cupygemm.per_token_cast_to_fp8),
+             "fused cast": lambda: cast(cupygemm.per_token_cast_to_fp8_transposed)}
+    want = {name: call() for name, call in calls.items()}  # on this thread: built, loaded, pools warm
+
+    def run(name, results):
+        try:
+            results["bound before"] = cp.cuda.driver.ctxGetCurrent()
+            results["value"] = calls[name]()
+        except Exception as e:  # reported on the test's thread
+            results["error"] = e
+
+    for name in calls:
+        results = {}
+        t = threading.Thread(target=run, args=(name, results))
+        t.start()
+        t.join()
+        assert results["bound before"] == 0, "a new thread should start with no context bound"
+        assert "error" not in results, f"{name}: {results.get('error')!r}"
+        got = results["value"]
+        assert all(np.array_equal(g, w) for g, w in zip(got, want[name])) if isinstance(got, list) else \
+            np.array_equal(got, want[name]), name

@@ -51,7 +51,7 @@ def load(device: int, src: KernelSource, kinds: Sequence[str], *, options: tuple
             with _lock:
                 if k.launcher is None:
                     with relaxed_capture():
-                        launcher = make_launcher(k.function, kinds)
+                        launcher = make_launcher(k.function, kinds, device)
                     k.kinds = kinds
                     k.launcher = launcher
     if k.kinds != kinds:
@@ -149,26 +149,6 @@ class PackedParams:
 
     def __len__(self) -> int:
         return len(self._sets)
-
-
-_threads = threading.local()
-
-
-def ensure_context(device: int) -> None:
-    """Bind ``device``'s context to this host thread if no launch from it has yet (``device`` must be current). The
-    CUDA runtime binds a context to a thread at the thread's first runtime call that needs one, and a driver launch
-    finds none on a thread that made no such call. CuPy's own launches ensure it first (its ``_ensure_context``, a
-    ``cudaMemGetInfo`` per thread and device); launches that replace one of those do the same, at the cost of a
-    thread-local set lookup once done."""
-    try:
-        if device in _threads.devices:
-            return
-    except AttributeError:
-        _threads.devices = set()
-    import cupy
-
-    cupy.cuda.runtime.memGetInfo()
-    _threads.devices.add(device)
 
 
 def clear() -> None:
