@@ -65,3 +65,19 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if item.get_closest_marker("multigpu"):  # the marker, not a test id that happens to say multigpu
                 item.add_marker(skip)
+
+
+
+@pytest.fixture(autouse=True)
+def _device_zero_current(request):
+    """Every GPU test starts with device 0 current, as in a fresh process, whatever ran before it in this worker:
+    JAX's GPU client, when it starts, leaves its last GPU current on the thread that started it, and a test that
+    makes its arrays on the current device would then run on another GPU than the next test's threads (new threads
+    start on device 0). Our own calls leaving another device current are tests of their own
+    (test_multigpu_gpu.py)."""
+    if "gpu" in request.keywords or request.node.get_closest_marker("multigpu") is not None:
+        import cupy
+
+        if cupy.cuda.runtime.getDevice() != 0:
+            cupy.cuda.runtime.setDevice(0)
+    yield
