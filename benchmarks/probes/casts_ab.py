@@ -170,7 +170,7 @@ def _outputs(entry: str, m: int, n: int):
     return bufs
 
 
-def run(out_json: Path, base_dir: Path, iters: int, passes: int) -> int:
+def run(out_json: Path, base_dir: Path, iters: int, passes: int, only: list[str] | None = None) -> int:
     import cupy as cp
 
     from cupygemm.bench.overhead import environment
@@ -179,6 +179,7 @@ def run(out_json: Path, base_dir: Path, iters: int, passes: int) -> int:
     from cupygemm.jit.build import build_cubin
 
     t0 = time.time()
+    candidates = {k: v for k, v in CANDIDATES.items() if only is None or k == "tree" or k in only}
     info = require_hopper()
     dev = cp.cuda.Device().id
     manifest = json.loads((base_dir / "manifest.json").read_text())
@@ -188,7 +189,7 @@ def run(out_json: Path, base_dir: Path, iters: int, passes: int) -> int:
         if (entry, "base", dtype) in kernels:
             continue
         kernels[entry, "base", dtype] = base_kernel(entry, dtype, base_dir, info.num_sms)
-        for name, (entries, overrides, grid) in CANDIDATES.items():
+        for name, (entries, overrides, grid) in candidates.items():
             if entry in entries and (dtype == BF16 or name == "tree"):
                 kernels[entry, name, dtype] = tree_kernel(name, entry, dtype, overrides, grid, info.num_sms)
     import concurrent.futures
@@ -248,7 +249,7 @@ def run(out_json: Path, base_dir: Path, iters: int, passes: int) -> int:
                 row["pass_median_us"][name].append(float(np.median(us)))
         print(f"pass {p + 1}/{passes} done at {time.time() - t0:.0f} s", file=sys.stderr)
 
-    names_all = ["base"] + list(CANDIDATES)
+    names_all = ["base"] + list(candidates)
     lines = [f"{info.name}, 1 GiB copy {copy_gbs:.0f} GB/s; each kernel: copy_ratio (copy of the same bytes / kernel) "
              f"and (median us of {passes} x {iters} calls)", "",
              "| cast | shape | dtype | copy us | " + " | ".join(names_all) + " | base us / tree us |",
@@ -275,7 +276,7 @@ def run(out_json: Path, base_dir: Path, iters: int, passes: int) -> int:
         "command": " ".join([Path(sys.executable).name] + sys.argv), "device": info.name, "manifest": manifest,
         "environment": environment(), "copy_gbs": copy_gbs, "iters": iters, "passes": passes,
         "candidates": {k: {"entries": [METHOD[e] for e in v[0]], "overrides": v[1], "ctas_per_sm_waves": v[2]}
-                       for k, v in CANDIDATES.items()},
+                       for k, v in candidates.items()},
         "timing": "CUDA events around each call after an untimed 1 GiB memset (L2 flush); us = median of all calls "
                   "of all passes; passes rotate the kernels' order",
         "all_bitwise_equal": ok, "summary": summary, "rows": rows, "seconds": time.time() - t0}, indent=1))
@@ -294,11 +295,18 @@ def main() -> int:
     r.add_argument("dir", type=Path, help="what export wrote")
     r.add_argument("--iters", type=int, default=20)
     r.add_argument("--passes", type=int, default=3)
+    r.add_argument("--candidates", default=None,
+                   help=f"comma-separated names of CANDIDATES to time beside base and tree (default: all of "
+                        f"{', '.join(CANDIDATES)})")
     a = ap.parse_args()
     if a.cmd == "export":
         export(a.rev, a.dir)
         return 0
-    return run(a.out, a.dir, a.iters, a.passes)
+    only = None if a.candidates is None else a.candidates.split(",")
+    unknown = sorted(set(only or ()) - set(CANDIDATES))
+    if unknown:
+        ap.error(f"--candidates: unknown {unknown} (known: {', '.join(CANDIDATES)})")
+    return run(a.out, a.dir, a.iters, a.passes, only)
 
 
 if __name__ == "__main__":
