@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import sharding as rules
 from .. import xla_ffi
 from ..env import check_inputs_enabled
 from ..errors import CupygemmDeviceError
@@ -190,8 +191,8 @@ def sharded_gemm(kind: GemmKind, static: int | None, packed: PackedSpec | None,
     layout = operands[4] if kind.layout else None
     out = operands[-1] if has_out(kind) else None
     p = checks.problem(kind, a, sfa, b, sfb, out, layout, static, None if packed is None else packed.shape)
-    rule = sharding.gemm_rule(
-        kind, lambda *ops: gemm(kind, static, packed, ops), operands, packed is not None,
+    rule = rules.gemm_rule(
+        kind, lambda *ops: gemm(kind, static, packed, ops), [tuple(x.shape) for x in operands], packed is not None,
         _stacked(tuple(sfa.shape), p.m, p.sfa_m_major, p.sfa_strides),
         not kind.b_block_scales and _stacked(tuple(sfb.shape), p.n, p.sfb_m_major, p.sfb_strides))
     if rule is None:

@@ -16,6 +16,7 @@ import numpy as np
 from jax import lax
 
 from .. import quantization, xla_ffi
+from .. import sharding as rules
 from ..util import ceil_div
 from . import backend, checks, vma
 
@@ -165,12 +166,6 @@ def block_with_transpose_jnp(x: jax.Array) -> tuple[jax.Array, ...]:
     return q, s, jnp.swapaxes(q, 0, 1), jnp.swapaxes(s, 0, 1)
 
 
-#: The fused casts' factor names per result (:mod:`.sharding`: "/" marks a dimension of 128-blocks).
-_FUSED_RESULTS = {
-    quantization.TRANSPOSED: (("k", "m"), ("k", "m/")),
-    quantization.TRANSPOSED_ROWWISE: (("k", "m"), ("k", "m/"), ("m", "k"), ("m", "k/")),
-    quantization.BLOCK_WITH_TRANSPOSE: (("m", "k"), ("m/", "k/"), ("k", "m"), ("k/", "m/")),
-}
 _FUSED_JNP = {quantization.TRANSPOSED: transposed_jnp, quantization.TRANSPOSED_ROWWISE: transposed_rowwise_jnp,
               quantization.BLOCK_WITH_TRANSPOSE: block_with_transpose_jnp}
 
@@ -196,14 +191,14 @@ def _partitioned_fused(entry: str) -> Callable:
         return lax.platform_dependent(x, cuda=functools.partial(ffi_fused_cast, entry), default=jnp_impl)
 
     def impl(x: jax.Array) -> tuple[jax.Array, ...]:
-        rule = sharding.Rule(run, (("m", "k"),), _FUSED_RESULTS[entry], (tuple(x.shape),), ("m", "k"))
+        rule = rules.fused_cast_rule(run, entry, tuple(x.shape))
         return tuple(sharding.apply(rule, x))
 
     op = jax.custom_batching.custom_vmap(impl)
 
     @op.def_vmap
     def rule(axis_size: int, in_batched: list[bool], x: jax.Array) -> tuple[tuple, tuple[bool, ...]]:
-        count = len(_FUSED_RESULTS[entry])
+        count = len(rules.FUSED_CAST_RESULTS[entry])
         if not in_batched[0]:
             return op(x), (False,) * count
         return lax.map(op, x), (True,) * count
@@ -230,7 +225,7 @@ def _partitioned(entry: str, jnp_impl: Callable) -> Callable:
         return lax.platform_dependent(x, cuda=functools.partial(ffi_cast, entry), default=jnp_impl)
 
     def impl(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-        rule = sharding.cast_rule(run, x, block_rows=entry == "per_block_cast_to_fp8")
+        rule = rules.cast_rule(run, tuple(x.shape), block_rows=entry == "per_block_cast_to_fp8")
         return tuple(sharding.apply(rule, x))
 
     op = jax.custom_batching.custom_vmap(impl)

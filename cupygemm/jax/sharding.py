@@ -5,37 +5,22 @@ Without rules XLA runs a custom call on whole operands (it all-gathers sharded o
 partition callback, which sees the operands' actual shardings, picks what each device computes and emits the
 per-device call on the local shards (one custom call per device, planned for the local shapes at partition time).
 
-Every operand dimension is a *factor* (``m``, ``n``, ``k``, ``g``); a scale dimension that counts 128-blocks of a
-factor is that factor's block (a scale follows its data). The callback gives each factor the mesh axes of the
-first operand dimension (in operand order, then the result's) that is sharded along it, in a fixed priority order,
-and keeps them only where the op allows it and the shard divides evenly:
-
-- an axis shards one factor at most (activations first: M, then K, then N or G);
-- a factor with 128-blocks in a scale (K everywhere, N for 128x128 SFB, M for the per-block cast) is sharded only
-  where each shard is a multiple of 128 (``size % (128 * shards) == 0``), so that block boundaries fall on shard
-  boundaries; the contiguous kind's M likewise (its groups are 128-row aligned). Otherwise it is replicated.
-
-Rules per op (anything else is replicated, i.e. gathered before the call):
-
-- casts: rows (M) and columns (K); the transposed casts are a transpose then the per-token cast, so their
-  T axis (the cast's K) keeps its sharding only where T / shards is a multiple of 128;
-- dense GEMM: A rows -> D rows; B rows (N, column-parallel) -> D columns; K sharded consistently on A, B and
-  their scales (row-parallel) -> each device's GEMM of its K slice, summed by ``lax.psum`` in float32 and
-  rounded to BF16 once more: the partial products are BF16-rounded by the kernel first, so the result can differ
-  from a one-device GEMM by a few BF16 ulps (each partial's rounding plus the sum's);
-- masked grouped: groups (G of a, sfa, b, sfb, masked_m, out) and N; contiguous: rows (A, SFA, m_indices, out)
-  with every group's weights replicated, and N;
-- wgrad: M, N and K (K is the tokens: data-parallel weight gradients); a K-sharded call accumulates
-  ``out + psum(partial)`` in float32;
-- k-grouped wgrad: none (its flat operands have no dimension to shard): use ``shard_map``.
+What each op may be split along is :mod:`cupygemm.sharding`'s rule (shared with torch's DTensor). The callback
+gives each factor the mesh axes of the first operand dimension (in operand order, then the result's) that is
+sharded along it, in the rule's priority order, and keeps them only where the rule allows it and the shards are
+whole; an axis shards one factor at most (activations first: M, then K, then N or G). Anything else is replicated,
+i.e. gathered before the call. A K-sharded GEMM sums each device's GEMM of its K slice by ``lax.psum`` in float32,
+rounded to BF16 once more: the partial products are BF16-rounded by the kernel first, so the result can differ from
+a one-device GEMM by a few BF16 ulps (each partial's rounding plus the sum's); a K-sharded accumulating call adds
+``out + psum(partial)`` in float32. The k-grouped weight gradient's flat operands have no dimension to shard: use
+``shard_map``.
 
 Inside ``shard_map`` (every mesh axis manual) the wrapper lowers to the plain call on the local shards.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -43,45 +28,7 @@ from jax import lax
 from jax.experimental.custom_partitioning import SdyShardingRule, custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ..kinds import GemmKind
-from ..layout import M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT
-
-_BLOCK = 128
-
-Dims = tuple[str, ...]  # one factor per dimension; "k/" is a dimension counting 128-blocks of k
-
-
-@dataclass(frozen=True, eq=False)
-class Rule:
-    """How one op (at one set of global shapes) may be partitioned; a static argument of the wrapper."""
-
-    impl: Callable[..., Any]  # the op on (local) operands
-    operands: tuple[Dims | None, ...]  # None: never sharded (packed bytes)
-    results: tuple[Dims, ...]
-    shapes: tuple[tuple[int, ...], ...]  # the operands'
-    allowed: tuple[str, ...]  # factors that may be sharded, in priority order
-    align: tuple[tuple[str, int], ...] = ()  # a factor's shards must be multiples of this
-    accumulates: bool = False  # the last operand is out, the result is out + A @ B.T
-
-    def sizes(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for dims, shape in zip(self.operands, self.shapes):
-            for f, n in zip(dims or (), shape):
-                if not f.endswith("/"):
-                    out.setdefault(f, n)
-        return out
-
-    def blocked(self) -> set[str]:
-        return {f[:-1] for dims in (*self.operands, *self.results) for f in dims or () if f.endswith("/")}
-
-    def multiple(self, factor: str) -> int:
-        need = dict(self.align).get(factor, 1)
-        return max(need, _BLOCK) if factor in self.blocked() else need
-
-    def reduced(self) -> tuple[str, ...]:
-        """Allowed factors absent from the results: sharding them needs a sum."""
-        present = {f.rstrip("/") for dims in self.results for f in dims}
-        return tuple(f for f in self.allowed if f not in present)
+from ..sharding import BLOCK, Dims, Rule
 
 
 def _axes(entry: Any) -> tuple[str, ...]:
@@ -100,7 +47,7 @@ def decide(rule: Rule, mesh: Any, operand_specs: Sequence[tuple[tuple[str, ...],
            result_specs: Sequence[tuple[tuple[str, ...], ...]]) -> dict[str, tuple[str, ...]]:
     """The mesh axes each factor is sharded along (see the module docstring), from the operands' shardings and
     the result shardings XLA proposes."""
-    sizes, used = rule.sizes(), set()
+    used: set[str] = set()
     chosen: dict[str, tuple[str, ...]] = {}
     pairs = list(zip(rule.operands, operand_specs)) + list(zip(rule.results, result_specs))
     for f in rule.allowed:
@@ -111,7 +58,7 @@ def decide(rule: Rule, mesh: Any, operand_specs: Sequence[tuple[tuple[str, ...],
                     found = axes
         found = tuple(a for a in found if a not in used)
         shards = math.prod(mesh.shape[a] for a in found)
-        if shards > 1 and sizes.get(f, 0) % (shards * rule.multiple(f)) == 0:
+        if shards > 1 and rule.divides(f, shards):
             chosen[f] = found
             used.update(found)
     return chosen
@@ -155,7 +102,7 @@ def _sharding_rule(rule: Rule, mesh: Any, value_types: Any, result_types: Any) -
     its blocks and the 128 inside them (``(kb kr)``), so a scale's block dimension shares the sharding of its
     data; otherwise the scale dimension is its own factor and the data's factor is not sharded."""
     sizes, blocked = rule.sizes(), rule.blocked()
-    split = {f for f in blocked if sizes.get(f, 0) % _BLOCK == 0}
+    split = {f for f in blocked if sizes.get(f, 0) % BLOCK == 0}
     extra: dict[str, int] = {}
     own = 0
 
@@ -167,7 +114,7 @@ def _sharding_rule(rule: Rule, mesh: Any, value_types: Any, result_types: Any) -
             own += 1
             return f"s{own}"
         if d in split:
-            extra[d + "r"] = _BLOCK
+            extra[d + "r"] = BLOCK
             return f"({d}b {d}r)"
         return d
 
@@ -210,46 +157,3 @@ partitioned.def_partition(partition=_partition, sharding_rule=_sharding_rule)
 def apply(rule: Rule, *operands: jax.Array) -> Any:
     """``rule.impl(*operands)`` with the rule's partitioning under ``jit`` over sharded operands."""
     return partitioned(rule, *operands)
-
-
-def gemm_rule(kind: GemmKind, impl: Callable[..., Any], operands: Sequence[Any], packed: bool,
-              sfa_stacked: bool, sfb_stacked: bool) -> Rule | None:
-    """The rule of a GEMM kind from its descriptor's dimensions (None: the kind is not partitioned, e.g. flat
-    operands). ``sfa_stacked``/``sfb_stacked``: the scales came as the transposed stack [..., KB, rows]."""
-    if "F" in kind.a_dims + kind.b_dims:
-        return None
-
-    def dims(letters: str) -> Dims:
-        return tuple(c.lower() for c in letters)
-
-    def scales(letters: str, rows: str, block_rows: bool, stacked: bool) -> Dims:
-        out = tuple((c.lower() + "/") if c == "K" or (block_rows and c == rows) else c.lower() for c in letters)
-        return out[:-2] + (out[-1], out[-2]) if stacked else out
-
-    ops: list[Dims | None] = [dims(kind.a_dims), scales(kind.a_dims, "M", False, sfa_stacked),
-                              None if packed else dims(kind.b_dims),
-                              scales(kind.b_dims, "N", kind.b_block_scales, sfb_stacked)]
-    align: tuple[tuple[str, int], ...] = ()
-    if kind.layout:
-        ops.append(("g",) if "G" in kind.a_dims else ("m",))
-    if kind.layout or kind.accumulates:
-        ops.append(dims(kind.out_dims))
-    if kind.accumulates:
-        allowed: tuple[str, ...] = ("m", "k", "n")
-    elif kind.layout and "G" in kind.a_dims:  # masked: each group's rows belong together (masked_m counts them)
-        allowed = ("g", "n")
-    elif kind.layout:  # contiguous: rows (their groups 128-aligned), every group's weights on every device
-        allowed = ("m", "n")
-        align = (("m", M_ALIGNMENT_FOR_CONTIGUOUS_LAYOUT),)
-    else:
-        allowed = ("m", "k", "n")
-    if packed:  # the packed bytes cannot be split: B's dimensions stay whole
-        allowed = tuple(f for f in allowed if f not in kind.b_dims.lower())
-    return Rule(impl, tuple(ops), (dims(kind.out_dims),), tuple(tuple(x.shape) for x in operands), allowed, align,
-                kind.accumulates)
-
-
-def cast_rule(impl: Callable[..., Any], x: Any, block_rows: bool) -> Rule:
-    """The rule of a cast of ``x`` [m, k]: ``(q [m, k], s)`` with 1x128 (``block_rows``: 128x128) scales."""
-    return Rule(impl, (("m", "k"),), (("m", "k"), ("m/" if block_rows else "m", "k/")), (tuple(x.shape),),
-                ("m", "k"))
