@@ -151,9 +151,39 @@ def _rank(rank: int, world: int, port: int, results) -> None:
         moe_want = parallel.moe_reference(x, idx, w, EXPERTS_PER_RANK * world, HIDDEN, INTER)
         diffs = {name: float(parallel.calc_diff(got, want)) for name, got, want in
                  (("column", col, col_want), ("row", row, row_want), ("mlp", mlp, mlp_want), ("moe", moe, moe_want))}
+        diffs.update(_dtensor_diffs(rank, world, x.device))
         results.put((rank, diffs))
     finally:
         dist.destroy_process_group()
+
+
+def _dtensor_diffs(rank: int, world: int, device) -> dict[str, float]:
+    """The dense GEMM on DTensor operands (cupygemm.torch.sharding's rules), column- and row-parallel, gathered and
+    compared with the GEMM of the whole operands on this GPU."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    from cupygemm.bench import parallel
+
+    mesh = init_device_mesh("cuda", (world,))
+    g = torch.Generator(device="cuda").manual_seed(7)  # the same operands on every rank
+    xq, xs = cupygemm.per_token_cast_to_fp8(torch.randn(256, HIDDEN, device=device, generator=g).bfloat16())
+    wq, ws = cupygemm.per_block_cast_to_fp8(torch.randn(INTER, HIDDEN, device=device, generator=g).bfloat16())
+    whole = cupygemm.gemm_fp8_fp8_bf16_nt((xq, xs), (wq, ws))
+
+    def part(t, dim):  # this rank's shard of t along dim
+        size = t.shape[dim] // world
+        return DTensor.from_local(t.narrow(dim, rank * size, size).contiguous(), mesh, [Shard(dim)], run_check=False)
+
+    def everywhere(t):
+        return DTensor.from_local(t, mesh, [Replicate()], run_check=False)
+
+    col = cupygemm.gemm_fp8_fp8_bf16_nt((everywhere(xq), everywhere(xs)), (part(wq, 0), part(ws, 0)))
+    row = cupygemm.gemm_fp8_fp8_bf16_nt((part(xq, 1), part(xs, 1)), (part(wq, 1), part(ws, 1)))
+    assert tuple(col.placements) == (Shard(1),) and tuple(row.placements) == (Partial(),)
+    return {"dtensor_column": float(parallel.calc_diff(col.full_tensor(), whole)),
+            "dtensor_row": float(parallel.calc_diff(row.full_tensor(), whole))}
 
 
 def test_nccl_column_row_parallel_and_expert_parallel_against_one_device():
@@ -170,3 +200,6 @@ def test_nccl_column_row_parallel_and_expert_parallel_against_one_device():
         # cast of the activations between their two GEMMs
         assert diffs["column"] < 1e-4 and diffs["row"] < 1e-4, (rank, diffs)
         assert diffs["mlp"] < 1e-3 and diffs["moe"] < 1e-3, (rank, diffs)
+        # DTensor: the column split is the same products (only BF16 rounding of other tiles' orders may differ);
+        # the row split sums two BF16-rounded partial products
+        assert diffs["dtensor_column"] < 1e-6 and diffs["dtensor_row"] < 1e-4, (rank, diffs)

@@ -11,7 +11,9 @@ operators, so
   comes from torch's caching allocator (from the graph's pool while capturing). Where nothing but plain eager
   execution could observe it (no compile tracing, dispatch mode, functorch transform or autograd), the public
   functions call the implementation without the dispatcher's round trip;
-* ``torch.library.opcheck`` passes for every operator.
+* ``torch.library.opcheck`` passes for every operator;
+* the functional operators take ``DTensor`` operands, with sharding rules (:mod:`cupygemm.torch.sharding`, which
+  says when they are registered).
 
 The operators are made from the kind descriptors (:mod:`cupygemm.kinds`); for a kind whose public function is
 ``NAME`` (``stream`` is a raw ``cudaStream_t``, -1 for torch's current stream; the kind's layout operand and static
@@ -215,6 +217,7 @@ class _TorchAdapter:
         if _plain_eager(a, sfa, b, sfb, out, layout):
             return run(kind, a, sfa, b, sfb, out, layout, static, stream, Framework.TORCH, packed)
         _check_torch(a, sfa, b, sfb, out, layout)
+        _dtensor_rules()
         own = ((layout,) if kind.layout else ()) + ((static,) if kind.static else ())
         name = kind.api
         if packed is not None:
@@ -229,6 +232,7 @@ class _TorchAdapter:
     def cast(entry: str, x: Any, stream: Any, m_major_scales: bool = False) -> tuple[Any, ...]:
         if _plain_eager(x):
             return run_cast(entry, x, stream, Framework.TORCH, m_major_scales)
+        _dtensor_rules()
         if entry in (TRANSPOSED, TRANSPOSED_ROWWISE):
             return getattr(ops, entry).default(x, m_major_scales, _handle(stream))
         return getattr(ops, entry).default(x, _handle(stream))
@@ -256,3 +260,9 @@ for _kind in KINDS:
 
 # The layers use the operators defined above.
 from .layers import FP8GroupedLinear, FP8Linear, fp8_grouped_linear, fp8_linear  # noqa: E402,F401
+# DTensor operands: the operators' sharding rules (cupygemm.sharding's, as JAX's partitioner applies them), now if
+# DTensor is loaded (torch.compiler.disable, which the layers use, loads it in torch 2.11 and later), else when a
+# call first sees a tensor subclass.
+from .sharding import ensure_registered as _dtensor_rules  # noqa: E402
+
+_dtensor_rules()
