@@ -201,7 +201,7 @@ def test_torch_compile_runs_the_layers_opaquely_and_matches_eager():
         assert torch.equal(pe.grad, pc.grad)
     explained = torch._dynamo.explain(Block())(torch.randn(64, 256, dtype=torch.bfloat16))
     assert explained.graph_break_count >= 1
-    assert all("fp8_linear" in r.reason and "torch.compiler.disable" in r.reason for r in explained.break_reasons)
+    assert all("fp8_linear" in r.reason for r in explained.break_reasons)  # the layer call, not marked traceable
     assert any("gelu" in g.code for g in explained.graphs)  # the model around the layers is compiled
 
 
@@ -271,3 +271,14 @@ def test_grouped_module_accumulates_and_checks_its_inputs():
         layer(x, [128])
     with pytest.raises(ValueError, match=r"FP8GroupedLinear: out_features \(N\) must be a multiple of 128"):
         FP8GroupedLinear(2, 256, 64)
+
+
+def test_importing_the_torch_module_leaves_dynamo_unloaded():
+    """``import cupygemm.torch`` does not import torch._dynamo (seconds: 5.5 s on an H200 host with it, the layers'
+    compile opacity taking it lazily at their first call)."""
+    import subprocess
+    import sys
+
+    code = "import sys, torch, cupygemm.torch; print('torch._dynamo' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr

@@ -261,8 +261,7 @@ for _kind in KINDS:
 # The layers use the operators defined above.
 from .layers import FP8GroupedLinear, FP8Linear, fp8_grouped_linear, fp8_linear  # noqa: E402,F401
 # DTensor operands: the operators' sharding rules (cupygemm.sharding's, as JAX's partitioner applies them), now if
-# DTensor is loaded (torch.compiler.disable, which the layers use, loads it in torch 2.11 and later), else when a
-# call first sees a tensor subclass.
+# DTensor is loaded, else when a call first sees a tensor subclass.
 from .sharding import ensure_registered as _dtensor_rules  # noqa: E402
 
 _dtensor_rules()

@@ -1,10 +1,9 @@
 """DTensor sharding rules for the operators (``torch.ops.cupygemm.*``), so that they take ``DTensor`` operands.
 
 Registered with ``torch.distributed.tensor.experimental.register_sharding`` once DTensor is loaded, never loading it
-(about half a second): at the end of :mod:`cupygemm.torch`'s import if ``torch.distributed.tensor`` is loaded by
-then (the layers' ``torch.compiler.disable`` loads it in recent torch), else at the first public call that sees a
-tensor subclass (DTensor is one). A program that calls ``torch.ops.cupygemm.*`` on DTensors directly where neither
-happened calls :func:`ensure_registered` first. The rules are
+(about half a second of import): at :mod:`cupygemm.torch`'s import if ``torch.distributed.tensor`` is loaded by
+then, else at the first public call that sees a tensor subclass (DTensor is one). A program that calls
+``torch.ops.cupygemm.*`` on DTensors directly where neither happened calls :func:`ensure_registered` first. The rules are
 :mod:`cupygemm.sharding`'s, the ones JAX's partitioner applies:
 for each mesh axis DTensor may keep every operand whole, or split the op along one factor the rule allows whose
 shards are whole (128-blocks of a scale never straddle two devices). So, on a 1-D mesh:
