@@ -262,6 +262,6 @@ for _kind in KINDS:
 from .layers import FP8GroupedLinear, FP8Linear, fp8_grouped_linear, fp8_linear  # noqa: E402,F401
 # DTensor operands: the operators' sharding rules (cupygemm.sharding's, as JAX's partitioner applies them), now if
 # DTensor is loaded, else when a call first sees a tensor subclass.
-from .sharding import ensure_registered as _dtensor_rules  # noqa: E402
+from .sharding import register_if_loaded as _dtensor_rules  # noqa: E402
 
 _dtensor_rules()

@@ -96,11 +96,18 @@ _registered = False
 
 
 def ensure_registered() -> None:
-    """Registers the rules if DTensor is loaded and they are not yet (a flag test once they are)."""
+    """Registers the rules now (importing DTensor) unless they are."""
     global _registered
-    if not _registered and "torch.distributed.tensor" in sys.modules:
+    if not _registered:
         register(torch.ops.cupygemm)
         _registered = True
+
+
+def register_if_loaded() -> None:
+    """Registers the rules if DTensor is loaded and they are not yet: a flag test once they are (the public
+    functions' path for tensor subclasses)."""
+    if not _registered and "torch.distributed.tensor" in sys.modules:
+        ensure_registered()
 
 
 def register(ops: Any) -> bool:
