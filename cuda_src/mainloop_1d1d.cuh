@@ -42,10 +42,13 @@ template <class T> struct Mainloop1D1D {
       k_loop(out, acc, n);
   }
 
-  // One K block on stage s of the given phase, as k_loop's body.
+  // One K block on stage s of the given phase (one accumulator set): the stage goes back to the producer as soon
+  // as the wgmmas are done and both scales are in registers.
   __device__ __forceinline__ void block(Sums& out, Acc& acc, uint32_t s, uint32_t phase) {
     mbarrier_wait(&smem.full_bar[s], phase);
+    wait_turn();
     issue(acc, s);
+    pass_turn();
     const float2 sa = load_sfa(s);
     BScales sb;
     load_sfb(sb, s);
@@ -78,24 +81,12 @@ template <class T> struct Mainloop1D1D {
     }
   }
 
-  // One accumulator set (dense; k-grouped tiles take k_loop_aligned): the other math warpgroup's wgmmas keep the
-  // tensor cores busy while this one promotes. The stage goes back to the producer as soon as the wgmmas are done
-  // and both scales are in registers.
+  // One accumulator set (dense, and k-grouped where k_loop_aligned is not taken): the other math warpgroup's
+  // wgmmas keep the tensor cores busy while this one promotes.
   __device__ void k_loop(Sums& out, Acc& acc, uint32_t num_kb) {
 #pragma unroll T::kKLoopUnroll
     for (uint32_t kb = 0; kb < num_kb; ++kb) {
-      const uint32_t s = pipe.stage;
-      mbarrier_wait(&smem.full_bar[s], pipe.phase);
-      wait_turn();
-      issue(acc, s);
-      pass_turn();
-      const float2 sa = load_sfa(s);
-      BScales sb;
-      load_sfb(sb, s);
-      wgmma_wait<0>();
-      settle(acc);
-      release(s);
-      promote(out, acc, sa, sb);
+      block(out, acc, pipe.stage, pipe.phase);
       pipe.advance();
     }
   }
