@@ -7,6 +7,7 @@
     python scripts/sass_diff.py --pin                # print tests/test_sass_pinned.py's PINNED_HASHES entry
     python scripts/sass_diff.py --pin --nvrtc LIBPATH  # ... for another NVRTC (repeatable)
     python scripts/sass_diff.py --extras --nvrtc /path/to/nvidia/cu13/lib/libnvrtc.so.13   # another NVRTC
+    python scripts/sass_diff.py --wgrad --base REV   # the weight-gradient kernel (fp8_wgrad.cu) instead
 
 NVRTC builds sm_90a cubins on the CPU; no GPU is needed. The instruction stream is the kernel's .text section
 (sass_tools.elf): branch targets are relative and the kernel calls nothing, so identical code gives identical bytes,
@@ -21,11 +22,16 @@ with the GPU image's NVRTC 13.0 (where the kernel's performance is measured) as 
 ``pip install --target DIR nvidia-cuda-nvrtc==13.0.*`` and ``--nvrtc DIR/nvidia/cu13/lib/libnvrtc.so.13``
 (sass_tools.nvrtc.find_nvrtc_libs lists the libraries it finds). These cubins share the default builds' cache,
 keyed by source digest and library.
+
+``--wgrad`` checks the weight-gradient kernel the same way: the chooser's picks for DeepGEMM 03d0be3's test_core
+wgrad and k-grouped shapes, and the options it does not pick (ping-pong, two accumulator sets, the storing form, A
+multicast, a 64-row k-grouped tile).
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import difflib
 import hashlib
 import os
@@ -42,6 +48,7 @@ sys.path[:0] = [str(ROOT)]
 
 from cupygemm import config as C  # noqa: E402
 from cupygemm import contract  # noqa: E402
+from cupygemm import contract_wgrad as cw  # noqa: E402
 from cupygemm.shapes import CONTIGUOUS, K_TAIL_SHAPE, MASKED, NORMAL, NORMAL_NK  # noqa: E402
 from cupygemm.jit.compiler import BASE_OPTIONS, compile_cubin, nvrtc_version  # noqa: E402
 from cupygemm.jit.source import KernelSource  # noqa: E402
@@ -50,6 +57,7 @@ from sass_tools.elf import Cubin  # noqa: E402
 from sass_tools.nvrtc import compile_ctypes  # noqa: E402
 
 ENTRY = "cupygemm_fp8_gemm"
+WGRAD_ENTRY = "cupygemm_fp8_wgrad"
 DEFAULT_BASE = "1b28717"
 NUM_SMS = 132
 # Serving decode batches besides the seed shapes' M (64, 128, 4096): they reach split-K across CTAs, interleave_k
@@ -70,7 +78,29 @@ def tree_defines(cfg, tree: str) -> dict[str, object]:
     return out
 
 
+def is_wgrad(cfg) -> bool:
+    return isinstance(cfg, cw.WgradConfig)
+
+
+def kernel_of(cfg) -> tuple[str, str]:
+    """(source file, entry point) of cfg's kernel."""
+    return ("fp8_wgrad.cu", WGRAD_ENTRY) if is_wgrad(cfg) else ("fp8_gemm.cu", ENTRY)
+
+
+def defines_of(cfg, tree: Path) -> dict[str, object]:
+    """The CUPYGEMM_* constants of ``cfg`` as ``tree`` reads them."""
+    return cw.defines(cfg) if is_wgrad(cfg) else tree_defines(cfg, spelling(tree))
+
+
+def source_of(cfg, tree: Path) -> KernelSource:
+    return render_from(tree, defines_of(cfg, tree), *kernel_of(cfg))
+
+
 def features(cfg) -> dict[str, object]:
+    if is_wgrad(cfg):
+        return {"kind": cfg.kind, "block_m": cfg.block_m, "multicast": cfg.multicast, "swizzle": cfg.swizzle,
+                "two_acc_sets": cfg.two_acc_sets, "pingpong": cfg.pingpong, "store": cfg.store,
+                "stages": cfg.num_stages}
     return {"kind": C.KIND_NAMES[cfg.kind], "block_m": cfg.block_m, "math_wg": cfg.num_math_wg,
             "multicast": cfg.multicast, "interleave_k": cfg.interleave_k, "serial_m": cfg.serial_m,
             "split_k>1": cfg.split_k > 1, "stream_k": cfg.stream_k,
@@ -90,6 +120,36 @@ def chosen_configs() -> list[tuple[str, object]]:
         key = tuple(sorted(tree_defines(cfg, "new").items()))
         seen.setdefault(key, (name, cfg))
     return list(seen.values())
+
+
+def wgrad_configs() -> list[tuple[str, object]]:
+    """(problem, config) for every distinct weight-gradient kernel the chooser picks for DeepGEMM 03d0be3's test_core
+    shapes, and the options it does not pick."""
+    mn = [(7168, 2112), (1536, 24576), (512, 32768), (16384, 7168), (7168, 4096), (2048, 7168)]
+    problems = [(f"wgrad {m}x{n}x{k}", (cw.KIND_WGRAD, m, n, k, 1)) for m, n in mn for k in (4096, 8192)]
+    problems += [(f"k-grouped {g}x{m}x{n}x{k}", (cw.KIND_K_GROUPED, m, n, k, g)) for g, k in ((4, 4096), (4, 8192),
+                                                                                              (8, 4096))
+                 for m, n in ((7168, 4096), (2048, 7168))]
+    seen: dict[tuple, tuple[str, object]] = {}
+    for name, (kind, m, n, k, g) in problems:
+        cfg = cw.choose_wgrad_config(kind, m, n, k, g, NUM_SMS)
+        seen.setdefault(tuple(sorted(cw.defines(cfg).items())), (name, cfg))
+    dense = cw.choose_wgrad_config(cw.KIND_WGRAD, 7168, 4096, 4096, 1, NUM_SMS)
+    grouped = cw.choose_wgrad_config(cw.KIND_K_GROUPED, 7168, 4096, 4096, 4, NUM_SMS)
+    options = [("option ping-pong", dict(block_n=144, swizzle=64, pingpong=True)),
+               ("option store", dict(store=True)),
+               ("option two acc sets", dict(block_n=96, swizzle=128, two_acc_sets=True)),
+               ("option A multicast", dict(block_n=128, swizzle=128, multicast=1))]
+    out = list(seen.values())
+    for name, fields in options:
+        cfg = dataclasses.replace(dense, **fields)
+        out.append((name, dataclasses.replace(cfg, num_stages=min(8, cw.max_stages(
+            cfg.block_m, cfg.block_n, cfg.swizzle, cfg.num_slabs)))))
+    out.append(("option k-grouped ping-pong", dataclasses.replace(grouped, pingpong=True)))
+    narrow = dataclasses.replace(grouped, block_m=64, block_n=160, swizzle=128, multicast=0)
+    out.append(("option k-grouped 64x160", dataclasses.replace(narrow, num_stages=min(8, cw.max_stages(
+        64, 160, 128, narrow.num_slabs)))))
+    return out
 
 
 def _make(kind: int, n: int, k: int, bm: int, bn: int, **fields):
@@ -137,17 +197,18 @@ def base_tree(rev: str, dest: Path) -> Path:
     return out
 
 
-def render_from(tree: Path, defines: dict[str, object]) -> KernelSource:
-    """fp8_gemm.cu of ``tree`` with ``defines`` prepended and its headers inlined (as cupygemm.jit.source does)."""
+def render_from(tree: Path, defines: dict[str, object], source: str = "fp8_gemm.cu",
+                entry: str = ENTRY) -> KernelSource:
+    """``source`` of ``tree`` with ``defines`` prepended and its headers inlined (as cupygemm.jit.source does)."""
     headers: dict[str, str] = {}
-    todo = _INCLUDE.findall((tree / "fp8_gemm.cu").read_text())
+    todo = _INCLUDE.findall((tree / source).read_text())
     while todo:
         inc = todo.pop()
         if inc not in headers:
             headers[inc] = (tree / inc).read_text()
             todo.extend(_INCLUDE.findall(headers[inc]))
-    text = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + (tree / "fp8_gemm.cu").read_text()
-    return KernelSource("fp8_gemm.cu", text, dict(sorted(headers.items())), ENTRY)
+    text = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + (tree / source).read_text()
+    return KernelSource(source, text, dict(sorted(headers.items())), entry)
 
 
 def cache_dir() -> Path:
@@ -200,15 +261,15 @@ def build_with(lib: str, builds: list[tuple[KernelSource, Path]], jobs: int) -> 
     return [p.read_bytes() for p in paths]
 
 
-def instruction_stream(cubin: bytes) -> tuple[bytes, int]:
+def instruction_stream(cubin: bytes, entry: str = ENTRY) -> tuple[bytes, int]:
     """(the kernel's .text bytes, its register count)."""
     cb = Cubin.from_bytes(cubin)
-    k = cb.kernel(ENTRY)
+    k = cb.kernel(entry)
     return cb.read_text(k), k.registers
 
 
-def stream_hash(cubin: bytes) -> str:
-    return hashlib.sha256(instruction_stream(cubin)[0]).hexdigest()[:16]
+def stream_hash(cubin: bytes, entry: str = ENTRY) -> str:
+    return hashlib.sha256(instruction_stream(cubin, entry)[0]).hexdigest()[:16]
 
 
 def print_pins(libs: list[str], jobs: int) -> int:
@@ -264,24 +325,25 @@ def listing(cubin: bytes) -> list[str]:
         line = re.sub(r"/\*[0-9a-f]{4,}\*/", "", line)
         line = re.sub(r"/\*\s*0x[0-9a-f]+\s*\*/", "", line).strip()
         if line and not line.startswith((".", "//")) and not line.endswith(":"):
-            lines.append(re.sub(r"`\([^)]*\)", "`(L)", line).replace(ENTRY, "K"))
+            lines.append(re.sub(r"`\([^)]*\)", "`(L)", line).replace(ENTRY, "K").replace(WGRAD_ENTRY, "K"))
     return lines
 
 
 def compare(args: tuple) -> dict:
     name, cfg, old_tree, new_tree = args
-    new = build(render_from(new_tree, tree_defines(cfg, "new")))
+    new = build(source_of(cfg, new_tree))
     try:
-        old = build(render_from(old_tree, tree_defines(cfg, spelling(old_tree))))
+        old = build(source_of(cfg, old_tree))
     except CupygemmCompileError:  # a kernel feature the base does not have (or allow for this config)
-        text, regs = instruction_stream(new)
+        text, regs = instruction_stream(new, kernel_of(cfg)[1])
         return {"name": name, "cfg": cfg, "instructions": len(text) // 16, "old_instructions": 0, "regs": (0, regs),
                 "same": False, "hash": hashlib.sha256(text).hexdigest()[:16], "diff_lines": 0, "new_only": True}
     return compare_cubins(name, cfg, old, new)
 
 
 def compare_cubins(name: str, cfg, old: bytes, new: bytes) -> dict:
-    (old_text, old_regs), (new_text, new_regs) = instruction_stream(old), instruction_stream(new)
+    entry = kernel_of(cfg)[1]
+    (old_text, old_regs), (new_text, new_regs) = instruction_stream(old, entry), instruction_stream(new, entry)
     row = {"name": name, "cfg": cfg, "instructions": len(new_text) // 16, "old_instructions": len(old_text) // 16,
            "regs": (old_regs, new_regs), "same": old_text == new_text and old_regs == new_regs,
            "hash": hashlib.sha256(new_text).hexdigest()[:16], "diff_lines": 0}
@@ -299,6 +361,8 @@ def spelling(tree: Path) -> str:
 
 
 def short(cfg) -> str:
+    if is_wgrad(cfg):
+        return cfg.describe().split(": ", 1)[-1].replace(" slabs of ", "x").replace(" floats", "")[:44]
     tags = [C.KIND_NAMES[cfg.kind][:6], f"{cfg.block_m}x{cfg.block_n}/n{cfg.wgmma_n}", f"st{cfg.num_stages}",
             f"wg{cfg.num_math_wg}"]
     tags += [t for t, on in ((f"mc{cfg.multicast}", cfg.multicast), ("ilv", cfg.interleave_k),
@@ -316,6 +380,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="regex over the config's short description")
     ap.add_argument("--extras", action="store_true",
                     help="also check kernel features the chooser does not propose for these shapes (extra_configs)")
+    ap.add_argument("--wgrad", action="store_true",
+                    help="the weight-gradient kernel (fp8_wgrad.cu): its picks for DeepGEMM's shapes and its options")
     ap.add_argument("--hashes", action="store_true", help="print the new tree's instruction-stream hashes only")
     ap.add_argument("--pin", action="store_true",
                     help="print the PINNED_HASHES entry of tests/test_sass_pinned.py for this tree and CuPy's NVRTC "
@@ -328,17 +394,17 @@ def main() -> int:
 
     if args.pin:
         return print_pins(args.nvrtc, args.jobs)
-    configs = chosen_configs() + (extra_configs() if args.extras else [])
+    configs = wgrad_configs() if args.wgrad else chosen_configs() + (extra_configs() if args.extras else [])
     configs = [(n, c) for n, c in configs if re.search(args.only, short(c))]
     new_tree = Path(args.new).resolve()
-    new_srcs = [render_from(new_tree, tree_defines(cfg, "new")) for _, cfg in configs]
+    new_srcs = [source_of(cfg, new_tree) for _, cfg in configs]
     if args.hashes:
         for lib in args.nvrtc or [None]:
             if lib is not None:
                 print(f"NVRTC {_lib_tag(lib).split('-')[0]} ({lib}):")
             cubins = build_with(lib, [(s, new_tree) for s in new_srcs], args.jobs) if lib else map(build, new_srcs)
             for (name, cfg), cubin in zip(configs, cubins):
-                print(f"{stream_hash(cubin)}  {short(cfg):42s} {name}")
+                print(f"{stream_hash(cubin, kernel_of(cfg)[1])}  {short(cfg):42s} {name}")
         return 0
     old_tree = base_tree(args.base, cache_dir())
     if not args.nvrtc:
@@ -346,7 +412,7 @@ def main() -> int:
         with concurrent.futures.ProcessPoolExecutor(max(1, args.jobs)) as pool:
             rows = list(pool.map(compare, jobs))
         return report(rows, args, ".".join(map(str, nvrtc_version())))
-    old_srcs = [render_from(old_tree, tree_defines(cfg, spelling(old_tree))) for _, cfg in configs]
+    old_srcs = [source_of(cfg, old_tree) for _, cfg in configs]
     status = 0
     for lib in args.nvrtc:
         cubins = build_with(lib, [(s, old_tree) for s in old_srcs] + [(s, new_tree) for s in new_srcs], args.jobs)
