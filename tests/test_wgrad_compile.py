@@ -132,6 +132,20 @@ def test_dense_k_loop_is_unrolled_and_promotes_with_fmul_and_ffma(tmp_path):
     assert len(re.findall(r"LDS\.64", sass)) == 4 * cfg.block_n // 8  # B scales: one float2 per 8 columns
 
 
+def test_k_grouped_k_loop_runs_in_chunks_from_stage_zero(tmp_path):
+    """K-grouped 128-row tiles of up to 4 stages run their K loop as a block before the first stage-0 one, chunks of
+    kNumStages blocks (each stage a compile-time constant) and a block after: 4 + 4 x stages + 4 wgmmas. Other
+    k-grouped tiles (here 64 rows on 6 stages) keep the loop unrolled twice with a remainder: 3 x 4."""
+    aligned = REPRESENTATIVE["kgrouped-128x128"]
+    assert aligned.num_stages == 4
+    sass = sass_of(compile_wgrad(aligned), tmp_path)
+    assert len(re.findall(r"QGMMA\.64x128x32", sass)) == 4 + 4 * aligned.num_stages + 4
+    unrolled = REPRESENTATIVE["kgrouped-64x160"]
+    assert unrolled.num_stages > 4
+    sass = sass_of(compile_wgrad(unrolled), tmp_path)
+    assert len(re.findall(r"QGMMA\.64x160x32", sass)) == 3 * 4
+
+
 def test_prep_kernel_sass(tmp_path):
     """The prep kernel edits shared-memory copies of the maps (the row stride goes in shifted right by 4: ptxas takes
     bytes) and copies them out with the tensormap proxy's release: 4-byte strong GPU-scope stores, one per lane."""
