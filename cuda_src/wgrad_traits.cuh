@@ -102,7 +102,7 @@ struct WgradTraits {
   // Dense tiles run the K loop over compile-time bounds, unrolled so that the next block's barrier wait and
   // operand setup overlap this block's promotion. K-grouped tiles run their group's K blocks (a run-time count) in
   // chunks of kNumStages blocks that start on stage 0 (mainloop_1d1d.cuh, k_loop_aligned): on 128-row tiles of
-  // up to 4 stages (those measured; a chunk is that many blocks unrolled, and 64x160 on 7 stages spills) 6-8 %
+  // up to 4 stages (those measured; a chunk is that many blocks unrolled, and 64x160 on 6 stages spills) 6-8 %
   // faster on the 7168x4096 groups than unrolled twice, while dense tiles ran 1-3 % slower that way
   // (benchmarks/NOTES.md, "Weight-gradient kernel"). Other k-grouped tiles: unrolled twice (with a remainder).
   static constexpr uint32_t kKLoopUnroll = kKGrouped ? 2 : 4;
