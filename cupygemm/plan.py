@@ -82,7 +82,7 @@ class GemmPlan:
         ptrs = (a, sfa, b, sfb, d, layout, partials, counters, *page_sides)
         params = self._packed.get(ptrs)
         if params is None:
-            params = self._pack(ptrs)
+            params = self._pack(ptrs, bind_context=True)
         if self.pdl:
             self.launcher.launch_pdl(params, self.grid, self.threads, self.smem_bytes, stream)
         else:
@@ -114,9 +114,13 @@ class GemmPlan:
             launch(stream)
         return fire
 
-    def _pack(self, ptrs: tuple[int, ...]) -> object:
+    def _pack(self, ptrs: tuple[int, ...], bind_context: bool = False) -> object:
+        """The launch parameters of a pointer set, made once. ``bind_context``: bind the device's context to this
+        thread first (encoding the TMA maps is a driver call too; XLA's threads have theirs bound)."""
         a, sfa, b, sfb, d, layout, partials, counters, *page_sides = ptrs
         self._check_out_overlap(a, sfa, b, sfb, d, layout)
+        if bind_context:
+            ensure_context(self.device)
         tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, a, b, sfa, d)))
         # In the order of contract.GEMM_PARAM_NAMES (and SIDE_PARAM_NAMES: B is the packed weights).
         sides = () if not self.side_map else (

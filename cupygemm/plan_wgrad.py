@@ -16,7 +16,7 @@ from typing import Any
 
 from . import contract_wgrad as cw
 from .contract import TmaSpec
-from .device import get_num_sms, require_hopper
+from .device import ensure_context, get_num_sms, require_hopper
 from .jit.loader import SmallKernel, load
 from .jit.source import KernelSource, render
 from .util import ceil_div
@@ -96,6 +96,7 @@ class WgradPlan:
     def _pack(self, ptrs: tuple[int, ...]) -> tuple[Any, Any]:
         a, sfa, b, sfb, d, layout, workspace = ptrs
         self._check_out_overlap(a, sfa, b, sfb, d, layout)
+        ensure_context(self.device)  # encoding the TMA maps is a driver call too
         maps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, b, sfa, sfb, d)))
         prep = None
         if self.grouped:

@@ -245,12 +245,15 @@ def test_dlpack_operands_are_exported_once_per_call(recorder, monkeypatch):
     assert recorder[1][2] == 0x1C000000  # the kernel reads the copy
 
 
-def test_a_plan_keeps_a_scan_worth_of_pointer_sets():
+def test_a_plan_keeps_a_scan_worth_of_pointer_sets(monkeypatch):
     """A JAX scan can hand a custom call a new operand address on every step (XLA's dynamic-slice fusion): a plan
     cycling through 100 pointer sets packs each once, then finds them all again (a cache cleared whenever it was
     full made every call of such a cycle pack its arguments anew)."""
+    from cupygemm import plan as plan_mod
     from cupygemm.kinds.forward import NORMAL
     from cupygemm.plan import GemmPlan
+
+    monkeypatch.setattr(plan_mod, "ensure_context", lambda device: None)  # no GPU here
 
     class Spec:
         dims, strides = (16, 1, 1), (16, 16)  # 16 bytes: the operands lie apart
