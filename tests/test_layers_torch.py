@@ -12,6 +12,7 @@ from cupygemm import calc_diff  # noqa: E402
 from cupygemm.torch import FP8GroupedLinear, FP8Linear, fp8_grouped_linear, fp8_linear  # noqa: E402
 from cupygemm.torch.layers import m_indices_from_group_sizes  # noqa: E402
 
+import torch_cpu_ops as cpu_kernels  # noqa: E402
 from torch_cpu_ops import cpu_ops  # noqa: E402
 
 TOL = 2e-3  # calc_diff against the unquantized float64 product: three FP8 operands per GEMM
@@ -203,6 +204,29 @@ def test_torch_compile_runs_the_layers_opaquely_and_matches_eager():
     assert explained.graph_break_count >= 1
     assert all("fp8_linear" in r.reason for r in explained.break_reasons)  # the layer call, not marked traceable
     assert any("gelu" in g.code for g in explained.graphs)  # the model around the layers is compiled
+
+
+def test_compiled_call_traces_with_dtensor_loaded_and_its_rules_not_registered(monkeypatch):
+    """DTensor imported after ``cupygemm.torch`` (the rules then register at the first call that may see one), and
+    that first call compiled with ``fullgraph=True``: it traces, and matches eager. Registering the rules was traced
+    too and failed the compile (Dynamo cannot trace ``register_sharding``)."""
+    pytest.importorskip("torch.distributed.tensor")
+    import cupygemm
+    from cupygemm.torch import sharding
+
+    monkeypatch.setattr(sharding, "_registered", False)
+    torch._dynamo.reset()
+
+    def layer(x, b, sfb):
+        a, sfa = cupygemm.per_token_cast_to_fp8(x)
+        return torch.relu(cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))) * 2
+
+    x = torch.randn(64, 256, dtype=torch.bfloat16)
+    b, sfb = cpu_kernels.per_block_cast_to_fp8(torch.randn(128, 256, dtype=torch.bfloat16))
+    got = torch.compile(layer, fullgraph=True, backend="aot_eager")(x, b, sfb)
+    assert not sharding._registered  # not under the trace
+    want = cpu_kernels.gemm_fp8_fp8_bf16_nt(*cpu_kernels.per_token_cast_to_fp8(x), b, sfb)
+    assert torch.equal(got, torch.relu(want) * 2)
 
 
 # ---- grouped ----------------------------------------------------------------------------------------------------

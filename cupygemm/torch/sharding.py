@@ -105,8 +105,10 @@ def ensure_registered() -> None:
 
 def register_if_loaded() -> None:
     """Registers the rules if DTensor is loaded and they are not yet: a flag test once they are (the public
-    functions' path for tensor subclasses)."""
-    if not _registered and "torch.distributed.tensor" in sys.modules:
+    functions' path for tensor subclasses). Not while Dynamo traces the call: it cannot trace ``register_sharding``,
+    and a ``fullgraph=True`` compile of a call on plain tensors failed with DTensor loaded. A program whose first
+    call on DTensors is compiled calls :func:`ensure_registered` first."""
+    if not _registered and "torch.distributed.tensor" in sys.modules and not torch.compiler.is_compiling():
         ensure_registered()
 
 
