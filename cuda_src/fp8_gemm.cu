@@ -79,16 +79,20 @@ __device__ __forceinline__ void fp8_gemm(const TmaDescriptor& tmap_a, const TmaD
     mbarrier_init_fence();
     // The page bits are part of the packed weights, constant until repacked: read before any PDL wait.
     if constexpr (T::kSides && !T::kSidePageParams) load_page_bits<T>(sides, num_groups, smem);
-    if constexpr (T::kSides && !T::kPdl) take_side_ticket<T>(sides, smem);
+    if constexpr (T::kSides) {
+      if (!T::kPdl || sides.tickets_before_wait) take_side_ticket<T>(sides, smem);
+    }
   }
   // Clustered: the peer multicasts into our shared memory and arrives on our barriers, so it must see them
   // initialised.
   if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
   // Everything above overlaps the previous kernel's tail; from here on global memory is read and written.
   if constexpr (T::kPdl) grid_dependency_wait();
-  if constexpr (T::kSides && T::kPdl) {  // the ticket counters are global memory the previous kernel may reset
-    if (threadIdx.x == T::kNumMathThreads) take_side_ticket<T>(sides, smem);
-    if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
+  if constexpr (T::kSides && T::kPdl) {  // counters the previous kernel may still be resetting: drawn after the wait
+    if (!sides.tickets_before_wait) {
+      if (threadIdx.x == T::kNumMathThreads) take_side_ticket<T>(sides, smem);
+      if constexpr (T::kCluster > 1) cluster_sync(); else __syncthreads();
+    }
   }
   const SideWork side = T::kSides ? side_work<T>(smem.ticket, sides.clusters0) : SideWork{};
 
@@ -189,7 +193,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
 #if CUPYGEMM_SIDES
                       , const __grid_constant__ cupygemm::SideMap sm_sides, const uint8_t* packed_b,
                       uint32_t* side_tickets, uint32_t side_clusters0, uint32_t side_base_low, uint32_t side_hash,
-                      uint32_t side_page_w0, uint32_t side_page_w1, uint32_t side_page_w2, uint32_t side_page_w3
+                      uint32_t side_page_w0, uint32_t side_page_w1, uint32_t side_page_w2, uint32_t side_page_w3,
+                      uint32_t side_tickets_before_wait
 #endif
                       ) {
   using Traits = cupygemm::KernelTraits<CUPYGEMM_SHAPE_N, CUPYGEMM_SHAPE_K, CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N,
@@ -201,8 +206,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                         CUPYGEMM_TWO_ACC_SETS, CUPYGEMM_B_PREFETCH>;
 #if CUPYGEMM_SIDES
   static_assert(Traits::kSideBoxRows == CUPYGEMM_SIDE_BOX_ROWS, "tmap_b's box (contract.py) fits the producer's");
-  const cupygemm::SideArgs sides{&sm_sides, packed_b, side_tickets, side_clusters0, side_base_low, side_hash,
-                                 {side_page_w0, side_page_w1, side_page_w2, side_page_w3}};
+  const cupygemm::SideArgs sides{&sm_sides, packed_b, side_tickets, side_tickets_before_wait, side_clusters0,
+                                 side_base_low, side_hash, {side_page_w0, side_page_w1, side_page_w2, side_page_w3}};
 #else
   const cupygemm::SideArgs sides{};
 #endif

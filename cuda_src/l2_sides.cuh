@@ -107,7 +107,11 @@ template <uint32_t SHAPE_N, uint32_t SHAPE_K> struct PackedB {
 struct SideArgs {
   const SideMap* map;  // the __grid_constant__ parameter (indexed by SM: read in place, not copied)
   const uint8_t* packed_b;  // B packed as PackedB describes (the kernel reads its page bits; B itself via tmap_b)
-  uint32_t* tickets;        // [3] uint32, zero at launch (scratch on the launch's stream)
+  uint32_t* tickets;        // [3] uint32, zero at launch and left zero by the launch's last cluster
+  // 1: the kernel before this one on the stream cannot be using `tickets` (the host alternates two sets per
+  // stream, and a PDL kernel starts only after the one before its predecessor has finished), so a PDL kernel
+  // draws before its grid dependency wait; 0: they may be, it draws after the wait (cupygemm/workspace.py).
+  uint32_t tickets_before_wait;
   uint32_t clusters0;       // clusters that work on half 0 (the rest work on half 1)
   uint32_t base_low;        // PageSides of the packed weights
   uint32_t hash;

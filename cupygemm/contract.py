@@ -34,13 +34,16 @@ GEMM_FILE, GEMM_ENTRY = "fp8_gemm.cu", "cupygemm_fp8_gemm"
 GEMM_PARAM_NAMES = ("tmap_a", "tmap_a_tail", "tmap_b", "tmap_sfa", "tmap_d", "sfb", "grouped_layout", "d",
                     "partials", "tile_counters", "shape_m", "num_groups", "ld_d", "b_evict_first")
 GEMM_PARAMS = (DESC,) * 5 + (PTR,) * 5 + (U32,) * 4
-#: Side-aware kernels (``GemmConfig.sides``) take ten more: the SM side map (by value), B packed (tmap_b maps the
+#: Side-aware kernels (``GemmConfig.sides``) take eleven more: the SM side map (by value), B packed (tmap_b maps the
 #: same buffer), the side ticket counters, the clusters that work on half 0 of N, the packed weights' base_low and
-#: hash bits (cuda_src/l2_sides.cuh, PageSides) and the first four words of their page bits (ParamPageSides: read
-#: by normal GEMMs whose B spans at most 128 pages; the others copy the bits from the buffer).
+#: hash bits (cuda_src/l2_sides.cuh, PageSides), the first four words of their page bits (ParamPageSides: read
+#: by normal GEMMs whose B spans at most 128 pages; the others copy the bits from the buffer), and whether a PDL
+#: kernel may draw its ticket before its grid dependency wait: 1 where the tickets are one of a stream's two sets
+#: that its launches take in turn (:func:`cupygemm.workspace.side_tickets`), 0 where they are the last
+#: :data:`SIDE_TICKET_COUNTERS` of the launch's scratch counters.
 SIDE_PARAM_NAMES = ("sm_sides", "packed_b", "side_tickets", "side_clusters0", "side_base_low", "side_hash",
-                    "side_page_w0", "side_page_w1", "side_page_w2", "side_page_w3")
-GEMM_PARAMS_SIDES = GEMM_PARAMS + (SIDE_MAP, PTR, PTR, U32, U32, U32) + (U32,) * PARAM_PAGE_WORDS
+                    "side_page_w0", "side_page_w1", "side_page_w2", "side_page_w3", "side_tickets_before_wait")
+GEMM_PARAMS_SIDES = GEMM_PARAMS + (SIDE_MAP, PTR, PTR, U32, U32, U32) + (U32,) * PARAM_PAGE_WORDS + (U32,)
 #: Shared memory of a side-aware kernel after the stages: the ticket and the page bits' barrier (16 bytes), then the
 #: page bits (KernelTraits::SMEM_SIDES); and its uint32 counters in the scratch.
 SIDE_SMEM_BYTES = 16 + MAX_PAGE_WORDS * 4

@@ -64,14 +64,17 @@ class GemmPlan:
     _spans: tuple[int, ...] | None = field(default=None, repr=False)  # the operands' byte extents, made on first use
 
     def launch(self, stream: int, a: int, sfa: int, b: int, sfb: int, d: int, layout: int = 0, partials: int = 0,
-               counters: int = 0, zero_counters: bool = False, page_sides: tuple[int, ...] = NO_PAGE_SIDES) -> None:
+               counters: int = 0, zero_counters: bool = False, page_sides: tuple[int, ...] = NO_PAGE_SIDES,
+               tickets: int = 0) -> None:
         """Launch on ``stream`` over the given device pointers.
 
         ``layout``: m_indices (contiguous) or masked_m (masked). ``partials``/``counters``: scratch of
         :attr:`scratch_floats` floats and :attr:`scratch_counters` uint32, the counters zero unless
         ``zero_counters`` (then they are cleared on ``stream`` first; capturable in a CUDA graph). ``page_sides``
         (side-aware plans; ``b`` is the packed data): the packed weights' (base_low, hash_bits, four page-bit
-        words), :attr:`cupygemm.packing.PackedWeights.launch_sides`.
+        words), :attr:`cupygemm.packing.PackedWeights.launch_sides`. ``tickets`` (side-aware plans): the ticket
+        set :meth:`cupygemm.workspace.BufferSet.take_tickets` gave this launch, drawn before a PDL kernel's wait;
+        0: the last :data:`~cupygemm.contract.SIDE_TICKET_COUNTERS` of ``counters``, drawn after it.
         """
         if self.scratch_floats and not (partials and counters):
             raise ValueError(f"this launch needs scratch ({self.scratch_floats} floats, {self.scratch_counters} "
@@ -79,7 +82,7 @@ class GemmPlan:
         if zero_counters and self.scratch_counters:
             ensure_context(self.device)  # the memset, a driver call, comes before the launcher's own check
             _memset_u32(counters, self.scratch_counters, stream)
-        ptrs = (a, sfa, b, sfb, d, layout, partials, counters, *page_sides)
+        ptrs = (a, sfa, b, sfb, d, layout, partials, counters, tickets, *page_sides)
         params = self._packed.get(ptrs)
         if params is None:
             params = self._pack(ptrs, bind_context=True)
@@ -96,7 +99,7 @@ class GemmPlan:
         if self.scratch_floats and not (partials and counters):
             raise ValueError(f"this launch needs scratch ({self.scratch_floats} floats, {self.scratch_counters} "
                              "counters)")
-        ptrs = (a, sfa, b, sfb, d, layout, partials, counters, *page_sides)
+        ptrs = (a, sfa, b, sfb, d, layout, partials, counters, 0, *page_sides)
         params = self._packed.get(ptrs)
         if params is None:
             params = self._pack(ptrs)
@@ -117,15 +120,20 @@ class GemmPlan:
     def _pack(self, ptrs: tuple[int, ...], bind_context: bool = False) -> object:
         """The launch parameters of a pointer set, made once. ``bind_context``: bind the device's context to this
         thread first (encoding the TMA maps is a driver call too; XLA's threads have theirs bound)."""
-        a, sfa, b, sfb, d, layout, partials, counters, *page_sides = ptrs
+        a, sfa, b, sfb, d, layout, partials, counters, tickets, *page_sides = ptrs
         self._check_out_overlap(a, sfa, b, sfb, d, layout)
         if bind_context:
             ensure_context(self.device)
         tmaps = tuple(spec.encode(p) for spec, p in zip(self.tmaps, (a, a, b, sfa, d)))
         # In the order of contract.GEMM_PARAM_NAMES (and SIDE_PARAM_NAMES: B is the packed weights).
+        if self.side_map and not tickets:
+            if not counters:
+                raise ValueError("a side-aware launch needs its ticket counters (tickets or counters)")
+            tickets_at = counters + 4 * (self.scratch_counters - contract.SIDE_TICKET_COUNTERS)
+        else:
+            tickets_at = tickets
         sides = () if not self.side_map else (
-            self.side_map, b, counters + 4 * (self.scratch_counters - contract.SIDE_TICKET_COUNTERS), self.side_clusters0,
-            *page_sides)
+            self.side_map, b, tickets_at, self.side_clusters0, *page_sides, int(tickets != 0))
         params = self.launcher.pack(tmaps + (sfb, layout, d, partials, counters) + self.scalars + sides)
         if len(self._packed) >= _PACKED_LIMIT:  # a cycle longer than the limit would miss on every call if cleared
             del self._packed[next(iter(self._packed))]

@@ -17,6 +17,14 @@ The memory comes from the caller's framework, allocated in the stream's order:
   cost a microsecond of the call's host time); CuPy callers must run a call once before capturing it, so that
   nothing is allocated during capture.
 
+Side-aware kernels (packed weights) draw a ticket for their half of N from counters that the launch's last cluster
+sets back to zero. A PDL kernel starts while the kernel before it on the stream ends, so on counters shared with
+it the draw would have to wait for it; :func:`side_tickets` gives each stream two sets that its launches take in
+turn. A PDL kernel starts only once the one before it has passed its own wait, which came after the kernel before
+that had finished: the set it takes is free, and it draws before its wait (``side_tickets_before_wait``). A torch
+capture keeps the tickets in the launch's fresh scratch (drawn after the wait): the graph may be replayed on
+another stream, beside this one's own launches.
+
 A set grows with headroom (a quarter more than asked for, or than it had), so a few larger problems do not each
 reallocate; each kind keeps at most ``MAX_SETS`` sets, the oldest (made or grown longest ago) going first.
 """
@@ -25,9 +33,10 @@ from __future__ import annotations
 import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from .contract import SIDE_TICKET_COUNTERS
 from .streams import cupy_stream, is_capturing, torch_stream
 from .tensors import Framework
 
@@ -45,6 +54,15 @@ class BufferSet:
     floats: int  # sizes of data and counters (read on every call: cheaper than the arrays' shapes)
     num_counters: int
     pinned: bool  # CuPy memory: may be captured into a CUDA graph, so never freed
+    # Side tickets only (:func:`side_tickets`): the set the stream's last launch took, and the lock held from
+    # :meth:`take_tickets` until that launch is queued, so that two threads on one stream alternate too.
+    parity: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take_tickets(self) -> int:
+        """The device pointer of the ticket set this launch takes (the other one than the stream's last launch)."""
+        self.parity ^= 1
+        return self.ptrs[1] + 4 * SIDE_TICKET_COUNTERS * self.parity
 
 
 class Registry:
@@ -113,6 +131,7 @@ def _per_thread_key(torch_memory: bool, device: int) -> tuple:
 
 
 _SCRATCH = Registry("split-K and stream-K scratch", counters=True)
+_TICKETS = Registry("side tickets", counters=True)
 _SFA = Registry("A scales in the kernels' layout", counters=False)
 _SFB = Registry("B's 1x128 scales in the kernels' layout", counters=False)
 
@@ -131,6 +150,19 @@ def scratch(floats: int, counters: int, device: int, stream: int, framework: Fra
     if s is None or s.floats < floats or s.num_counters < counters:
         s = _SCRATCH.grow(key, floats, counters)
     return s.ptrs[0], s.ptrs[1], s
+
+
+def side_tickets(device: int, stream: int, framework: Framework, capturing: bool | None = None) -> BufferSet | None:
+    """The two side ticket sets of ``stream`` (see the module docstring), or None while a torch stream is being
+    captured (the launch then takes its tickets from its scratch). ``capturing`` as for :func:`scratch`."""
+    torch_memory = framework is Framework.TORCH
+    if torch_memory and (is_capturing(stream) if capturing is None else capturing):
+        return None
+    key = (torch_memory, device, stream) if stream != PER_THREAD_STREAM else _per_thread_key(torch_memory, device)
+    s = _TICKETS.sets.get(key)
+    if s is None:
+        s = _TICKETS.grow(key, 0, 2 * SIDE_TICKET_COUNTERS)
+    return s
 
 
 def sfa_buffer(floats: int, device: int, stream: int, framework: Framework,

@@ -3,7 +3,8 @@
 # Usage (from the repo root on the GPU machine):
 #   bash scripts/device_check.sh [tests] [tests-under-load] [tests-repeat N] [capture-probe] [bench] [peers] [decode]
 #                                [masked-full] [train-bench] [train-step] [train-examples] [multigpu] [overhead] [chain]
-#                                [chain-prefetch] [pdl-lone] [casts] [jax] [timers] [sanitize] [pytest args...]
+#                                [chain-prefetch] [pdl-lone] [side-tickets] [casts] [jax] [timers] [sanitize]
+#                                [pytest args...]
 # tests: the gpu tests (log: gpu_tests.log). tests-under-load: the same beside another process running GEMMs
 # (scripts/gpu_load.py, for LOAD_SECONDS, default 600, and stopped when the tests end; log:
 # gpu_tests_under_load.log, the load's own lines at its end). tests-repeat N: the gpu tests N times in a row (default
@@ -123,6 +124,8 @@ for s in "${steps[@]}"; do
       done ;;
     pdl-lone)  # where a lone PDL call's cost comes from: the launch attribute or the kernel variant
       python3 benchmarks/probes/pdl_lone_probe.py "$OUT/pdl_lone.json" 2>&1 | tee "$OUT/pdl_lone.log" ;;
+    side-tickets)  # packed PDL launches drawing their side ticket before the wait against after it, one process
+      python3 benchmarks/probes/side_ticket_ab.py "$OUT/side_tickets.json" 2>&1 | tee "$OUT/side_tickets.log" ;;
     train-step)  # forward + backward of one FP8 linear layer against BF16 and torch._scaled_mm (torch and JAX)
       python3 -m cupygemm train-step --jax --json "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.log" ;;
     train-examples)  # the FP8-vs-BF16 training examples, their loss curves and step times as JSON

@@ -67,6 +67,7 @@ def _fake(shape, dtype, offset=0, strides=None):
 
 class _Plan:
     scratch_floats = scratch_counters = 0
+    pdl, side_map = False, b""
 
     def __init__(self, log):
         self.log = log
@@ -408,6 +409,98 @@ def test_packed_launcher_bound_launches_its_parameters():
     p2 = launcher.pack((b"\0" * 128, 2))
     launcher.bound(p2, 66, 384, 2048, pdl=True)(7)
     assert pdl == [(p2, 66, 384, 2048, 7)]
+
+
+# ---- side tickets: a side-aware PDL launch draws before its wait on one of its stream's two sets -------------------
+
+def test_a_side_aware_launch_passes_its_tickets_and_whether_they_are_its_own(monkeypatch):
+    from cupygemm import contract
+    from cupygemm import plan as plan_mod
+    from cupygemm.kinds.forward import NORMAL
+    from cupygemm.plan import GemmPlan
+
+    bound = []
+    monkeypatch.setattr(plan_mod, "ensure_context", bound.append)
+
+    class Launcher:
+        def __init__(self):
+            self.values = []
+
+        def pack(self, values):
+            assert bound, "the context is bound before the maps are encoded (a driver call)"
+            self.values.append(tuple(values))
+            return len(self.values) - 1
+
+        def launch_pdl(self, params, grid, block, smem, stream):
+            pass
+
+    launcher = Launcher()
+    plan = GemmPlan(NORMAL, 64, 256, 512, 1, 0, None, None, launcher, 132, 384, 1024, 64, 0,
+                    contract.SIDE_TICKET_COUNTERS, (_Spec(),) * 5, (64, 1, 256, 0), pdl=True, side_map=b"\1" * 32,
+                    side_clusters0=3)
+    pages = (0x2000, 0xB3000, 1, 2, 3, 4)
+    plan.launch(0, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, page_sides=pages, tickets=0x9010)
+    plan.launch(0, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, counters=0x7000, page_sides=pages)
+    sides = [v[5 + 5 + 4:] for v in launcher.values]  # after the maps, five pointers and four scalars
+    # its own set: drawn before the wait; the scratch's counters (XLA's, a torch capture's): after it
+    assert sides == [(b"\1" * 32, 0x3000, 0x9010, 3, *pages, 1), (b"\1" * 32, 0x3000, 0x7000, 3, *pages, 0)]
+    assert len(sides[0]) == len(contract.SIDE_PARAM_NAMES)
+    with pytest.raises(ValueError, match="ticket counters"):
+        plan.launch(0, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, page_sides=pages)
+
+
+def test_a_stream_ticket_sets_alternate_across_threads(monkeypatch):
+    """Calls on one stream from two threads: each launch takes the other set than the launch queued before it. The
+    set is taken and the kernel queued under the sets' lock (without it, a thread switch between the two gave two
+    launches in a row the same set here)."""
+    import threading
+    import time
+
+    from cupygemm import contract
+    from cupygemm.workspace import BufferSet
+
+    sets = BufferSet(None, None, (0, 0x9000), 0, 2 * contract.SIDE_TICKET_COUNTERS, True)
+    queued = []
+
+    class Plan:
+        scratch_floats, scratch_counters = 0, contract.SIDE_TICKET_COUNTERS
+        pdl, side_map = True, b"\1" * 32
+
+        def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, page_sides=(), tickets=0):
+            assert sets.lock.locked() and counters == 0  # no scratch: the plan's only counters are its tickets
+            time.sleep(0)  # the other thread's turn, if it can take it
+            queued.append(tickets)
+
+    def no_scratch(*args):
+        raise AssertionError("scratch() for a plan whose only counters are its tickets")
+
+    monkeypatch.setattr(gemm_mod, "plan_gemm", lambda *a, **k: Plan())
+    monkeypatch.setattr(gemm_mod, "resolve", lambda stream, framework, device: 0)
+    monkeypatch.setattr(gemm_mod, "single_gpu", lambda: True)
+    monkeypatch.setattr(gemm_mod, "_calls", {})
+    monkeypatch.setattr(gemm_mod, "side_tickets", lambda device, stream, framework, capturing: sets)
+    monkeypatch.setattr(gemm_mod, "scratch", no_scratch)
+    lhs, rhs, out = _operands()
+
+    def calls():
+        for _ in range(200):
+            cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+
+    threads = [threading.Thread(target=calls) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    set_bytes = 4 * contract.SIDE_TICKET_COUNTERS
+    assert len(queued) == 400 and queued[0] == 0x9000 + set_bytes
+    assert all(t != u for t, u in zip(queued, queued[1:])) and set(queued) == {0x9000, 0x9000 + set_bytes}
+
+
+def test_a_torch_capture_keeps_the_tickets_in_its_scratch():
+    from cupygemm.tensors import Framework
+    from cupygemm.workspace import side_tickets
+
+    assert side_tickets(0, 0x1234, Framework.TORCH, capturing=True) is None
 
 
 # ---- out overlapping an input -------------------------------------------------------------------------------------

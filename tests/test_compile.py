@@ -228,6 +228,19 @@ def test_b_prefetch_is_issued_before_the_wait(tmp_path):
 
 
 
+def test_side_ticket_drawn_before_the_wait_where_the_host_says_so(tmp_path):
+    """A side-aware PDL kernel draws its ticket (an atomic add) before griddepcontrol.wait (ACQBULK) when its
+    tickets are its stream's own set (``side_tickets_before_wait``), after it otherwise: both draws are in the code,
+    and nothing spills."""
+    cfg = C.side_aware_config(C.choose_config(C.KIND_NORMAL, 64, 2112, 7168, 1, 132), 132, 232448)
+    sass, _ = _sass(compile_gemm(cfg, True), tmp_path)
+    ops = re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
+    wait = ops.index("ACQBULK")
+    draws = [i for i, op in enumerate(ops) if op.startswith("ATOMG") and ".ADD" in op]
+    assert any(i < wait for i in draws) and any(i > wait for i in draws), (wait, draws)
+    assert not re.search(r"\b(LDL|STL)\b", sass)
+
+
 def test_b_prefetch_only_for_packed_weights_under_pdl_at_decode_rows(monkeypatch):
     """Plain B may be the previous kernel's output, so only packed weights prefetch; and only where it measured
     faster (M = 64)."""

@@ -282,3 +282,44 @@ def test_decode_chain_bits_with_pdl_packed_weights_and_graphs(kind, m, monkeypat
             want = got["0", "plain", "eager"]
             for mode, outs in got.items():
                 assert all(cp.array_equal(o, w) for o, w in zip(outs, want)), mode
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packed_launches_back_to_back_on_one_stream(threads, monkeypatch):
+    """Side-aware PDL launches queued back to back on one stream draw their tickets before their waits, from the
+    stream's two sets in turn (cupygemm/workspace.py): dozens in a row, of two plans with different grids, from one
+    thread or from two at once; every output is the lone call's, bit for bit."""
+    import threading
+
+    monkeypatch.setenv("CUPYGEMM_PDL", "1")
+    monkeypatch.setenv("CUPYGEMM_L2_SIDES", "1")
+    repeats = 16
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        cases = []
+        for m, n, k in [(64, 2112, 7168), (64, 7168, 2048)]:
+            gemm, weights, shape = _gemm_case("normal", m, n, k, stream, seed=m + n + k + 3)
+            packed = cupygemm.pack_weights(*weights[0], stream=stream)
+            assert packed.side_aware
+            want = cp.zeros(shape, cp.uint16)
+            gemm(packed, want)
+            stream.synchronize()  # the lone call: nothing before it on the stream is still running
+            outs = [[cp.full(shape, 0xFFFF, cp.uint16) for _ in range(repeats)] for _ in range(threads)]
+            cases.append((gemm, packed, want, outs))
+        stream.synchronize()
+
+    def queue(t):
+        for r in range(repeats):
+            for gemm, packed, _, outs in cases:
+                gemm(packed, outs[t][r])
+
+    workers = [threading.Thread(target=queue, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    stream.synchronize()
+    for i, (_, _, want, outs) in enumerate(cases):
+        for t in range(threads):
+            for r in range(repeats):
+                assert cp.array_equal(outs[t][r], want), (i, t, r)
