@@ -25,9 +25,12 @@ struct WgradTile {
 template <class T, bool kWarpWide> struct WgradScheduler {
   static constexpr uint32_t kNumNUnits = T::kMulticast == 1 ? ceil_div(T::kNumNBlocks, 2u) : T::kNumNBlocks;
 
+  static constexpr uint32_t kMUnitsPerGroup = T::kMulticast == 2 ? T::kNumMBlocksGrouped / 2 : T::kNumMBlocksGrouped;
+  static constexpr uint32_t kTilesPerGroup = kMUnitsPerGroup * kNumNUnits;  // scheduling units: pairs with multicast
+
   KGroupedWorkspace ws;
   uint32_t num_m_units;   // scheduling units along M (pairs of m blocks with B multicast)
-  uint32_t num_units;     // of the whole launch
+  uint32_t num_units;     // of the whole launch (dense)
   uint32_t next_unit, stride, rank;
 
   __device__ __forceinline__ WgradScheduler(uint32_t shape_m, const KGroupedWorkspace& ws_) : ws(ws_) {
@@ -36,10 +39,14 @@ template <class T, bool kWarpWide> struct WgradScheduler {
     stride = gridDim.x / T::kCluster;
     const uint32_t m_blocks = T::kKGrouped ? T::kNumMBlocksGrouped : ceil_div(shape_m, T::BLOCK_M);
     num_m_units = T::kMulticast == 2 ? ceil_div(m_blocks, 2u) : m_blocks;
-    if constexpr (T::kKGrouped)
-      num_units = uniform(__ldg(ws.num_active())) * (num_m_units * kNumNUnits);
-    else
-      num_units = num_m_units * kNumNUnits;
+    num_units = num_m_units * kNumNUnits;
+  }
+
+  // K-grouped: read from the workspace at each tile rather than held through the K loop, where a register for it
+  // was one too many for 128x152 tiles (NVRTC 13.0 and 13.5 spilled it: a store and a load per tile).
+  __device__ __forceinline__ uint32_t launch_units() const {
+    if constexpr (T::kKGrouped) return uniform(__ldg(ws.num_active())) * kTilesPerGroup;
+    return num_units;
   }
 
   template <typename V> static __device__ __forceinline__ V uniform(V v) {
@@ -61,12 +68,10 @@ template <class T, bool kWarpWide> struct WgradScheduler {
   }
 
   __device__ __forceinline__ bool next(WgradTile& t) {
-    if (next_unit >= num_units) return false;
+    if (next_unit >= launch_units()) return false;
     const uint32_t unit = next_unit;
     next_unit += stride;
     if constexpr (T::kKGrouped) {
-      constexpr uint32_t kMUnitsPerGroup = T::kMulticast == 2 ? T::kNumMBlocksGrouped / 2 : T::kNumMBlocksGrouped;
-      constexpr uint32_t kTilesPerGroup = kMUnitsPerGroup * kNumNUnits;  // scheduling units: pairs with multicast
       const uint32_t slot = unit / kTilesPerGroup;
       t.group = uniform(__ldg(ws.active() + slot));
       const uint4 info = __ldg(reinterpret_cast<const uint4*>(ws.info() + t.group));

@@ -88,10 +88,10 @@ PRODUCER_REGS_TWO_WG, MATH_REGS_TWO_WG, MATH_REGS_ONE_WG = 40, 232, 255
 #: both). A second accumulator set: 96 and 128. Widths are multiples of 8 (16 with B multicast, whose halves are
 #: whole 8-row swizzle atoms).
 MAX_BLOCK_N = {(2, False): 152, (2, True): 96, (1, False): 160, (1, True): 128}
-#: The chooser's widths: steps of 16, and for dense tiles 152 (two math warpgroups, no multicast, its FP32 staging one
-#: unswizzled slab), costed at 0.98 of a tile's cycles: per column and round it ran 0-4 % faster than 128 or 144 with
-#: B multicast on six DeepGEMM wgrad shapes on an H100, and 2 % slower on a k-grouped one (benchmarks/NOTES.md,
-#: "Weight-gradient kernel").
+#: The chooser's widths: steps of 16, and 152 (two math warpgroups, no multicast, its FP32 staging one unswizzled
+#: slab), costed at 0.98 of a tile's cycles: per column and round it ran 0-4 % faster than 128 or 144 with B multicast
+#: on six DeepGEMM wgrad shapes on an H100, and on the k-grouped kernel's stage-aligned K loop 2-5 % faster than its
+#: 128 and 144 picks with multicast on four DeepGEMM k-grouped shapes (benchmarks/NOTES.md, "Weight-gradient kernel").
 _WIDE_BLOCK_N, _WIDE_TILE_COST = 152, 0.98
 
 
@@ -427,7 +427,7 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     """A config for one problem: dense ``m x n x k``, or k-grouped ``num_groups`` groups of ``m x n`` with about
     ``k_or_expected`` tokens each (only the choice depends on it).
 
-    A first heuristic, to be replaced by a measured cost model: tile candidates 128 x {64 ... 144} and, dense, 128 x 152
+    A first heuristic, to be replaced by a measured cost model: tile candidates 128 x {64 ... 144} and 128 x 152
     without multicast at 0.98 of its modelled cost (two math warpgroups), and 64 x {64 ... 160} (one, with two
     accumulator sets up to 128 wide), multicast of the operand whose partner dimension has an even number of blocks;
     each candidate's time is the rounds of tiles over the SMs times a tile's cycles (max of the wgmma and L2-load rates
@@ -445,9 +445,9 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     best = None
     for block_m in (128, 64):
         wg = math_warpgroups(block_m)
-        # Widths in steps of 16, and 152 for dense tiles (_WIDE_BLOCK_N); the kernel takes any multiple of 8 for
-        # tuning (benchmarks/NOTES.md, "Weight-gradient kernel").
-        wide_ok = wg == 2 and kind == KIND_WGRAD
+        # Widths in steps of 16, and 152 (_WIDE_BLOCK_N); the kernel takes any multiple of 8 for tuning
+        # (benchmarks/NOTES.md, "Weight-gradient kernel").
+        wide_ok = wg == 2
         widths = list(range(64, MAX_BLOCK_N[(wg, False)] + 1, 16)) + ([_WIDE_BLOCK_N] if wide_ok else [])
         for block_n in widths:
             wide = block_n == _WIDE_BLOCK_N and wide_ok
