@@ -18,6 +18,7 @@ from typing import Any
 
 from . import validate
 from .config import config_version
+from .contract import SIDE_TICKET_COUNTERS
 from .env import B_EVICT_FIRST, B_PREFETCH, PDL, setting_key
 from .device import num_sms_key, on_device, single_gpu
 from .frameworks import adapter
@@ -28,7 +29,6 @@ from .streams import cupy_stream, is_capturing, resolve, torch_stream
 from .tensors import _framework_by_type as _frameworks
 from .tensors import (BF16, Framework, View, cupy_view, empty, export_like, framework_of, gpu_device_of, read,
                       read_cupy, read_torch)
-from .contract import SIDE_TICKET_COUNTERS
 from .workspace import scratch, side_tickets
 
 _CALLS_LIMIT = 1024
