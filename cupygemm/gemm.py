@@ -171,34 +171,41 @@ def run(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
         sfb_ptr = ptrs[3]
     partials = counters = 0
     tickets = None  # a side-aware PDL launch's stream's two ticket sets (workspace.py), where it has them
-    if plan.pdl and plan.side_map:
+    if plan.side_map and plan.pdl:
         if capturing is None and framework is Framework.TORCH:
             capturing = is_capturing(launch_stream)
         tickets = side_tickets(problem.device, launch_stream, framework, capturing)
-    if plan.scratch_floats or plan.scratch_counters > (SIDE_TICKET_COUNTERS if tickets is not None else 0):
-        partials, counters, keep2 = scratch(plan.scratch_floats, plan.scratch_counters, problem.device,
-                                            launch_stream, framework, capturing)
+    if plan.scratch_floats or plan.scratch_counters:
+        if tickets is None or plan.scratch_floats or plan.scratch_counters > SIDE_TICKET_COUNTERS:
+            partials, counters, keep2 = scratch(plan.scratch_floats, plan.scratch_counters, problem.device,
+                                                launch_stream, framework, capturing)
     page_sides = NO_PAGE_SIDES if packed is None else packed.launch_sides
-    if single_gpu():
-        _launch(plan, launch_stream, ptrs, sfa_ptr, sfb_ptr, d_ptr, partials, counters, page_sides, tickets)
+    if tickets is not None:
+        _launch_with_tickets(plan, problem.device, launch_stream, ptrs, sfa_ptr, sfb_ptr, d_ptr, partials, counters,
+                             page_sides, tickets)
+    elif single_gpu():
+        plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], sfb_ptr, d_ptr, ptrs[5], partials, counters,
+                    page_sides=page_sides)
     else:
         with on_device(problem.device):
-            _launch(plan, launch_stream, ptrs, sfa_ptr, sfb_ptr, d_ptr, partials, counters, page_sides, tickets)
+            plan.launch(launch_stream, ptrs[0], sfa_ptr, ptrs[2], sfb_ptr, d_ptr, ptrs[5], partials, counters,
+                        page_sides=page_sides)
     del keep
     return result if out is not None else export_like(result, framework)
 
 
-def _launch(plan: GemmPlan, stream: int, ptrs: tuple[int, ...], sfa_ptr: int, sfb_ptr: int, d_ptr: int, partials: int,
-            counters: int, page_sides: tuple[int, ...], tickets: Any) -> None:
-    """Queue the plan's kernel; with the stream's side ticket sets (``tickets``), the set it takes and the launch
-    under their lock, so that launches on one stream from two threads still take the sets in turn."""
-    if tickets is None:
-        plan.launch(stream, ptrs[0], sfa_ptr, ptrs[2], sfb_ptr, d_ptr, ptrs[5], partials, counters,
-                    page_sides=page_sides)
-        return
+def _launch_with_tickets(plan: GemmPlan, device: int, stream: int, ptrs: tuple[int, ...], sfa_ptr: int, sfb_ptr: int,
+                         d_ptr: int, partials: int, counters: int, page_sides: tuple[int, ...], tickets: Any) -> None:
+    """Queue a side-aware PDL plan's kernel on the stream's ticket sets: the set it takes and the launch under their
+    lock, so that launches on one stream from two threads still take the sets in turn."""
     with tickets.lock:
-        plan.launch(stream, ptrs[0], sfa_ptr, ptrs[2], sfb_ptr, d_ptr, ptrs[5], partials, counters,
-                    page_sides=page_sides, tickets=tickets.take_tickets())
+        if single_gpu():
+            plan.launch(stream, ptrs[0], sfa_ptr, ptrs[2], sfb_ptr, d_ptr, ptrs[5], partials, counters,
+                        page_sides=page_sides, tickets=tickets.take_tickets())
+            return
+        with on_device(device):
+            plan.launch(stream, ptrs[0], sfa_ptr, ptrs[2], sfb_ptr, d_ptr, ptrs[5], partials, counters,
+                        page_sides=page_sides, tickets=tickets.take_tickets())
 
 
 def _read_all(framework: Framework, a: Any, sfa: Any, b: Any, sfb: Any, out: Any,
