@@ -72,6 +72,7 @@ class WgradPlan:
     row_strides: tuple[int, int] = (0, 0)  # k-grouped, columns layout: A's and B's row strides in bytes (flat: 0)
     scratch_counters: int = 0
     pdl: bool = False
+    side_map: bytes = b""  # no L2-side-aware weight-gradient kernels (the call path reads it as GemmPlan's)
     _packed: dict = field(default_factory=dict, repr=False)
 
     @property

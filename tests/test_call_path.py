@@ -496,6 +496,20 @@ def test_a_stream_ticket_sets_alternate_across_threads(monkeypatch):
     assert all(t != u for t, u in zip(queued, queued[1:])) and set(queued) == {0x9000, 0x9000 + set_bytes}
 
 
+def test_every_plan_kind_has_what_the_call_path_reads():
+    """gemm.run reads these of any plan, the weight-gradient kinds' included (a wgrad call failed with
+    AttributeError when the side-ticket check first read side_map)."""
+    import dataclasses
+
+    from cupygemm.plan import GemmPlan
+    from cupygemm.plan_wgrad import WgradPlan
+
+    for cls in (GemmPlan, WgradPlan):
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert {"pdl", "side_map", "scratch_floats", "scratch_counters", "device"} <= names, cls.__name__
+        assert callable(cls.launch)
+
+
 def test_a_torch_capture_keeps_the_tickets_in_its_scratch():
     from cupygemm.tensors import Framework
     from cupygemm.workspace import side_tickets
