@@ -158,8 +158,9 @@ class PackedLauncher:
 
     def bound(self, params: _Packed, grid: int, block: int, smem: int, pdl: bool = False) -> Callable[[int], None]:
         """:meth:`launch` (``pdl``: :meth:`launch_pdl`) of these parameters as a function of the stream alone, for a
-        caller that launches the same parameters again and again (the XLA FFI handler): one call, no lookups, and
-        no context check (XLA runs its thunks with the executor's context bound)."""
+        caller that launches the same parameters again and again (the XLA FFI handler): one call, no lookups; the
+        plain launch skips the context check (XLA runs its thunks with the executor's context bound), the PDL one
+        goes through :meth:`launch_pdl` and its check (a thread-local set lookup)."""
         if pdl:
             return lambda stream: self.launch_pdl(params, grid, block, smem, stream)
         launch_kernel, error, func = self._launch_kernel, self._error, self._func
