@@ -199,13 +199,15 @@ def _launch_with_tickets(plan: GemmPlan, device: int, stream: int, ptrs: tuple[i
     """Queue a side-aware PDL plan's kernel on the stream's ticket sets: the set it takes and the launch under their
     lock, so that launches on one stream from two threads still take the sets in turn."""
     with tickets.lock:
+        taken = tickets.next_tickets()
         if single_gpu():
             plan.launch(stream, ptrs[0], sfa_ptr, ptrs[2], sfb_ptr, d_ptr, ptrs[5], partials, counters,
-                        page_sides=page_sides, tickets=tickets.take_tickets())
-            return
-        with on_device(device):
-            plan.launch(stream, ptrs[0], sfa_ptr, ptrs[2], sfb_ptr, d_ptr, ptrs[5], partials, counters,
-                        page_sides=page_sides, tickets=tickets.take_tickets())
+                        page_sides=page_sides, tickets=taken)
+        else:
+            with on_device(device):
+                plan.launch(stream, ptrs[0], sfa_ptr, ptrs[2], sfb_ptr, d_ptr, ptrs[5], partials, counters,
+                            page_sides=page_sides, tickets=taken)
+        tickets.took_tickets()
 
 
 def _read_all(framework: Framework, a: Any, sfa: Any, b: Any, sfb: Any, out: Any,

@@ -73,7 +73,7 @@ class GemmPlan:
         ``zero_counters`` (then they are cleared on ``stream`` first; capturable in a CUDA graph). ``page_sides``
         (side-aware plans; ``b`` is the packed data): the packed weights' (base_low, hash_bits, four page-bit
         words), :attr:`cupygemm.packing.PackedWeights.launch_sides`. ``tickets`` (side-aware plans): the ticket
-        set :meth:`cupygemm.workspace.BufferSet.take_tickets` gave this launch, drawn before a PDL kernel's wait;
+        set :meth:`cupygemm.workspace.BufferSet.next_tickets` gave this launch, drawn before a PDL kernel's wait;
         0: the last :data:`~cupygemm.contract.SIDE_TICKET_COUNTERS` of ``counters``, drawn after it.
         """
         if self.scratch_floats and not (partials and counters):

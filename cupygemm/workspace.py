@@ -55,14 +55,19 @@ class BufferSet:
     num_counters: int
     pinned: bool  # CuPy memory: may be captured into a CUDA graph, so never freed
     # Side tickets only (:func:`side_tickets`): the set the stream's last launch took, and the lock held from
-    # :meth:`take_tickets` until that launch is queued, so that two threads on one stream alternate too.
+    # :meth:`next_tickets` until that launch is queued, so that two threads on one stream alternate too.
     parity: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def take_tickets(self) -> int:
-        """The device pointer of the ticket set this launch takes (the other one than the stream's last launch)."""
+    def next_tickets(self) -> int:
+        """The device pointer of the ticket set the stream's next launch takes: the other one than its last
+        launch's. The launch takes it once it is queued (:meth:`took_tickets`): one that raised before took none, and
+        the launch after it must not get the set that the kernel before may still be drawing from."""
+        return self.ptrs[1] + 4 * SIDE_TICKET_COUNTERS * (self.parity ^ 1)
+
+    def took_tickets(self) -> None:
+        """The launch given :meth:`next_tickets` is queued."""
         self.parity ^= 1
-        return self.ptrs[1] + 4 * SIDE_TICKET_COUNTERS * self.parity
 
 
 class Registry:

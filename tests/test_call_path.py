@@ -496,6 +496,43 @@ def test_a_stream_ticket_sets_alternate_across_threads(monkeypatch):
     assert all(t != u for t, u in zip(queued, queued[1:])) and set(queued) == {0x9000, 0x9000 + set_bytes}
 
 
+def test_a_launch_that_raised_takes_no_ticket_set(monkeypatch):
+    """A side-aware launch that raised before it was queued (out overlapping A, found when its pointers are first
+    packed) leaves the stream's alternation as it was: the next launch takes the other set than the last queued
+    one, which may still be drawing from its own (the set was taken before the launch ran: the launch after a
+    failed one got the running kernel's set)."""
+    from cupygemm import contract
+    from cupygemm.workspace import BufferSet
+
+    sets = BufferSet(None, None, (0, 0x9000), 0, 2 * contract.SIDE_TICKET_COUNTERS, True)
+    queued, calls = [], []
+
+    class Plan:
+        scratch_floats, scratch_counters = 0, contract.SIDE_TICKET_COUNTERS
+        pdl, side_map = True, b"\1" * 32
+
+        def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, page_sides=(), tickets=0):
+            calls.append(tickets)
+            if len(calls) % 2 == 0:
+                raise ValueError("out: its memory overlaps lhs[0] (A)'s")
+            queued.append(tickets)
+
+    monkeypatch.setattr(gemm_mod, "plan_gemm", lambda *a, **k: Plan())
+    monkeypatch.setattr(gemm_mod, "resolve", lambda stream, framework, device: 0)
+    monkeypatch.setattr(gemm_mod, "single_gpu", lambda: True)
+    monkeypatch.setattr(gemm_mod, "_calls", {})
+    monkeypatch.setattr(gemm_mod, "side_tickets", lambda device, stream, framework, capturing: sets)
+    lhs, rhs, out = _operands()
+    for i in range(7):
+        if i % 2:
+            with pytest.raises(ValueError, match="overlaps"):
+                cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+        else:
+            cupygemm.gemm_fp8_fp8_bf16_nt(lhs, rhs, out)
+    assert len(queued) == 4 and not sets.lock.locked()
+    assert all(t != u for t, u in zip(queued, queued[1:])), [hex(t) for t in queued]
+
+
 def test_every_plan_kind_has_what_the_call_path_reads():
     """gemm.run reads these of any plan, the weight-gradient kinds' included (a wgrad call failed with
     AttributeError when the side-ticket check first read side_map)."""
