@@ -24,6 +24,7 @@ from .device import ensure_context, get_num_sms, require_hopper
 from .env import B_EVICT_FIRST, B_PREFETCH, PDL, b_prefetch_bytes, pdl_enabled, setting_key
 from .errors import CupygemmDeviceError
 from .jit.build import LoadedKernel
+from .jit.loader import PackedParams
 from .kernels import get_gemm_kernel
 from .launch import Launcher
 from .util import ceil_div
@@ -60,7 +61,7 @@ class GemmPlan:
     pdl: bool = False  # launched with programmatic dependent launch (the kernel is the PDL variant)
     side_map: bytes = b""  # side-aware (cfg.sides): the SM side map, and the clusters that work on half 0 of N
     side_clusters0: int = 0
-    _packed: dict = field(default_factory=dict, repr=False)
+    _packed: PackedParams = field(default_factory=lambda: PackedParams(_PACKED_LIMIT), repr=False)
     _spans: tuple[int, ...] | None = field(default=None, repr=False)  # the operands' byte extents, made on first use
 
     def launch(self, stream: int, a: int, sfa: int, b: int, sfb: int, d: int, layout: int = 0, partials: int = 0,
@@ -135,10 +136,7 @@ class GemmPlan:
         sides = () if not self.side_map else (
             self.side_map, b, tickets_at, self.side_clusters0, *page_sides, int(tickets != 0))
         params = self.launcher.pack(tmaps + (sfb, layout, d, partials, counters) + self.scalars + sides)
-        if len(self._packed) >= _PACKED_LIMIT:  # a cycle longer than the limit would miss on every call if cleared
-            del self._packed[next(iter(self._packed))]
-        self._packed[ptrs] = params
-        return params
+        return self._packed.put(ptrs, params)
 
 
     def _check_out_overlap(self, a: int, sfa: int, b: int, sfb: int, d: int, layout: int) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from . import contract_wgrad as cw
 from .contract import TmaSpec
 from .device import ensure_context, get_num_sms, require_hopper
-from .jit.loader import SmallKernel, load
+from .jit.loader import PackedParams, SmallKernel, load
 from .jit.source import KernelSource, render
 from .util import ceil_div
 
@@ -73,7 +73,7 @@ class WgradPlan:
     scratch_counters: int = 0
     pdl: bool = False
     side_map: bytes = b""  # no L2-side-aware weight-gradient kernels (the call path reads it as GemmPlan's)
-    _packed: dict = field(default_factory=dict, repr=False)
+    _packed: PackedParams = field(default_factory=lambda: PackedParams(_PACKED_LIMIT), repr=False)
 
     @property
     def grouped(self) -> bool:
@@ -105,10 +105,7 @@ class WgradPlan:
             prep = _PREP.pack(self.device, (maps[0], maps[1], layout, a, b, workspace, self.num_groups, self.m, self.n,
                                             k_capacity, self.scale_rows) + self.row_strides)
         params = self.kernel.launcher.pack(maps + (workspace if self.grouped else 0, self.m, self.num_groups))
-        if len(self._packed) >= _PACKED_LIMIT:
-            del self._packed[next(iter(self._packed))]
-        self._packed[ptrs] = (prep, params)
-        return prep, params
+        return self._packed.put(ptrs, (prep, params))
 
 
     def _check_out_overlap(self, a: int, sfa: int, b: int, sfb: int, d: int, layout: int) -> None:

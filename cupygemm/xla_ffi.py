@@ -40,6 +40,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .util import keep_newest
+
 __all__ = [
     "KNOWN_API_MAJOR", "EXECUTE", "EXTENSION_METADATA", "TRAIT_COMMAND_BUFFER_COMPATIBLE", "INVALID_ARGUMENT",
     "INTERNAL", "DTYPES", "ffi_dtype", "header_api_version", "FfiEntry", "FfiHandler", "HANDLER_FN",
@@ -341,19 +343,8 @@ class FfiEntry:
 
             def fire(stream: int) -> None:
                 launch(stream, args, rets)
-        _remember(self.fires, key, fire)
+        keep_newest(self.fires, key, fire, _FIRE_LIMIT)
         return fire
-
-
-def _remember(fires: dict, key: tuple, fire: Fire) -> None:
-    """``fires[key] = fire``, the oldest entry dropped first when full: a cycle of pointer sets longer than the limit
-    misses on every call (a cache cleared whenever full would make it miss on every call too, past the limit)."""
-    if len(fires) >= _FIRE_LIMIT:
-        try:
-            del fires[next(iter(fires))]
-        except (StopIteration, KeyError, RuntimeError):  # another thread dropped it first
-            pass
-    fires[key] = fire
 
 
 class _BoundApi:
@@ -610,7 +601,7 @@ class FfiHandler:
         if site.checked:  # before binding: a frame the entry was not made for is refused, not packed
             _check_buffers(site.entry, site.bufs)
         fire, ordinal = self._fire(site.entry, site.data_of(found), bound, ctx)
-        _remember(site.fires, found if ordinal is None else (ordinal, found), fire)
+        keep_newest(site.fires, found if ordinal is None else (ordinal, found), fire, _FIRE_LIMIT)
         return site, found, fire
 
     def _fire(self, entry: FfiEntry, ptrs: tuple[int, ...], bound: _BoundApi,

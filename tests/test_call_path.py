@@ -580,7 +580,49 @@ def test_out_overlapping_an_input_is_refused_before_any_launch(operand):
     names = ["lhs\\[0\\] \\(A\\)", "lhs\\[1\\] \\(A scales\\)", "rhs\\[0\\] \\(B\\)", "rhs\\[1\\] \\(B scales\\)"]
     with pytest.raises(ValueError, match=f"out: .* overlaps {names[operand]}"):
         plan.launch(0, *ptrs, d)
-    assert plan._packed == {}  # nothing packed, nothing launched
+    assert len(plan._packed) == 0  # nothing packed, nothing launched
+
+
+def test_threads_packing_new_pointers_past_the_limit(monkeypatch):
+    """Threads sharing a plan, each on pointer sets it has not seen, past the plan's limit: two of them dropped the
+    same oldest set (one failed with KeyError: 4 threads here, 0.1-0.2 s, every run) or the cache grew past it."""
+    import sys
+    import threading
+
+    from cupygemm import plan as plan_mod
+
+    monkeypatch.setattr(plan_mod, "_PACKED_LIMIT", 8)
+    monkeypatch.setattr(plan_mod, "ensure_context", lambda device: None)
+    plan = _real_plan()
+    plan.tmaps, plan._spans = (_Spec(),) * 5, (16,) * 6
+
+    class Launcher:
+        def pack(self, values):
+            return tuple(values)
+
+    plan.launcher = Launcher()
+    errors = []
+
+    def calls(base):
+        try:
+            for i in range(5000):
+                plan._pack((base + 4096 * i, 0x2000_0000, 0x3000_0000, 0x4000_0000, 0x5000_0000, 0, 0, 0, 0,
+                            *plan_mod.NO_PAGE_SIDES))
+        except Exception as e:  # noqa: BLE001 - any failure is the finding
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=calls, args=((j + 7) << 28,)) for j in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors
+    assert 0 < len(plan._packed) <= 8
 
 
 def test_out_next_to_its_inputs_is_fine():

@@ -29,6 +29,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 from ..device import on_device
 from ..launch import make_launcher
+from ..util import keep_newest
 from . import build
 from .build import LoadedKernel, load_kernel, relaxed_capture
 from .source import KernelSource
@@ -136,16 +137,8 @@ class PackedParams:
         self.get = self._sets.get
 
     def put(self, key: Hashable, params: Any) -> Any:
-        """Keep ``params`` under ``key`` (the oldest set goes when full: a cache cleared whenever it was full would
-        miss on every launch of a longer cycle) and return them."""
-        sets = self._sets
-        if len(sets) >= self._limit:
-            try:
-                del sets[next(iter(sets))]
-            except (KeyError, RuntimeError):  # another thread changed the dict meanwhile: it stays about as large
-                pass
-        sets[key] = params
-        return params
+        """Keep ``params`` under ``key`` (:func:`cupygemm.util.keep_newest`) and return them."""
+        return keep_newest(self._sets, key, params, self._limit)
 
     def __len__(self) -> int:
         return len(self._sets)
