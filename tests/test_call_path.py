@@ -585,7 +585,7 @@ def test_out_overlapping_an_input_is_refused_before_any_launch(operand):
 
 def test_threads_packing_new_pointers_past_the_limit(monkeypatch):
     """Threads sharing a plan, each on pointer sets it has not seen, past the plan's limit: two of them dropped the
-    same oldest set (one failed with KeyError: 4 threads here, 0.1-0.2 s, every run) or the cache grew past it."""
+    same oldest set (one failed with KeyError: 8 threads here, 10 runs of 10) or the cache grew past it."""
     import sys
     import threading
 
@@ -605,7 +605,7 @@ def test_threads_packing_new_pointers_past_the_limit(monkeypatch):
 
     def calls(base):
         try:
-            for i in range(5000):
+            for i in range(10000):
                 plan._pack((base + 4096 * i, 0x2000_0000, 0x3000_0000, 0x4000_0000, 0x5000_0000, 0, 0, 0, 0,
                             *plan_mod.NO_PAGE_SIDES))
         except Exception as e:  # noqa: BLE001 - any failure is the finding
@@ -614,7 +614,7 @@ def test_threads_packing_new_pointers_past_the_limit(monkeypatch):
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
-        threads = [threading.Thread(target=calls, args=((j + 7) << 28,)) for j in range(4)]
+        threads = [threading.Thread(target=calls, args=((j + 7) << 28,)) for j in range(8)]
         for t in threads:
             t.start()
         for t in threads:
