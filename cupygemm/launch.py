@@ -90,12 +90,13 @@ class _PdlConfig:
     """A CUlaunchConfig with the programmatic-stream-serialization attribute, kept per (grid, block, smem, stream)
     so that a launch passes one pointer."""
 
-    __slots__ = ("attr", "config", "address")
+    __slots__ = ("attr", "config", "address", "arg")
 
     def __init__(self, grid: int, block: int, smem: int, stream: int):
         self.attr = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION, b"", 1)
         self.config = _LaunchConfigEx((grid, 1, 1), (block, 1, 1), smem, stream or None, ctypes.pointer(self.attr), 1)
         self.address = ctypes.addressof(self.config)
+        self.arg = ctypes.c_void_p(self.address)  # as a ctypes value, for a call that converts nothing
 
 
 _launch_ex_fn = None
@@ -110,6 +111,19 @@ def _launch_ex():
         fn.restype = ctypes.c_int
         _launch_ex_fn = fn
     return _launch_ex_fn
+
+
+_launch_ex_gil_fn = None
+
+
+def _launch_ex_gil():
+    """cuLaunchKernelEx called with the GIL held (for the bound PDL launches of the XLA FFI handler): it only queues
+    the launch, so releasing the GIL around it would let another Python thread take it and make the caller wait."""
+    global _launch_ex_gil_fn
+    if _launch_ex_gil_fn is None:
+        fn = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        _launch_ex_gil_fn = fn(ctypes.cast(driver().cuLaunchKernelEx, ctypes.c_void_p).value)
+    return _launch_ex_gil_fn
 
 
 class PackedLauncher:
@@ -158,11 +172,11 @@ class PackedLauncher:
 
     def bound(self, params: _Packed, grid: int, block: int, smem: int, pdl: bool = False) -> Callable[[int], None]:
         """:meth:`launch` (``pdl``: :meth:`launch_pdl`) of these parameters as a function of the stream alone, for a
-        caller that launches the same parameters again and again (the XLA FFI handler): one call, no lookups; the
-        plain launch skips the context check (XLA runs its thunks with the executor's context bound), the PDL one
-        goes through :meth:`launch_pdl` and its check (a thread-local set lookup)."""
+        caller that launches the same parameters again and again (the XLA FFI handler): one call, no lookups and no
+        context check (XLA runs its thunks with the executor's context bound). The PDL launch keeps its config per
+        stream and calls cuLaunchKernelEx with the GIL held, on arguments converted once."""
         if pdl:
-            return lambda stream: self.launch_pdl(params, grid, block, smem, stream)
+            return self._bound_pdl(params, grid, block, smem)
         launch_kernel, error, func = self._launch_kernel, self._error, self._func
 
         def fire(stream: int) -> None:
@@ -171,6 +185,24 @@ class PackedLauncher:
             except error as e:
                 raise CupygemmDeviceError(f"cuLaunchKernel failed ({e}) for grid {grid}, block {block}, "
                                           f"{smem} B of shared memory") from e
+        return fire
+
+    def _bound_pdl(self, params: _Packed, grid: int, block: int, smem: int) -> Callable[[int], None]:
+        launch_ex = _launch_ex_gil()
+        func, extra = ctypes.c_void_p(self._func), ctypes.c_void_p(params.extra_ptr)
+        configs: dict[int, _PdlConfig] = {}  # per stream: XLA launches on one or a few
+
+        def fire(stream: int) -> None:
+            cfg = configs.get(stream)
+            if cfg is None:
+                if len(configs) >= 64:
+                    configs.clear()
+                cfg = configs[stream] = _PdlConfig(grid, block, smem, stream)
+            res = launch_ex(cfg.arg, func, None, extra)
+            if res != 0:
+                raise CupygemmDeviceError(f"cuLaunchKernelEx failed (CUresult {res}) for grid {grid}, block "
+                                          f"{block}, {smem} B of shared memory, programmatic dependent launch")
+        fire.params = params  # what `extra` points at lives as long as the launch
         return fire
 
     def launch_pdl(self, params: _Packed, grid: int, block: int, smem: int, stream: int) -> None:

@@ -404,11 +404,42 @@ def test_packed_launcher_bound_launches_its_parameters():
     launcher._launch_kernel = fail
     with pytest.raises(CupygemmDeviceError, match="cuLaunchKernel failed .*grid 66, block 384"):
         launcher.bound(launcher.pack((b"\0" * 128, 1)), 66, 384, 2048)(0)
-    pdl = []
-    launcher.launch_pdl = lambda *args: pdl.append(args)
-    p2 = launcher.pack((b"\0" * 128, 2))
-    launcher.bound(p2, 66, 384, 2048, pdl=True)(7)
-    assert pdl == [(p2, 66, 384, 2048, 7)]
+
+
+def test_packed_launcher_bound_pdl_launch(monkeypatch):
+    """The XLA handler's PDL launch: cuLaunchKernelEx on a config with the programmatic-stream-serialization
+    attribute for the call's stream (made once per stream), the kernel, and the packed parameters."""
+    import ctypes
+    import struct
+
+    from cupygemm import launch as launch_mod
+    from cupygemm.errors import CupygemmDeviceError
+    from cupygemm.launch import DESC, PTR, PackedLauncher
+
+    calls = []
+
+    def launch_ex(cfg, func, params, extra):
+        c = launch_mod._LaunchConfigEx.from_address(cfg.value)
+        attr = c.attrs[0]
+        buf = ctypes.c_void_p.from_address(extra.value + 8).value  # the buffer pointer in `extra`
+        calls.append((cfg.value, tuple(c.grid), tuple(c.block), c.smem, c.stream, c.num_attrs, attr.id, attr.value,
+                      func.value, params, bytes((ctypes.c_char * 136).from_address(buf))[128:]))
+        return 0 if len(calls) < 4 else 1  # CUDA_ERROR_INVALID_VALUE on the fourth
+
+    monkeypatch.setattr(launch_mod, "_launch_ex_gil_fn", launch_ex)
+    launcher = PackedLauncher.__new__(PackedLauncher)  # no driver here: what __init__ would set
+    launcher._struct = struct.Struct("<" + DESC + PTR)
+    launcher._func = 0xF00
+    fire = launcher.bound(launcher.pack((b"\0" * 128, 0x1234)), 66, 384, 2048, pdl=True)
+    fire(7)
+    fire(7)
+    fire(9)
+    value = (0x1234).to_bytes(8, "little")
+    assert [c[1:] for c in calls] == [((66, 1, 1), (384, 1, 1), 2048, s, 1, 6, 1, 0xF00, None, value)
+                                      for s in (7, 7, 9)]
+    assert calls[0][0] == calls[1][0] != calls[2][0]  # one config per stream
+    with pytest.raises(CupygemmDeviceError, match="cuLaunchKernelEx failed .CUresult 1. for grid 66, block 384"):
+        fire(7)
 
 
 # ---- side tickets: a side-aware PDL launch draws before its wait on one of its stream's two sets -------------------

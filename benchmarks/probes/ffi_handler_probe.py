@@ -11,7 +11,8 @@ Variants:
 - ``gemm`` (needs JAX, CPU is enough): the entry :func:`cupygemm.jax.calls.entry` makes for the 64x2112x7168 GEMM of
   issue 49, whose plan is a real :class:`cupygemm.plan.GemmPlan` and :class:`cupygemm.launch.PackedLauncher` with the
   driver stubbed (``cuLaunchKernel`` a Python no-op, ``cuMemsetD32Async`` a C stub; ``--scratch`` gives the plan
-  split-K scratch, so every call also queues the counters' memset).
+  split-K scratch, so every call also queues the counters' memset; ``--pdl`` launches it with programmatic dependent
+  launch, as the GEMMs are by default: ``cuLaunchKernelEx`` a C stub).
 
 Calls come from this Python thread (XLA's CPU client runs executables on the caller's thread), then from a native
 thread that outlives each measurement (XLA's TFRT GPU client runs executables on its own pool's threads), each with
@@ -21,7 +22,7 @@ L3 is not). The handler's ``keep_thread_states`` (where it has it) is also measu
 what ``cupygemm jax-scan`` reports as ``handler_host_us``). The same command on main's tree
 (``PYTHONPATH=<main checkout>``) gives the old handler's numbers.
 
-Usage: python benchmarks/probes/ffi_handler_probe.py [--calls N] [--evict-mib M] [--scratch] [--json FILE]
+Usage: python benchmarks/probes/ffi_handler_probe.py [--calls N] [--evict-mib M] [--scratch] [--pdl] [--json FILE]
 """
 import argparse
 import ctypes
@@ -51,6 +52,7 @@ void *stream_get(stream_get_args *a) { a->stream = (void *)0xABC0; return 0; }
 void *device_ordinal_get(ordinal_get_args *a) { a->ordinal = 0; return 0; }
 void *error_create(void *a) { (void)a; return error_object; }
 int cuMemsetD32Async(uint64_t p, unsigned v, size_t n, void *s) { (void)p; (void)v; (void)n; (void)s; return 0; }
+int cuLaunchKernelEx(void *c, void *f, void **p, void **e) { (void)c; (void)f; (void)p; (void)e; return 0; }
 
 typedef struct { handler_t h; void *frame; int n; int64_t *ns; volatile char *evict; size_t evict_bytes; int errors; } job_t;
 
@@ -179,7 +181,7 @@ def noop_entry(handler: ffi.FfiHandler) -> tuple[int, int]:
     return handler.add(ffi.FfiEntry("noop", 4, 1, {0: lambda stream, a, r: None})), 1
 
 
-def gemm_entry(helper: ctypes.CDLL, xla: FakeXla, scratch: bool):
+def gemm_entry(helper: ctypes.CDLL, xla: FakeXla, scratch: bool, pdl: bool):
     """The handler and entry cupygemm.jax makes for the GEMM, on a GemmPlan whose driver calls are stubs."""
     import jax  # noqa: F401 - cupygemm.jax needs it
     import ml_dtypes
@@ -190,7 +192,8 @@ def gemm_entry(helper: ctypes.CDLL, xla: FakeXla, scratch: bool):
     from cupygemm.kinds.forward import NORMAL
     from cupygemm.plan import GemmPlan
 
-    tma.driver = lambda: helper  # cuMemsetD32Async: the C stub
+    tma.driver = launch_mod.driver = lambda: helper  # cuMemsetD32Async, cuLaunchKernelEx: the C stubs
+    launch_mod._launch_ex_fn = None
 
     class Spec:  # a TMA map layout whose "encoding" is the pointer's bytes (no driver)
         dims, strides = (16, 1, 1), (16, 16)
@@ -201,10 +204,12 @@ def gemm_entry(helper: ctypes.CDLL, xla: FakeXla, scratch: bool):
     launcher = launch_mod.PackedLauncher.__new__(launch_mod.PackedLauncher)
     launcher._struct = struct.Struct("<" + "128s" * 5 + "Q" * 5 + "I" * 4)
     launcher._func, launcher._launch_kernel, launcher._error = 0xF00, lambda *a: None, RuntimeError
-    launcher._pdl_configs = {}
+    launcher._pdl_configs, launcher._device = {}, 0
+    import cupy  # a thread's first launch binds the device's context (cupygemm.device.ensure_context): no GPU here
+    cupy.cuda.runtime.memGetInfo = lambda: (0, 0)
     floats, counters = (1024, 64) if scratch else (0, 0)
     plan = GemmPlan(NORMAL, M, N, K, 1, 0, None, None, launcher, 66, 384, 200_000, M, floats, counters,
-                    (Spec(),) * 5, (M, 1, N, 0))
+                    (Spec(),) * 5, (M, 1, N, 0), pdl=pdl)
     kb = -(-K // 128)
     f8 = ml_dtypes.float8_e4m3fn
     ops = (np.zeros((M, K), f8), np.zeros((M, kb), np.float32), np.zeros((N, K), f8),
@@ -242,6 +247,7 @@ def main():
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--evict-mib", type=int, default=16)
     ap.add_argument("--scratch", action="store_true", help="the plan needs split-K scratch (a memset per call)")
+    ap.add_argument("--pdl", action="store_true", help="launched with programmatic dependent launch")
     ap.add_argument("--json")
     args = ap.parse_args()
     helper = build_helper()
@@ -251,7 +257,7 @@ def main():
     eid, nrets = noop_entry(h)
     variants = [("callback", Callback(), eid, nrets), ("noop", h, eid, nrets)]
     try:
-        gh, geid, gnrets = gemm_entry(helper, xla, args.scratch)
+        gh, geid, gnrets = gemm_entry(helper, xla, args.scratch, args.pdl)
         variants.append(("gemm", gh, geid, gnrets))
     except ImportError as e:
         print(f"(gemm variant skipped: {e})", file=sys.stderr)
@@ -282,7 +288,7 @@ def main():
                 handler.keep_thread_states = True
     tree = os.path.dirname(os.path.dirname(ffi.__file__))
     out = {"command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]), "python": sys.version.split()[0],
-           "cpu": _cpu(), "calls": args.calls, "evict_mib": args.evict_mib, "scratch": args.scratch,
+           "cpu": _cpu(), "calls": args.calls, "evict_mib": args.evict_mib, "scratch": args.scratch, "pdl": args.pdl,
            "cupygemm": tree, "measured_tree": _tree(tree), "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
