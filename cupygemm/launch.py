@@ -128,8 +128,9 @@ def _launch_ex_gil():
 
 class PackedLauncher:
     """Launches one kernel function, loaded on ``device``, with parameters of the given kinds (see DESC, PTR, U32,
-    I64). Every launch first makes sure the calling thread has the device's context bound (:func:`ensure_context`):
-    the caller has made ``device`` current, which binds nothing on a thread that has done no CUDA work yet."""
+    I64). Every launch but the bound ones (:meth:`bound`, for XLA's threads) first makes sure the calling thread has
+    the device's context bound (:func:`ensure_context`): the caller has made ``device`` current, which binds nothing
+    on a thread that has done no CUDA work yet."""
 
     def __init__(self, func_ptr: int, kinds: Sequence[str], layout: list[tuple[int, int]], device: int):
         if [s for _, s in layout] != [_SIZES[k] for k in kinds]:
