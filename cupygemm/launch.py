@@ -90,13 +90,12 @@ class _PdlConfig:
     """A CUlaunchConfig with the programmatic-stream-serialization attribute, kept per (grid, block, smem, stream)
     so that a launch passes one pointer."""
 
-    __slots__ = ("attr", "config", "address", "arg")
+    __slots__ = ("attr", "config", "address")
 
     def __init__(self, grid: int, block: int, smem: int, stream: int):
         self.attr = _LaunchAttribute(_PROGRAMMATIC_STREAM_SERIALIZATION, b"", 1)
         self.config = _LaunchConfigEx((grid, 1, 1), (block, 1, 1), smem, stream or None, ctypes.pointer(self.attr), 1)
         self.address = ctypes.addressof(self.config)
-        self.arg = ctypes.c_void_p(self.address)  # as a ctypes value, for a call that converts nothing
 
 
 _launch_ex_fn = None
@@ -175,7 +174,7 @@ class PackedLauncher:
         """:meth:`launch` (``pdl``: :meth:`launch_pdl`) of these parameters as a function of the stream alone, for a
         caller that launches the same parameters again and again (the XLA FFI handler): one call, no lookups and no
         context check (XLA runs its thunks with the executor's context bound). The PDL launch keeps its config per
-        stream and calls cuLaunchKernelEx with the GIL held, on arguments converted once."""
+        stream and calls cuLaunchKernelEx with the GIL held."""
         if pdl:
             return self._bound_pdl(params, grid, block, smem)
         launch_kernel, error, func = self._launch_kernel, self._error, self._func
@@ -189,8 +188,7 @@ class PackedLauncher:
         return fire
 
     def _bound_pdl(self, params: _Packed, grid: int, block: int, smem: int) -> Callable[[int], None]:
-        launch_ex = _launch_ex_gil()
-        func, extra = ctypes.c_void_p(self._func), ctypes.c_void_p(params.extra_ptr)
+        launch_ex, func, extra = _launch_ex_gil(), self._func, params.extra_ptr
         configs: dict[int, _PdlConfig] = {}  # per stream: XLA launches on one or a few
 
         def fire(stream: int) -> None:
@@ -199,7 +197,7 @@ class PackedLauncher:
                 if len(configs) >= 64:
                     configs.clear()
                 cfg = configs[stream] = _PdlConfig(grid, block, smem, stream)
-            res = launch_ex(cfg.arg, func, None, extra)
+            res = launch_ex(cfg.address, func, None, extra)
             if res != 0:
                 raise CupygemmDeviceError(f"cuLaunchKernelEx failed (CUresult {res}) for grid {grid}, block "
                                           f"{block}, {smem} B of shared memory, programmatic dependent launch")

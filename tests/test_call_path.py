@@ -419,11 +419,11 @@ def test_packed_launcher_bound_pdl_launch(monkeypatch):
     calls = []
 
     def launch_ex(cfg, func, params, extra):
-        c = launch_mod._LaunchConfigEx.from_address(cfg.value)
+        c = launch_mod._LaunchConfigEx.from_address(cfg)
         attr = c.attrs[0]
-        buf = ctypes.c_void_p.from_address(extra.value + 8).value  # the buffer pointer in `extra`
-        calls.append((cfg.value, tuple(c.grid), tuple(c.block), c.smem, c.stream, c.num_attrs, attr.id, attr.value,
-                      func.value, params, bytes((ctypes.c_char * 136).from_address(buf))[128:]))
+        buf = ctypes.c_void_p.from_address(extra + 8).value  # the buffer pointer in `extra`
+        calls.append((cfg, tuple(c.grid), tuple(c.block), c.smem, c.stream, c.num_attrs, attr.id, attr.value,
+                      func, params, bytes((ctypes.c_char * 136).from_address(buf))[128:]))
         return 0 if len(calls) < 4 else 1  # CUDA_ERROR_INVALID_VALUE on the fourth
 
     monkeypatch.setattr(launch_mod, "_launch_ex_gil_fn", launch_ex)
