@@ -480,27 +480,21 @@ def test_a_side_aware_launch_passes_its_tickets_and_whether_they_are_its_own(mon
         plan.launch(0, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, page_sides=pages)
 
 
-def test_a_stream_ticket_sets_alternate_across_threads(monkeypatch):
-    """Calls on one stream from two threads: each launch takes the other set than the launch queued before it. The
-    set is taken and the kernel queued under the sets' lock (without it, a thread switch between the two gave two
-    launches in a row the same set here)."""
-    import threading
-    import time
-
+def _ticket_calls(monkeypatch, launch):
+    """A stream's two ticket sets, and GEMM calls planned as a side-aware PDL plan whose launch is ``launch(tickets)``
+    (no scratch: the plan's only counters are its tickets)."""
     from cupygemm import contract
     from cupygemm.workspace import BufferSet
 
     sets = BufferSet(None, None, (0, 0x9000), 0, 2 * contract.SIDE_TICKET_COUNTERS, True)
-    queued = []
 
     class Plan:
         scratch_floats, scratch_counters = 0, contract.SIDE_TICKET_COUNTERS
         pdl, side_map = True, b"\1" * 32
 
         def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, page_sides=(), tickets=0):
-            assert sets.lock.locked() and counters == 0  # no scratch: the plan's only counters are its tickets
-            time.sleep(0)  # the other thread's turn, if it can take it
-            queued.append(tickets)
+            assert sets.lock.locked() and counters == 0
+            launch(tickets)
 
     def no_scratch(*args):
         raise AssertionError("scratch() for a plan whose only counters are its tickets")
@@ -511,6 +505,25 @@ def test_a_stream_ticket_sets_alternate_across_threads(monkeypatch):
     monkeypatch.setattr(gemm_mod, "_calls", {})
     monkeypatch.setattr(gemm_mod, "side_tickets", lambda device, stream, framework, capturing: sets)
     monkeypatch.setattr(gemm_mod, "scratch", no_scratch)
+    return sets
+
+
+def test_a_stream_ticket_sets_alternate_across_threads(monkeypatch):
+    """Calls on one stream from two threads: each launch takes the other set than the launch queued before it. The
+    set is taken and the kernel queued under the sets' lock (without it, a thread switch between the two gave two
+    launches in a row the same set here)."""
+    import threading
+    import time
+
+    from cupygemm import contract
+
+    queued = []
+
+    def launch(tickets):
+        time.sleep(0)  # the other thread's turn, if it can take it
+        queued.append(tickets)
+
+    _ticket_calls(monkeypatch, launch)
     lhs, rhs, out = _operands()
 
     def calls():
@@ -532,27 +545,15 @@ def test_a_launch_that_raised_takes_no_ticket_set(monkeypatch):
     packed) leaves the stream's alternation as it was: the next launch takes the other set than the last queued
     one, which may still be drawing from its own (the set was taken before the launch ran: the launch after a
     failed one got the running kernel's set)."""
-    from cupygemm import contract
-    from cupygemm.workspace import BufferSet
-
-    sets = BufferSet(None, None, (0, 0x9000), 0, 2 * contract.SIDE_TICKET_COUNTERS, True)
     queued, calls = [], []
 
-    class Plan:
-        scratch_floats, scratch_counters = 0, contract.SIDE_TICKET_COUNTERS
-        pdl, side_map = True, b"\1" * 32
+    def launch(tickets):
+        calls.append(tickets)
+        if len(calls) % 2 == 0:
+            raise ValueError("out: its memory overlaps lhs[0] (A)'s")
+        queued.append(tickets)
 
-        def launch(self, stream, a, sfa, b, sfb, d, layout=0, partials=0, counters=0, page_sides=(), tickets=0):
-            calls.append(tickets)
-            if len(calls) % 2 == 0:
-                raise ValueError("out: its memory overlaps lhs[0] (A)'s")
-            queued.append(tickets)
-
-    monkeypatch.setattr(gemm_mod, "plan_gemm", lambda *a, **k: Plan())
-    monkeypatch.setattr(gemm_mod, "resolve", lambda stream, framework, device: 0)
-    monkeypatch.setattr(gemm_mod, "single_gpu", lambda: True)
-    monkeypatch.setattr(gemm_mod, "_calls", {})
-    monkeypatch.setattr(gemm_mod, "side_tickets", lambda device, stream, framework, capturing: sets)
+    sets = _ticket_calls(monkeypatch, launch)
     lhs, rhs, out = _operands()
     for i in range(7):
         if i % 2:
