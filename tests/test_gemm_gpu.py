@@ -443,6 +443,7 @@ def test_packed_launch_matches_cupy_launch():
     import dataclasses
 
     from cupygemm.contract import GEMM_PARAMS
+    from cupygemm.jit.loader import PackedParams
     from cupygemm.launch import CupyLauncher, PackedLauncher
     from cupygemm.plan import plan_gemm
 
@@ -452,8 +453,8 @@ def test_packed_launch_matches_cupy_launch():
     plan = plan_gemm(C.KIND_NORMAL, m, n, k, 1, a.device.id)  # the current device, not always 0
     assert isinstance(plan.launcher, PackedLauncher), "the driver should report parameter offsets (CUDA >= 12.4)"
     # CuPy's launch has no PDL attribute: the plan launches the PDL variant plainly then, as plan_gemm does.
-    cupy_plan = dataclasses.replace(plan, launcher=CupyLauncher(plan.kernel.function, GEMM_PARAMS), _packed={},
-                                    pdl=False)
+    cupy_plan = dataclasses.replace(plan, launcher=CupyLauncher(plan.kernel.function, GEMM_PARAMS),
+                                    _packed=PackedParams(4), pdl=False)
     sfa_mm = cupygemm.get_col_major_tma_aligned_tensor(sfa)
     out_cupy = cp.empty_like(out_packed)
     floats, counters = cupy_plan.scratch_floats, cupy_plan.scratch_counters
