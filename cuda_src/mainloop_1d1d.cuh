@@ -36,8 +36,6 @@ template <class T> struct Mainloop1D1D {
     const uint32_t n = T::kKGrouped ? num_kb : T::kNumKBlocks;
     if constexpr (T::kTwoAccSets)
       k_loop_two_sets(out, acc, n);
-    else if constexpr (T::kHalves)
-      k_loop_halves(out, acc, n);
     else if constexpr (T::kAlignedKLoop)
       k_loop_aligned(out, acc, n);
     else
@@ -148,92 +146,6 @@ template <class T> struct Mainloop1D1D {
       const float2 sa = load_sfa(s);
       pipe.advance();
       drain_one<0>(out, acc0, sa, s);
-    }
-  }
-
-  // Halves (T::kHalves): each K block's wgmmas in two batches over the tile's column halves (kHalfGroups0 and the
-  // rest of the 8-column groups), one accumulator set: half 0 of block j is promoted while half 1 runs, and half 1
-  // while half 0 of block j + 1 runs, so the tensor cores get this warpgroup's next batch while it promotes, without
-  // the registers of a second set. Every sum gets the same terms in the same order: the bits are k_loop's.
-  // ptxas serializes every wgmma of a pipeline that crosses a loop's back edge (C7514), so the pipeline runs in
-  // chunks of kHalvesChunk blocks, unrolled, the last one draining (its half 1 promoted with no batch in flight).
-  static constexpr uint32_t kHalvesChunk = 4;
-  __device__ void k_loop_halves(Sums& out, Acc& acc, uint32_t num_kb) {
-    uint32_t kb = 0;
-#pragma unroll 1
-    for (; kb + kHalvesChunk <= num_kb; kb += kHalvesChunk) halves_chunk<kHalvesChunk>(out, acc);
-#pragma unroll 1
-    for (; kb < num_kb; ++kb) halves_chunk<1>(out, acc);
-  }
-
-  template <uint32_t kBlocks> __device__ __forceinline__ void halves_chunk(Sums& out, Acc& acc) {
-    uint32_t s = pipe.stage;
-    mbarrier_wait(&smem.full_bar[s], pipe.phase);
-    issue_half<0>(acc, s);
-    issue_half<1>(acc, s);
-    static_for<0, kBlocks - 1>([&](auto) { s = halves_block<true>(out, acc, s); });
-    halves_block<false>(out, acc, s);
-  }
-
-  // Promotes block j (both halves issued, on stage s) and, kMore, issues block j + 1 half by half; returns its
-  // stage.
-  template <bool kMore>
-  __device__ __forceinline__ uint32_t halves_block(Sums& out, Acc& acc, uint32_t s) {
-    pipe.advance();
-    const float2 sa = load_sfa(s);
-    BScales sb;
-    load_sfb_range<0, T::kHalfGroups0>(sb, s);
-    wgmma_wait<1>();
-    settle_range<0, T::kHalfGroups0>(acc);
-    promote_range<0, T::kHalfGroups0>(out, acc, sa, sb);
-    if constexpr (kMore) {
-      mbarrier_wait(&smem.full_bar[pipe.stage], pipe.phase);
-      issue_half<0>(acc, pipe.stage);
-    }
-    load_sfb_range<T::kHalfGroups0, T::kNumNGroups>(sb, s);
-    wgmma_wait<kMore ? 1 : 0>();
-    settle_range<T::kHalfGroups0, T::kNumNGroups>(acc);
-    release(s);
-    promote_range<T::kHalfGroups0, T::kNumNGroups>(out, acc, sa, sb);
-    if constexpr (kMore) issue_half<1>(acc, pipe.stage);
-    return pipe.stage;
-  }
-
-  // One half's wgmmas of a K block: its columns' accumulators and the B rows they start at.
-  template <int H> __device__ __forceinline__ void issue_half(Acc& acc, uint32_t s) {
-    constexpr uint32_t g0 = H == 0 ? 0 : T::kHalfGroups0, g1 = H == 0 ? T::kHalfGroups0 : T::kNumNGroups;
-    constexpr uint32_t kCols = (g1 - g0) * 8;
-    using HalfAcc = float[kCols / 2];
-    HalfAcc& part = *reinterpret_cast<HalfAcc*>(&acc[g0 * 4]);
-    const uint64_t da = desc_a0 + s * (T::SMEM_A / 16);
-    const uint64_t db = desc_b0 + s * (T::SMEM_B / 16) + g0 * 8 * kBlockK / 16;  // B rows g0 * 8 on
-    wgmma_fence();
-#pragma unroll
-    for (uint32_t k32 = 0; k32 < kBlockK / 32; ++k32)
-      WgmmaFP8<kCols>::mma(da + k32 * 2, db + k32 * 2, part, k32 > 0);
-    wgmma_commit();
-  }
-
-  template <uint32_t G0, uint32_t G1> static __device__ __forceinline__ void settle_range(Acc& acc) {
-#pragma unroll
-    for (uint32_t j = G0 * 4; j < G1 * 4; ++j) fence_operand(acc[j]);
-  }
-
-  template <uint32_t G0, uint32_t G1> __device__ __forceinline__ void load_sfb_range(BScales& sb, uint32_t s) const {
-    const float2* sfb = reinterpret_cast<const float2*>(smem.sfb + s * (T::SMEM_SFB / 4) + th.col_in_group);
-#pragma unroll
-    for (uint32_t g = G0; g < G1; ++g) sb[g] = sfb[g * 4];
-  }
-
-  template <uint32_t G0, uint32_t G1>
-  static __device__ __forceinline__ void promote_range(Sums& out, const Acc& acc, const float2& sa,
-                                                       const BScales& sb) {
-#pragma unroll
-    for (uint32_t g = G0; g < G1; ++g) {
-      out[g * 4 + 0] += (sa.x * sb[g].x) * acc[g * 4 + 0];
-      out[g * 4 + 1] += (sa.x * sb[g].y) * acc[g * 4 + 1];
-      out[g * 4 + 2] += (sa.y * sb[g].x) * acc[g * 4 + 2];
-      out[g * 4 + 3] += (sa.y * sb[g].y) * acc[g * 4 + 3];
     }
   }
 

@@ -14,7 +14,7 @@ enum WgradKind : int { kWgradDense = 0, kWgradKGrouped = 1 };
 template <int kKind_, uint32_t SHAPE_M_, uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_,
           uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
           uint32_t kSwizzleD_, uint32_t kStagedSlabs_, uint32_t kRasterN_, int kMulticast_, bool kTwoAccSets_,
-          bool kPingPong_ = false, bool kStore_ = false, bool kHalves_ = false>
+          bool kPingPong_ = false, bool kStore_ = false>
 struct WgradTraits {
   static constexpr int kKind = kKind_;
   static constexpr bool kKGrouped = kKind == kWgradKGrouped;
@@ -115,12 +115,6 @@ struct WgradTraits {
                 "two accumulator sets: at most 128 columns on one math warpgroup, 96 on two");
   // Block j + 1's stage must fill while block j's is still held.
   static_assert(!kTwoAccSets || kNumStages >= 2, "two accumulator sets: at least two stages");
-  // Halves: each K block's wgmmas in two batches over the column halves (mainloop_1d1d.cuh, k_loop_halves), half 0
-  // the first kHalfGroups0 8-column groups.
-  static constexpr bool kHalves = kHalves_;
-  static constexpr uint32_t kHalfGroups0 = kNumNGroups / 2;
-  static_assert(!kHalves || (!kTwoAccSets && !kPingPong && kNumStages >= 2 && kNumNGroups >= 2),
-                "halves: one accumulator set, no ping-pong, two stages and two 8-column groups at least");
 };
 
 // Where the parts of dynamic shared memory start: the FP32 output staging slabs, the pipeline's A, B, A-scale and

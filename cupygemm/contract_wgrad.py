@@ -184,7 +184,6 @@ class WgradConfig:
     divide BLOCK_N's bytes), or 0: one unswizzled slab of BLOCK_N floats (conflict-free for widths of 8 mod 16).
     ``staged_slabs``: slabs staged at once per math warpgroup (0: the whole tile). ``raster``: n units per raster
     stripe. ``two_acc_sets``: the K loop keeps one K block's wgmmas in flight while promoting the previous one.
-    ``halves``: each K block's wgmmas in two batches over the column halves, one promoted while the other runs.
     ``store`` (dense only): D = A B^T, the epilogue stores its tiles instead of adding them into D. ``num_sms``: the
     persistent grid's CTAs at most (the chooser's dense configs: the fewest that keep their rounds)."""
 
@@ -203,7 +202,6 @@ class WgradConfig:
     num_sms: int = 132
     pingpong: bool = False
     store: bool = False
-    halves: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KIND_IDS:
@@ -243,8 +241,6 @@ class WgradConfig:
             raise ValueError(f"staged_slabs: 0 (all) to {self.num_slabs}, got {self.staged_slabs}")
         if self.pingpong and (math_warpgroups(self.block_m) != 2 or self.two_acc_sets):
             raise ValueError("pingpong: two math warpgroups (block_m 128) with one accumulator set each")
-        if self.halves and (self.two_acc_sets or self.pingpong or self.num_stages < 2):
-            raise ValueError("halves: one accumulator set, no ping-pong, two stages at least")
         if self.two_acc_sets and self.num_stages < 2:
             raise ValueError("two accumulator sets need at least two stages")
         if self.raster < 1:
@@ -300,8 +296,7 @@ class WgradConfig:
         return (f"{self.kind} {shape}: {self.block_m}x{self.block_n} {self.num_stages} stages, "
                 f"{self.staged}/{self.num_slabs} slabs of {self.slab_cols} floats, multicast {self.multicast}, "
                 f"raster {self.raster}{', two acc sets' if self.two_acc_sets else ''}"
-                f"{', ping-pong' if self.pingpong else ''}{', halves' if self.halves else ''}"
-                f"{', store' if self.store else ''}, {self.num_sms} SMs")
+                f"{', ping-pong' if self.pingpong else ''}{', store' if self.store else ''}, {self.num_sms} SMs")
 
 
 def defines(cfg: WgradConfig) -> dict[str, object]:
@@ -323,8 +318,7 @@ def defines(cfg: WgradConfig) -> dict[str, object]:
         "CUPYGEMM_MULTICAST": cfg.multicast,
         "CUPYGEMM_TWO_ACC_SETS": int(cfg.two_acc_sets),
         "CUPYGEMM_CLUSTER_ATTR": f"__cluster_dims__({cfg.cluster_size}, 1, 1)" if cfg.cluster_size > 1 else "",
-    } | ({"CUPYGEMM_PINGPONG": 1} if cfg.pingpong else {}) | ({"CUPYGEMM_WGRAD_STORE": 1} if cfg.store else {}) \
-      | ({"CUPYGEMM_WGRAD_HALVES": 1} if cfg.halves else {})
+    } | ({"CUPYGEMM_PINGPONG": 1} if cfg.pingpong else {}) | ({"CUPYGEMM_WGRAD_STORE": 1} if cfg.store else {})
 
 
 # --- per-problem launch values -------------------------------------------------------------------------------------
