@@ -84,6 +84,9 @@ __device__ __forceinline__ void fp8_wgrad(const TmaDescriptor& tmap_a, const Tma
 #ifndef CUPYGEMM_WGRAD_STORE
 #define CUPYGEMM_WGRAD_STORE 0
 #endif
+#ifndef CUPYGEMM_B_WHOLE
+#define CUPYGEMM_B_WHOLE 0
+#endif
 // Entry point with a fixed C name, instantiated from the constants the JIT defines. cupygemm/contract_wgrad.py states
 // its whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
 // Dense: tmap_a/tmap_b map A and B, workspace is unused (null), num_groups is 1. K-grouped: tmap_a/tmap_b are the
@@ -99,7 +102,8 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                        CUPYGEMM_BLOCK_M, CUPYGEMM_BLOCK_N, CUPYGEMM_NUM_STAGES, CUPYGEMM_NUM_MATH_WG,
                                        CUPYGEMM_MATH_REGS, CUPYGEMM_PRODUCER_REGS, CUPYGEMM_SWIZZLE_D,
                                        CUPYGEMM_STAGED_SLABS, CUPYGEMM_RASTER_N, CUPYGEMM_MULTICAST,
-                                       CUPYGEMM_TWO_ACC_SETS, CUPYGEMM_PINGPONG, CUPYGEMM_WGRAD_STORE>;
+                                       CUPYGEMM_TWO_ACC_SETS, CUPYGEMM_PINGPONG, CUPYGEMM_WGRAD_STORE,
+                                       CUPYGEMM_B_WHOLE>;
   cupygemm::fp8_wgrad<Traits>(tmap_a, tmap_b, tmap_sfa, tmap_sfb, tmap_d, workspace, shape_m, num_groups);
 }
 #endif

@@ -53,7 +53,7 @@ template <class T> struct WgradProducer {
       const int n0 = static_cast<int>(n_block * T::BLOCK_N);
       // Multicast: this CTA's half of the shared operand, into the same offset of both CTAs.
       const uint32_t a_half = T::kMulticast == 1 ? scheduler.rank : 0u;
-      const uint32_t b_half = T::kMulticast == 2 ? scheduler.rank : 0u;
+      const uint32_t b_half = T::kMulticast == 2 && !T::kBWhole ? scheduler.rank : 0u;
 #pragma unroll 1
       for (uint32_t kb = 0; kb < tile.num_kb; ++kb) {
         const uint32_t s = pipe.stage;
@@ -69,8 +69,9 @@ template <class T> struct WgradProducer {
           tma_load_3d_multicast(a_dst, map_a, full, 0b11, k, a_row, 0);
         else
           tma_load_3d(a_dst, map_a, full, k, a_row, 0);
-        if constexpr (T::kMulticast == 2)
-          tma_load_3d_multicast(b_dst, map_b, full, 0b11, k, b_row, 0);
+        if constexpr (T::kMulticast == 2) {
+          if (!T::kBWhole || scheduler.rank == 0) tma_load_3d_multicast(b_dst, map_b, full, 0b11, k, b_row, 0);
+        }
         else
           tma_load_3d(b_dst, map_b, full, k, b_row, 0);
         const int scale_row = static_cast<int>(tile.scale_row0 + kb);

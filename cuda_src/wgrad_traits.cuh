@@ -14,7 +14,7 @@ enum WgradKind : int { kWgradDense = 0, kWgradKGrouped = 1 };
 template <int kKind_, uint32_t SHAPE_M_, uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_,
           uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
           uint32_t kSwizzleD_, uint32_t kStagedSlabs_, uint32_t kRasterN_, int kMulticast_, bool kTwoAccSets_,
-          bool kPingPong_ = false, bool kStore_ = false>
+          bool kPingPong_ = false, bool kStore_ = false, bool kBWhole_ = false>
 struct WgradTraits {
   static constexpr int kKind = kKind_;
   static constexpr bool kKGrouped = kKind == kWgradKGrouped;
@@ -66,9 +66,13 @@ struct WgradTraits {
   static_assert(!kKGrouped || kMulticast != 2 || kNumMBlocksGrouped % 2 == 0, "k-grouped B multicast: even m blocks");
   static constexpr uint32_t kCluster = kMulticast ? 2 : 1;
   static constexpr uint32_t A_BOX_M = kMulticast == 1 ? BLOCK_M / 2 : BLOCK_M;
-  static constexpr uint32_t B_BOX_N = kMulticast == 2 ? BLOCK_N / 2 : BLOCK_N;
+  // Whole-B multicast: the pair's first CTA loads the whole B tile into both (widths of 8 mod 16, whose halves are
+  // not whole swizzle atoms).
+  static constexpr bool kBWhole = kBWhole_;
+  static_assert(!kBWhole || kMulticast == 2, "whole-B multicast: with B multicast");
+  static constexpr uint32_t B_BOX_N = kMulticast == 2 && !kBWhole ? BLOCK_N / 2 : BLOCK_N;
   // B tiles are 128-byte swizzled in 8-row atoms: a multicast half must be whole atoms.
-  static_assert(kMulticast != 2 || BLOCK_N % 16 == 0, "B multicast: halves of whole swizzle atoms");
+  static_assert(kMulticast != 2 || kBWhole || BLOCK_N % 16 == 0, "B multicast: halves of whole swizzle atoms");
 
   // ---- FP32 output staging: per math warpgroup, kStagedSlabs slabs of 64 rows x kSlabCols floats ----
   // A slab is one TMA reduce box; its rows are kSwizzleD bytes, swizzled as the D map says. BLOCK_N / kSlabCols

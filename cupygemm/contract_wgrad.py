@@ -85,13 +85,16 @@ PRODUCER_REGS_TWO_WG, MATH_REGS_TWO_WG, MATH_REGS_ONE_WG = 40, 232, 255
 #: computes while the wgmmas run (so the promotion after the wait is one FFMA per sum). Two math warpgroups (232
 #: registers): 152 (with A multicast NVRTC 13.0 keeps one register in local memory, a load and a store per four K
 #: blocks; 160 does not fit four stages beside its staging); one (255): 160 (176 spills in the dense loop, 192 in
-#: both). A second accumulator set: 96 and 128. Widths are multiples of 8 (16 with B multicast, whose halves are
-#: whole 8-row swizzle atoms).
+#: both). A second accumulator set: 96 and 128. Widths are multiples of 8 (16 with B multicast in halves, which must
+#: be whole 8-row swizzle atoms; any with ``b_whole``).
 MAX_BLOCK_N = {(2, False): 152, (2, True): 96, (1, False): 160, (1, True): 128}
 #: The chooser's widths: steps of 16, and 152 (two math warpgroups, no multicast, its FP32 staging one unswizzled
 #: slab), costed at 0.98 of a tile's cycles: per column and round it ran 0-4 % faster than 128 or 144 with B multicast
 #: on six DeepGEMM wgrad shapes on an H100, and on the k-grouped kernel's stage-aligned K loop 2-5 % faster than its
 #: 128 and 144 picks with multicast on four DeepGEMM k-grouped shapes (benchmarks/NOTES.md, "Weight-gradient kernel").
+#: K-grouped 152-wide tiles share B over pairs of m blocks, the pair's first CTA loading the whole tile (its halves
+#: are not whole swizzle atoms): 0.6-3 % faster on the six DeepGEMM k-grouped shapes; on dense tiles that build keeps
+#: a register in local memory and was 0-3 % slower (plus a round lost to even grids on 7168x2112).
 _WIDE_BLOCK_N, _WIDE_TILE_COST = 152, 0.98
 
 
@@ -184,6 +187,7 @@ class WgradConfig:
     divide BLOCK_N's bytes), or 0: one unswizzled slab of BLOCK_N floats (conflict-free for widths of 8 mod 16).
     ``staged_slabs``: slabs staged at once per math warpgroup (0: the whole tile). ``raster``: n units per raster
     stripe. ``two_acc_sets``: the K loop keeps one K block's wgmmas in flight while promoting the previous one.
+    ``b_whole`` (with multicast 2): the pair's first CTA loads the whole B tile into both (widths of 8 mod 16).
     ``store`` (dense only): D = A B^T, the epilogue stores its tiles instead of adding them into D. ``num_sms``: the
     persistent grid's CTAs at most (the chooser's dense configs: the fewest that keep their rounds)."""
 
@@ -202,6 +206,7 @@ class WgradConfig:
     num_sms: int = 132
     pingpong: bool = False
     store: bool = False
+    b_whole: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KIND_IDS:
@@ -228,12 +233,15 @@ class WgradConfig:
             raise ValueError(f"block_m: 64 (one math warpgroup) or 128 (two), got {self.block_m}")
         wg = math_warpgroups(self.block_m)
         limit = MAX_BLOCK_N[(wg, self.two_acc_sets)]
-        if self.block_n % 8 or not 16 <= self.block_n <= limit or (self.multicast == 2 and self.block_n % 16):
+        if self.block_n % 8 or not 16 <= self.block_n <= limit or (self.multicast == 2 and not self.b_whole and self.block_n % 16):
             raise ValueError(f"block_n: a multiple of 8 (16 with B multicast) up to {limit} for block_m={self.block_m}"
                              f"{' with two accumulator sets' if self.two_acc_sets else ''} (registers), "
                              f"got {self.block_n}")
         if self.multicast not in (0, 1, 2):
             raise ValueError(f"multicast: 0, 1 (share A) or 2 (share B), got {self.multicast}")
+        if self.b_whole and self.multicast != 2:
+            raise ValueError(f"b_whole: the pair's first CTA loading the whole B tile needs multicast 2, got "
+                             f"{self.multicast}")
         if self.swizzle not in (0, 32, 64, 128) or (self.swizzle and (self.block_n * 4) % self.swizzle):
             raise ValueError(f"swizzle: 32, 64 or 128 bytes dividing block_n * 4 = {self.block_n * 4}, or 0 "
                              f"(unswizzled), got {self.swizzle}")
@@ -296,7 +304,8 @@ class WgradConfig:
         return (f"{self.kind} {shape}: {self.block_m}x{self.block_n} {self.num_stages} stages, "
                 f"{self.staged}/{self.num_slabs} slabs of {self.slab_cols} floats, multicast {self.multicast}, "
                 f"raster {self.raster}{', two acc sets' if self.two_acc_sets else ''}"
-                f"{', ping-pong' if self.pingpong else ''}{', store' if self.store else ''}, {self.num_sms} SMs")
+                f"{', ping-pong' if self.pingpong else ''}{', whole B' if self.b_whole else ''}"
+                f"{', store' if self.store else ''}, {self.num_sms} SMs")
 
 
 def defines(cfg: WgradConfig) -> dict[str, object]:
@@ -318,7 +327,8 @@ def defines(cfg: WgradConfig) -> dict[str, object]:
         "CUPYGEMM_MULTICAST": cfg.multicast,
         "CUPYGEMM_TWO_ACC_SETS": int(cfg.two_acc_sets),
         "CUPYGEMM_CLUSTER_ATTR": f"__cluster_dims__({cfg.cluster_size}, 1, 1)" if cfg.cluster_size > 1 else "",
-    } | ({"CUPYGEMM_PINGPONG": 1} if cfg.pingpong else {}) | ({"CUPYGEMM_WGRAD_STORE": 1} if cfg.store else {})
+    } | ({"CUPYGEMM_PINGPONG": 1} if cfg.pingpong else {}) | ({"CUPYGEMM_WGRAD_STORE": 1} if cfg.store else {}) \
+      | ({"CUPYGEMM_B_WHOLE": 1} if cfg.b_whole else {})
 
 
 # --- per-problem launch values -------------------------------------------------------------------------------------
@@ -346,7 +356,7 @@ def tma_specs(cfg: WgradConfig, m: int, *, lda: int = 0, ldb: int = 0, sfa_ld: i
     n = cfg.shape_n
     dense = cfg.kind == KIND_WGRAD
     a_box = cfg.block_m // 2 if cfg.multicast == 1 else cfg.block_m
-    b_box = cfg.block_n // 2 if cfg.multicast == 2 else cfg.block_n
+    b_box = cfg.block_n // 2 if cfg.multicast == 2 and not cfg.b_whole else cfg.block_n
     if dense:
         k = cfg.shape_k
         kb = ceil_div(k, BLOCK_K)
@@ -428,7 +438,8 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     ``k_or_expected`` tokens each (only the choice depends on it).
 
     A first heuristic, to be replaced by a measured cost model: tile candidates 128 x {64 ... 144} and 128 x 152
-    without multicast at 0.98 of its modelled cost (two math warpgroups), and 64 x {64 ... 160} (one, with two
+    at 0.98 of its modelled cost (two math warpgroups; dense without multicast, k-grouped with B shared whole over
+    pairs of m blocks where their count is even), and 64 x {64 ... 160} (one, with two
     accumulator sets up to 128 wide), multicast of the operand whose partner dimension has an even number of blocks;
     each candidate's time is the rounds of tiles over the SMs times a tile's cycles (max of the wgmma and L2-load rates
     per K block plus a fixed cost, and an epilogue); the fastest wins (ties: fewer, larger tiles). Stages: as many as
@@ -457,11 +468,14 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
             # Pairs over an even block count only: the dense kernel runs a pair's second tile past the last block
             # correctly (loads from the last block, no writes), but that is work for nothing; the k-grouped kernel
             # takes whole pairs only.
+            pairs_m = num_sms >= 2 and m_blocks >= 2 and _pairs_even(2, m, n, block_m, block_n)
             if num_sms >= 2 and not wide:
                 if n_blocks >= 2 and _pairs_even(1, m, n, block_m, block_n):
                     options.append(1)
-                if m_blocks >= 2 and _pairs_even(2, m, n, block_m, block_n) and block_n % 16 == 0:
+                if pairs_m and block_n % 16 == 0:
                     options.append(2)
+            elif wide and pairs_m and kind == KIND_K_GROUPED:
+                options = [2]  # whole-B multicast (_WIDE_BLOCK_N)
             for mc in options:
                 sms = num_sms - num_sms % 2 if mc else num_sms
                 tiles = m_blocks * n_blocks * groups
@@ -480,4 +494,4 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     raster = max(1, min(16 // (2 if mc == 1 else 1), n_units))
     return WgradConfig(kind, m if kind == KIND_K_GROUPED else 0, n, k_or_expected if kind == KIND_WGRAD else 0,
                        block_m, block_n, stages, mc, swizzle, 0 if slabs == num_slabs else slabs, raster, two, sms,
-                       store=store)
+                       store=store, b_whole=mc == 2 and block_n % 16 != 0)

@@ -73,6 +73,7 @@ REPRESENTATIVE = {
     "kgrouped-128x144": make(cw.KIND_K_GROUPED, 128, 144, n=4096),
     "kgrouped-128x128-mcA": make(cw.KIND_K_GROUPED, 128, 128, n=4096, multicast=1),
     "kgrouped-128x144-mcB": make(cw.KIND_K_GROUPED, 128, 144, n=4096, multicast=2),
+    "kgrouped-128x152-mcB-whole": make(cw.KIND_K_GROUPED, 128, 152, n=4096, multicast=2, b_whole=True),
     "kgrouped-128x96-2acc": make(cw.KIND_K_GROUPED, 128, 96, two_acc_sets=True),
     "kgrouped-64x128-2acc": make(cw.KIND_K_GROUPED, 64, 128, two_acc_sets=True),
     "kgrouped-64x160": make(cw.KIND_K_GROUPED, 64, 160),
@@ -213,7 +214,8 @@ def test_smem_layout_and_workspace_match_the_kernel():
         d = cw.defines(cfg)
         t = ("cupygemm::WgradTraits<{WGRAD_KIND}, {SHAPE_M}, {SHAPE_N}, {SHAPE_K}, {BLOCK_M}, {BLOCK_N}, {NUM_STAGES}, "
              "{NUM_MATH_WG}, {MATH_REGS}, {PRODUCER_REGS}, {SWIZZLE_D}, {STAGED_SLABS}, {RASTER_N}, {MULTICAST}, "
-             "{TWO_ACC_SETS}>").format(**{k[len("CUPYGEMM_"):]: v for k, v in d.items()})
+             "{TWO_ACC_SETS}, {PINGPONG}, {WGRAD_STORE}, {B_WHOLE}>").format(
+                 **({"PINGPONG": 0, "WGRAD_STORE": 0, "B_WHOLE": 0} | {k[len("CUPYGEMM_"):]: v for k, v in d.items()}))
         layout = (f"{t}::SMEM_D + {t}::kNumStages * ({t}::SMEM_A + {t}::SMEM_B + {t}::SMEM_SFA + {t}::SMEM_SFB) + "
                   f"{t}::kNumStages * 16")
         asserts.append(f'static_assert({layout} == {cfg.smem_bytes}, "{name}: smem_bytes");')
@@ -261,11 +263,27 @@ def test_dense_grid_is_the_fewest_ctas_for_its_rounds():
     assert cw.choose_wgrad_config(cw.KIND_K_GROUPED, 2048, 7168, 4096, 4, 132).num_sms == 132  # k-grouped: all
 
 
+@pytest.mark.parametrize("m,n", DEEPGEMM_K_GROUPED)
+def test_k_grouped_wide_tiles_share_b_whole(m, n):
+    """K-grouped 128x152 tiles share B over pairs of m blocks, the first CTA loading the whole tile (152 rows are
+    not two halves of whole swizzle atoms); dense 152-wide picks do not multicast, and B's TMA box is the tile's."""
+    cfg = cw.choose_wgrad_config(cw.KIND_K_GROUPED, m, n, 8192, 4, 132)
+    assert (cfg.block_n, cfg.multicast, cfg.b_whole) == (152, 2, True)
+    assert cw.defines(cfg)["CUPYGEMM_B_WHOLE"] == 1
+    specs = cw.tma_specs(cfg, m, sfa_rows=256, sfb_rows=256)
+    assert specs[1].box[1] == 152
+    dense = cw.choose_wgrad_config(cw.KIND_WGRAD, 2048, 7168, 4096, 1, 132)
+    assert (dense.block_n, dense.multicast, dense.b_whole) == (152, 0, False)
+    assert "CUPYGEMM_B_WHOLE" not in cw.defines(dense)
+
+
 def test_config_legality():
     with pytest.raises(ValueError, match="block_n"):
         make(cw.KIND_WGRAD, 128, 160)
     with pytest.raises(ValueError, match="block_n"):  # B multicast halves: whole 8-row atoms
         make(cw.KIND_WGRAD, 128, 152, swizzle=32, multicast=2)
+    with pytest.raises(ValueError, match="b_whole"):
+        make(cw.KIND_WGRAD, 128, 152, b_whole=True)
     with pytest.raises(ValueError, match="block_n"):
         make(cw.KIND_WGRAD, 128, 112, two_acc_sets=True)
     with pytest.raises(ValueError, match="multicast 1 pairs neighbouring n blocks"):  # 29 n blocks

@@ -134,6 +134,9 @@ DENSE_VARIANTS = {
     "128x152": dict(bm=128, bn=152, num_sms=6),  # the chooser's wide tile: one unswizzled slab of 152 floats
     "128x152-swz32": dict(bm=128, bn=152, swizzle=32, num_sms=6),  # 19 slabs of 8 floats
     "128x152-mcA": dict(bm=128, bn=152, multicast=1, num_sms=6, n=600),  # 4 n blocks, the last partial
+    # B shared whole (the first CTA loads all 152 rows into both) over 7 m blocks: the last pair's second tile is
+    # past M and reads the peer's B.
+    "128x152-mcB-whole-odd-m": dict(bm=128, bn=152, multicast=2, b_whole=True, num_sms=6, m=850),
     "64x40-unswizzled": dict(bm=64, bn=40, swizzle=0, num_sms=7),
     "128x96-2acc": dict(bm=128, bn=96, two_acc_sets=True, num_sms=6),
     "64x128-2acc": dict(bm=64, bn=128, two_acc_sets=True, num_sms=6),
@@ -266,12 +269,13 @@ def test_k_grouped_config_variants(name):
     run_grouped(m, n, sizes, seed=len(name), cfg=cfg, ld_d=n + 4)
 
 
-@pytest.mark.parametrize("multicast,m,n", [(1, 300, 400), (2, 500, 136)])
-def test_k_grouped_multicast(multicast, m, n):
-    """2-CTA clusters sharing A (pairs of n blocks: 4 of 128) or B (pairs of m blocks: 4 of 128), across empty groups
-    and groups of a few K blocks, so that a pair's CTAs change group together."""
-    cfg = grouped_cfg(m, n, 128, 128 if multicast == 1 else 144, multicast=multicast, num_sms=6)
-    run_grouped(m, n, [1040, 0, 16, 4096 + 48, 272], seed=multicast, cfg=cfg, ld_d=n + 4)
+@pytest.mark.parametrize("multicast,m,n,bn", [(1, 300, 400, 128), (2, 500, 136, 144), (2, 500, 300, 152)])
+def test_k_grouped_multicast(multicast, m, n, bn):
+    """2-CTA clusters sharing A (pairs of n blocks: 4 of 128) or B (pairs of m blocks: 4 of 128; 152 wide: the
+    first CTA loads the whole B tile, the chooser's k-grouped pick), across empty groups and groups of a few K blocks,
+    so that a pair's CTAs change group together."""
+    cfg = grouped_cfg(m, n, 128, bn, multicast=multicast, num_sms=6, b_whole=multicast == 2 and bn % 16 != 0)
+    run_grouped(m, n, [1040, 0, 16, 4096 + 48, 272], seed=multicast + bn, cfg=cfg, ld_d=n + 4)
 
 
 def test_k_grouped_changed_sizes_on_the_same_buffers():
