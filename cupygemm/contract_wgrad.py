@@ -80,6 +80,13 @@ WARPGROUP_THREADS = 128
 _STAGE_BARRIER_BYTES = 16
 #: setmaxnreg split with two math warpgroups (128 x 40 + 256 x 232 = 64 K registers); one runs at 255 without it.
 PRODUCER_REGS_TWO_WG, MATH_REGS_TWO_WG, MATH_REGS_ONE_WG = 40, 232, 255
+#: Dense whole-B multicast builds (128x152): 24 producer and 240 math registers (128 x 24 + 256 x 240 <= 64 K). At
+#: 40/232 NVRTC 13.0 keeps one loop register of the math warpgroups in local memory (a load and a store per four K
+#: blocks) and whole-B ran 0-3 % slower than no multicast; at 24/240 nothing spills and it ran 0.7-2.3 % faster on
+#: 2048x7168, 1536x24576x8192 and 7168x4096x8192 (0.8 % slower on 16384x7168x4096). The split alone, without
+#: multicast, moved nothing beyond 1 % and k-grouped whole-B builds (no spill) 0.4-1 % slower with it
+#: (benchmarks/NOTES.md, "Weight-gradient kernel").
+MATH_REGS_WHOLE_B = (24, 240)
 #: The widest tiles whose K loop compiles without spills (NVRTC 12.9 and 13.5, tests/test_wgrad_compile.py): per
 #: thread BLOCK_N / 2 sums, BLOCK_N / 2 wgmma accumulators and BLOCK_N / 2 products of the two scales, which ptxas
 #: computes while the wgmmas run (so the promotion after the wait is one FFMA per sum). Two math warpgroups (232
@@ -88,13 +95,13 @@ PRODUCER_REGS_TWO_WG, MATH_REGS_TWO_WG, MATH_REGS_ONE_WG = 40, 232, 255
 #: both). A second accumulator set: 96 and 128. Widths are multiples of 8 (16 with B multicast in halves, which must
 #: be whole 8-row swizzle atoms; any with ``b_whole``).
 MAX_BLOCK_N = {(2, False): 152, (2, True): 96, (1, False): 160, (1, True): 128}
-#: The chooser's widths: steps of 16, and 152 (two math warpgroups, no multicast, its FP32 staging one unswizzled
-#: slab), costed at 0.98 of a tile's cycles: per column and round it ran 0-4 % faster than 128 or 144 with B multicast
-#: on six DeepGEMM wgrad shapes on an H100, and on the k-grouped kernel's stage-aligned K loop 2-5 % faster than its
-#: 128 and 144 picks with multicast on four DeepGEMM k-grouped shapes (benchmarks/NOTES.md, "Weight-gradient kernel").
-#: K-grouped 152-wide tiles share B over pairs of m blocks, the pair's first CTA loading the whole tile (its halves
-#: are not whole swizzle atoms): 0.6-3 % faster on the six DeepGEMM k-grouped shapes; on dense tiles that build keeps
-#: a register in local memory and was 0-3 % slower (plus a round lost to even grids on 7168x2112).
+#: The chooser's widths: steps of 16, and 152 (two math warpgroups, its FP32 staging one unswizzled slab), costed at
+#: 0.98 of a tile's cycles: without multicast it ran 0-4 % faster per column and round than 128 or 144 with B
+#: multicast on six DeepGEMM wgrad shapes on an H100, and on the k-grouped kernel's stage-aligned K loop 2-5 % faster
+#: than its 128 and 144 picks with multicast on four DeepGEMM k-grouped shapes. 152-wide tiles share B over pairs of
+#: m blocks, the pair's first CTA loading the whole tile (its halves are not whole swizzle atoms): k-grouped always
+#: (0.6-3 % faster on the six DeepGEMM k-grouped shapes), dense where the cost model prefers it to none (with
+#: MATH_REGS_WHOLE_B: 0.7-2.3 % faster on four of five shapes) (benchmarks/NOTES.md, "Weight-gradient kernel").
 _WIDE_BLOCK_N, _WIDE_TILE_COST = 152, 0.98
 
 
@@ -130,12 +137,14 @@ def threads(num_math_wg: int) -> int:
     return WARPGROUP_THREADS * (num_math_wg + 1)
 
 
-def math_regs(num_math_wg: int) -> int:
-    return MATH_REGS_TWO_WG if num_math_wg > 1 else MATH_REGS_ONE_WG
+def math_regs(num_math_wg: int, spare_producer: bool = False) -> int:
+    if num_math_wg == 1:
+        return MATH_REGS_ONE_WG
+    return MATH_REGS_WHOLE_B[1] if spare_producer else MATH_REGS_TWO_WG
 
 
-def producer_regs(num_math_wg: int) -> int:
-    return PRODUCER_REGS_TWO_WG
+def producer_regs(num_math_wg: int, spare_producer: bool = False) -> int:
+    return MATH_REGS_WHOLE_B[0] if spare_producer and num_math_wg > 1 else PRODUCER_REGS_TWO_WG
 
 
 def smem_per_stage(block_m: int, block_n: int) -> int:
@@ -292,11 +301,16 @@ class WgradConfig:
 
     @property
     def math_regs(self) -> int:
-        return math_regs(self.num_math_wg)
+        return math_regs(self.num_math_wg, self._spare_producer_regs)
 
     @property
     def producer_regs(self) -> int:
-        return producer_regs(self.num_math_wg)
+        return producer_regs(self.num_math_wg, self._spare_producer_regs)
+
+    @property
+    def _spare_producer_regs(self) -> bool:
+        """Dense whole-B builds give the math warpgroups 8 more registers (MATH_REGS_WHOLE_B)."""
+        return self.kind == KIND_WGRAD and self.b_whole
 
     def describe(self) -> str:
         shape = (f"N={self.shape_n} K={self.shape_k}" if self.kind == KIND_WGRAD
@@ -474,8 +488,9 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
                     options.append(1)
                 if pairs_m and block_n % 16 == 0:
                     options.append(2)
-            elif wide and pairs_m and kind == KIND_K_GROUPED:
-                options = [2]  # whole-B multicast (_WIDE_BLOCK_N)
+            elif wide and pairs_m:
+                # whole-B multicast (_WIDE_BLOCK_N): k-grouped always, dense where the cost model says
+                options = [2] if kind == KIND_K_GROUPED else [0, 2]
             for mc in options:
                 sms = num_sms - num_sms % 2 if mc else num_sms
                 tiles = m_blocks * n_blocks * groups

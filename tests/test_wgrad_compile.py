@@ -257,24 +257,30 @@ def test_contract_values():
 
 
 def test_dense_grid_is_the_fewest_ctas_for_its_rounds():
-    """7168x4096 on 128x152 tiles: 1512 tiles are 12 rounds of 132 CTAs or of 126; 126 CTAs are launched."""
+    """7168x4096 on 128x152 tiles in pairs: 756 pairs are 12 rounds of 66 pairs or of 63; 126 CTAs are launched."""
     cfg = cw.choose_wgrad_config(cw.KIND_WGRAD, 7168, 4096, 4096, 1, 132)
-    assert (cfg.block_n, cfg.multicast, cfg.num_sms, cw.grid(cfg)) == (152, 0, 126, 126)
+    assert (cfg.block_n, cfg.multicast, cfg.num_sms, cw.grid(cfg)) == (152, 2, 126, 126)
     assert cw.choose_wgrad_config(cw.KIND_K_GROUPED, 2048, 7168, 4096, 4, 132).num_sms == 132  # k-grouped: all
 
 
 @pytest.mark.parametrize("m,n", DEEPGEMM_K_GROUPED)
-def test_k_grouped_wide_tiles_share_b_whole(m, n):
-    """K-grouped 128x152 tiles share B over pairs of m blocks, the first CTA loading the whole tile (152 rows are
-    not two halves of whole swizzle atoms); dense 152-wide picks do not multicast, and B's TMA box is the tile's."""
+def test_wide_tiles_share_b_whole(m, n):
+    """128x152 tiles share B over pairs of m blocks, the first CTA loading the whole tile (152 rows are not two
+    halves of whole swizzle atoms), so B's TMA box is the tile's. Dense builds of it move 16 registers a thread
+    from the producer to the math warpgroups (24/240: at 40/232 one spilled); k-grouped ones keep 40/232."""
     cfg = cw.choose_wgrad_config(cw.KIND_K_GROUPED, m, n, 8192, 4, 132)
     assert (cfg.block_n, cfg.multicast, cfg.b_whole) == (152, 2, True)
     assert cw.defines(cfg)["CUPYGEMM_B_WHOLE"] == 1
-    specs = cw.tma_specs(cfg, m, sfa_rows=256, sfb_rows=256)
-    assert specs[1].box[1] == 152
-    dense = cw.choose_wgrad_config(cw.KIND_WGRAD, 2048, 7168, 4096, 1, 132)
-    assert (dense.block_n, dense.multicast, dense.b_whole) == (152, 0, False)
-    assert "CUPYGEMM_B_WHOLE" not in cw.defines(dense)
+    assert (cfg.producer_regs, cfg.math_regs) == (40, 232)
+    assert cw.tma_specs(cfg, m, sfa_rows=256, sfb_rows=256)[1].box[1] == 152
+    dense = cw.choose_wgrad_config(cw.KIND_WGRAD, m, n, 4096, 1, 132)
+    assert (dense.block_n, dense.multicast, dense.b_whole) == (152, 2, True)
+    assert (dense.producer_regs, dense.math_regs) == (24, 240)
+    assert 24 * 128 + 240 * 256 <= 64 * 1024
+    assert cw.tma_specs(dense, m)[1].box[1] == 152
+    halves = cw.choose_wgrad_config(cw.KIND_WGRAD, 512, 32768, 4096, 1, 132)  # 128x144: B in halves of 72 rows
+    assert (halves.block_n, halves.multicast, halves.b_whole) == (144, 2, False)
+    assert "CUPYGEMM_B_WHOLE" not in cw.defines(halves) and cw.tma_specs(halves, 512)[1].box[1] == 72
 
 
 def test_config_legality():
