@@ -11,7 +11,6 @@
 // same buffer, each round waiting for the previous one's reads: less shared memory, more stages.
 #pragma once
 #include "named_barriers.cuh"
-#include "ptx_mbarrier.cuh"
 #include "ptx_tma.cuh"
 #include "ptx_tma_reduce.cuh"
 #include "wgrad_scheduler.cuh"
@@ -33,25 +32,16 @@ template <class T> struct EpilogueF32 {
   const TmaDescriptor& tmap_d;  // D [G][M][ld_d] float32 as (N, M, G), boxes of kSlabCols x 64 x 1
   const MathThread& th;
   uint32_t shape_m;
-  uint64_t* d_full;   // T::kLoadD: the producer loaded the tile's D into the staging
-  uint64_t* d_empty;  // T::kLoadD: this warpgroup's stores have read the staging
-  uint32_t d_phase = 0;
 
-  __device__ __forceinline__ void store(const float (&out)[T::kAcc], const WgradTile& tile) {
+  __device__ __forceinline__ void store(const float (&out)[T::kAcc], const WgradTile& tile) const {
     const uint32_t first_row = tile.m_block * T::BLOCK_M + th.wg_row0;
     // A warpgroup's rows wholly past M (M < 128, or the second tile of a multicast pair over an odd block count)
     // or a tile wholly past N: nothing to add, and no TMA box wholly outside the tensor.
-    const bool out_of_d =
-        first_row >= (T::kKGrouped ? T::SHAPE_M : shape_m) || tile.n_block * T::BLOCK_N >= T::SHAPE_N;
+    if (first_row >= (T::kKGrouped ? T::SHAPE_M : shape_m) || tile.n_block * T::BLOCK_N >= T::SHAPE_N) return;
     const int row0 = static_cast<int>(first_row);
     const int n0 = static_cast<int>(tile.n_block * T::BLOCK_N);
     const int group = static_cast<int>(tile.group);
     const uint32_t staging = smem_u32(th.smem_d);
-    if constexpr (T::kLoadD) {
-      load_add_store(out, out_of_d, row0, n0, group, staging);
-      return;
-    }
-    if (out_of_d) return;
 #pragma unroll
     for (uint32_t round = 0; round < T::kRounds; ++round) {
       const uint32_t slab0 = round * T::kStagedSlabs;
@@ -89,50 +79,9 @@ template <class T> struct EpilogueF32 {
     }
   }
 
-  // Load D: the tile's D is in the staging (the producer's load); add the sums there and store the slabs. Once the
-  // stores have read the staging, the producer may load the next tile's D into it.
-  __device__ __forceinline__ void load_add_store(const float (&out)[T::kAcc], bool out_of_d, int row0, int n0,
-                                                 int group, uint32_t staging) {
-    mbarrier_wait(d_full, d_phase);
-    d_phase ^= 1;
-    if (!out_of_d) {
-#pragma unroll
-      for (uint32_t g = 0; g < T::kNumNGroups; ++g) {
-        const uint32_t slab = g * 8 / T::kSlabCols;
-        const uint32_t col = g * 8 % T::kSlabCols + th.col_in_group;
-#pragma unroll
-        for (uint32_t h = 0; h < 2; ++h) {
-          const uint32_t addr = staging + slab * T::kSlabBytes +
-                                f32_slab_offset<T::kSwizzleD, T::kSlabRowBytes>(th.row_in_sub + 8 * h, col);
-          const float2 d = ld_shared_f32x2(addr);
-          st_shared_f32x2(addr, d.x + out[g * 4 + 2 * h], d.y + out[g * 4 + 2 * h + 1]);
-        }
-      }
-      fence_proxy_async_shared();  // the stores are visible to the TMA unit
-    }
-    named_barrier_sync(th.barrier, 128);
-    if (th.tid == 0) {
-      if (!out_of_d) {
-#pragma unroll
-        for (uint32_t slab = 0; slab < T::kNumSlabs; ++slab)
-          tma_store_3d(&tmap_d, th.smem_d + slab * T::kSlabBytes, n0 + static_cast<int>(slab * T::kSlabCols), row0,
-                       group);
-        tma_store_commit();
-        tma_store_wait_read<0>();
-      }
-      mbarrier_arrive(d_empty);
-    }
-  }
-
   // Before the CTA exits: its last reductions have completed (and read shared memory).
   __device__ __forceinline__ void finish() const {
     if (th.tid == 0) tma_store_wait_all<0>();
-  }
-
-  static __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
-    float2 v;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
-    return v;
   }
 
   static __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float x, float y) {

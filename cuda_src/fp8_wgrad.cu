@@ -42,10 +42,6 @@ __device__ __forceinline__ void fp8_wgrad(const TmaDescriptor& tmap_a, const Tma
       mbarrier_init(&smem.full_bar[s], 1);
       mbarrier_init(&smem.empty_bar[s], T::kNumMathWG * 4 * T::kCluster);  // one per consuming warp of each CTA
     }
-    if constexpr (T::kLoadD) {
-      mbarrier_init(smem.d_full, 1);
-      mbarrier_init(smem.d_empty, T::kNumMathWG);  // one per math warpgroup
-    }
     mbarrier_init_fence();
   }
   // Clustered: the peer multicasts into our shared memory and arrives on our barriers, so it must see them
@@ -56,7 +52,7 @@ __device__ __forceinline__ void fp8_wgrad(const TmaDescriptor& tmap_a, const Tma
     // ---------------- producer warpgroup: one thread issues every TMA load ----------------
     if constexpr (T::kNumMathWG > 1) regs_dealloc<T::kProducerRegs>();
     if (threadIdx.x / 32 != T::kNumMathThreads / 32) return;
-    const WgradProducer<T> producer{tmap_a, tmap_b, tmap_sfa, tmap_sfb, tmap_d, smem};
+    const WgradProducer<T> producer{tmap_a, tmap_b, tmap_sfa, tmap_sfb, smem};
     producer.run(shape_m, ws);
     return;
   }
@@ -65,7 +61,7 @@ __device__ __forceinline__ void fp8_wgrad(const TmaDescriptor& tmap_a, const Tma
   if constexpr (T::kNumMathWG > 1) regs_alloc<T::kMathRegs>();
   WgradScheduler<T, true> scheduler(shape_m, ws);
   const MathThread th = make_wgrad_thread<T>(warpgroup, smem);
-  EpilogueF32<T> epilogue{tmap_d, th, shape_m, smem.d_full, smem.d_empty};
+  const EpilogueF32<T> epilogue{tmap_d, th, shape_m};
   Mainloop1D1D<T> mainloop(smem, th);
   typename Mainloop1D1D<T>::Acc wgmma_acc;  // one wgmma batch's result, promoted into sums
   typename Mainloop1D1D<T>::Sums sums;
@@ -91,9 +87,6 @@ __device__ __forceinline__ void fp8_wgrad(const TmaDescriptor& tmap_a, const Tma
 #ifndef CUPYGEMM_B_WHOLE
 #define CUPYGEMM_B_WHOLE 0
 #endif
-#ifndef CUPYGEMM_WGRAD_LOAD_D
-#define CUPYGEMM_WGRAD_LOAD_D 0
-#endif
 // Entry point with a fixed C name, instantiated from the constants the JIT defines. cupygemm/contract_wgrad.py states
 // its whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
 // Dense: tmap_a/tmap_b map A and B, workspace is unused (null), num_groups is 1. K-grouped: tmap_a/tmap_b are the
@@ -110,7 +103,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                        CUPYGEMM_MATH_REGS, CUPYGEMM_PRODUCER_REGS, CUPYGEMM_SWIZZLE_D,
                                        CUPYGEMM_STAGED_SLABS, CUPYGEMM_RASTER_N, CUPYGEMM_MULTICAST,
                                        CUPYGEMM_TWO_ACC_SETS, CUPYGEMM_PINGPONG, CUPYGEMM_WGRAD_STORE,
-                                       CUPYGEMM_B_WHOLE, CUPYGEMM_WGRAD_LOAD_D>;
+                                       CUPYGEMM_B_WHOLE>;
   cupygemm::fp8_wgrad<Traits>(tmap_a, tmap_b, tmap_sfa, tmap_sfb, tmap_d, workspace, shape_m, num_groups);
 }
 #endif

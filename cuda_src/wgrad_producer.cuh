@@ -18,32 +18,7 @@ template <class T> struct WgradProducer {
   const TmaDescriptor& tmap_b;
   const TmaDescriptor& tmap_sfa;  // [scale rows][M] float32, M-major
   const TmaDescriptor& tmap_sfb;  // [scale rows][N]
-  const TmaDescriptor& tmap_d;    // load D (T::kLoadD): D as the epilogue stores it
   const WgradSmem<T>& smem;
-
-  // Load D: the tile's D into the staging slabs, once the previous tile's stores have read them; boxes wholly past M
-  // or N (which the epilogue does not store) are not loaded.
-  __device__ __forceinline__ void load_d(const WgradTile& tile, uint32_t shape_m, uint32_t& d_phase) const {
-    mbarrier_wait(smem.d_empty, d_phase ^ 1);
-    d_phase ^= 1;
-    const uint32_t rows = T::kKGrouped ? T::SHAPE_M : shape_m;
-    const bool n_in = tile.n_block * T::BLOCK_N < T::SHAPE_N;
-    uint32_t boxes = 0;
-#pragma unroll
-    for (uint32_t wg = 0; wg < T::kNumMathWG; ++wg)
-      if (n_in && tile.m_block * T::BLOCK_M + wg * T::WG_M < rows) boxes += T::kNumSlabs;
-    mbarrier_arrive_expect_tx(smem.d_full, boxes * T::kSlabBytes);
-#pragma unroll
-    for (uint32_t wg = 0; wg < T::kNumMathWG; ++wg) {
-      const uint32_t first_row = tile.m_block * T::BLOCK_M + wg * T::WG_M;
-      if (!n_in || first_row >= rows) continue;
-#pragma unroll
-      for (uint32_t slab = 0; slab < T::kNumSlabs; ++slab)
-        tma_load_3d(smem.d + (wg * T::kNumSlabs + slab) * T::kSlabBytes, &tmap_d, smem.d_full,
-                    static_cast<int>(tile.n_block * T::BLOCK_N + slab * T::kSlabCols), static_cast<int>(first_row),
-                    static_cast<int>(tile.group));
-    }
-  }
 
   // Called by the producer warpgroup's first warp; one lane stays and loads every stage of every tile of this CTA,
   // then (clusters) waits until both CTAs' consumers released every stage, since the peer's arrive on our barriers.
@@ -54,7 +29,6 @@ template <class T> struct WgradProducer {
     const TmaDescriptor* map_a = &tmap_a;
     const TmaDescriptor* map_b = &tmap_b;
     uint32_t cur_group = ~0u;
-    uint32_t d_phase = 0;
     WgradTile tile;
     while (scheduler.next(tile)) {
       if constexpr (T::kKGrouped) {
@@ -80,14 +54,8 @@ template <class T> struct WgradProducer {
       // Multicast: this CTA's half of the shared operand, into the same offset of both CTAs.
       const uint32_t a_half = T::kMulticast == 1 ? scheduler.rank : 0u;
       const uint32_t b_half = T::kMulticast == 2 && !T::kBWhole ? scheduler.rank : 0u;
-      // Load D after the tile's first kNumStages blocks: waiting for the staging before them would hold this tile's
-      // first loads until the previous tile's epilogue is done.
-      const uint32_t d_at = cmin(T::kNumStages, tile.num_kb - 1);
 #pragma unroll 1
       for (uint32_t kb = 0; kb < tile.num_kb; ++kb) {
-        if constexpr (T::kLoadD) {
-          if (kb == d_at) load_d(tile, shape_m, d_phase);
-        }
         const uint32_t s = pipe.stage;
         mbarrier_wait(&smem.empty_bar[s], pipe.phase ^ 1);
         uint64_t* full = &smem.full_bar[s];
@@ -110,9 +78,6 @@ template <class T> struct WgradProducer {
         tma_load_3d(reinterpret_cast<uint8_t*>(smem.sfa) + s * T::SMEM_SFA, &tmap_sfa, full, m0, scale_row, 0);
         tma_load_3d(reinterpret_cast<uint8_t*>(smem.sfb) + s * T::SMEM_SFB, &tmap_sfb, full, n0, scale_row, 0);
         pipe.advance();
-      }
-      if constexpr (T::kLoadD) {
-        if (tile.num_kb == 0) load_d(tile, shape_m, d_phase);  // a tile without K blocks still adds (zeros)
       }
     }
     if constexpr (T::kCluster > 1) {

@@ -14,7 +14,7 @@ enum WgradKind : int { kWgradDense = 0, kWgradKGrouped = 1 };
 template <int kKind_, uint32_t SHAPE_M_, uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_,
           uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
           uint32_t kSwizzleD_, uint32_t kStagedSlabs_, uint32_t kRasterN_, int kMulticast_, bool kTwoAccSets_,
-          bool kPingPong_ = false, bool kStore_ = false, bool kBWhole_ = false, bool kLoadD_ = false>
+          bool kPingPong_ = false, bool kStore_ = false, bool kBWhole_ = false>
 struct WgradTraits {
   static constexpr int kKind = kKind_;
   static constexpr bool kKGrouped = kKind == kWgradKGrouped;
@@ -91,11 +91,6 @@ struct WgradTraits {
   static constexpr uint32_t kSlabRowBytes = kSlabCols * 4;
   static constexpr uint32_t kSlabBytes = WG_M * kSlabRowBytes;
   static constexpr uint32_t kRounds = ceil_div(kNumSlabs, kStagedSlabs);
-  // Load D: the producer loads the tile's D into the staging slabs while the K loop runs, the epilogue adds the sums
-  // there and stores the slabs (plain TMA stores), so D's DRAM read overlaps the main loop instead of following it as
-  // the reduce-add's does. The whole tile staged at once; two more barriers (D loaded, staging free).
-  static constexpr bool kLoadD = kLoadD_;
-  static_assert(!kLoadD || (!kStore && kRounds == 1), "load D: accumulating, the whole tile staged");
 
   // ---- shared memory, in this order (cupygemm/contract_wgrad.py smem_bytes adds the same parts up) ----
   static constexpr uint32_t SMEM_D = round_up(kNumMathWG * kStagedSlabs * kSlabBytes, 1024u);
@@ -136,15 +131,13 @@ template <class T> struct WgradSmem {
   float* sfb;
   uint64_t* full_bar;
   uint64_t* empty_bar;
-  uint64_t* d_full;   // load D: the tile's D is in the staging slabs
-  uint64_t* d_empty;  // load D: the previous tile's stores have read the staging slabs
 
   __device__ __forceinline__ explicit WgradSmem(uint8_t* base)
       : d(base), a(base + T::SMEM_D), b(a + T::kNumStages * T::SMEM_A),
         sfa(reinterpret_cast<float*>(b + T::kNumStages * T::SMEM_B)),
         sfb(reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(sfa) + T::kNumStages * T::SMEM_SFA)),
         full_bar(reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(sfb) + T::kNumStages * T::SMEM_SFB)),
-        empty_bar(full_bar + T::kNumStages), d_full(empty_bar + T::kNumStages), d_empty(d_full + 1) {}
+        empty_bar(full_bar + T::kNumStages) {}
 };
 
 // A math thread's place (kernel_traits.cuh, MathThread) in this kernel's layout: its warpgroup's 64 rows and its

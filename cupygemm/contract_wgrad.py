@@ -78,7 +78,6 @@ _HEADER_BYTES, _MAP_BYTES, _INFO_BYTES = 128, 128, 16
 #: Threads of one warpgroup; the CTA is the math warpgroups plus one producer warpgroup.
 WARPGROUP_THREADS = 128
 _STAGE_BARRIER_BYTES = 16
-_D_BARRIER_BYTES = 16  # load_d: the D-loaded and staging-free barriers
 #: setmaxnreg split with two math warpgroups (128 x 40 + 256 x 232 = 64 K registers); one runs at 255 without it.
 PRODUCER_REGS_TWO_WG, MATH_REGS_TWO_WG, MATH_REGS_ONE_WG = 40, 232, 255
 #: Dense whole-B multicast builds (128x152): 24 producer and 240 math registers (128 x 24 + 256 x 240 <= 64 K). At
@@ -171,11 +170,10 @@ def staging_swizzle(block_n: int) -> int:
     return 128 if block_n % 32 == 0 else 64 if block_n % 16 == 0 else 0
 
 
-def smem_bytes(block_m: int, block_n: int, stages: int, swizzle: int, staged_slabs: int, load_d: bool = False) -> int:
-    """Dynamic shared memory per CTA (WgradSmem: staging, stages, barriers; ``load_d``: the two D barriers). The
-    kernel's static 1024 bytes come on top (:data:`STATIC_SMEM`)."""
-    return (staging_bytes(block_m, block_n, swizzle, staged_slabs) + stages * smem_per_stage(block_m, block_n) +
-            (_D_BARRIER_BYTES if load_d else 0))
+def smem_bytes(block_m: int, block_n: int, stages: int, swizzle: int, staged_slabs: int) -> int:
+    """Dynamic shared memory per CTA (WgradSmem: staging, stages, barriers). The kernel's static 1024 bytes come on
+    top (:data:`STATIC_SMEM`)."""
+    return staging_bytes(block_m, block_n, swizzle, staged_slabs) + stages * smem_per_stage(block_m, block_n)
 
 
 def _pairs_even(multicast: int, m: int, n: int, block_m: int, block_n: int) -> bool:
@@ -183,10 +181,8 @@ def _pairs_even(multicast: int, m: int, n: int, block_m: int, block_n: int) -> b
     return (ceil_div(n, block_n) if multicast == 1 else ceil_div(m, block_m)) % 2 == 0
 
 
-def max_stages(block_m: int, block_n: int, swizzle: int, staged_slabs: int, smem_limit: int = SMEM_LIMIT,
-               load_d: bool = False) -> int:
-    budget = (smem_limit - STATIC_SMEM - staging_bytes(block_m, block_n, swizzle, staged_slabs) -
-              (_D_BARRIER_BYTES if load_d else 0))
+def max_stages(block_m: int, block_n: int, swizzle: int, staged_slabs: int, smem_limit: int = SMEM_LIMIT) -> int:
+    budget = smem_limit - STATIC_SMEM - staging_bytes(block_m, block_n, swizzle, staged_slabs)
     return max(0, budget // smem_per_stage(block_m, block_n))
 
 
@@ -201,8 +197,6 @@ class WgradConfig:
     ``staged_slabs``: slabs staged at once per math warpgroup (0: the whole tile). ``raster``: n units per raster
     stripe. ``two_acc_sets``: the K loop keeps one K block's wgmmas in flight while promoting the previous one.
     ``b_whole`` (with multicast 2): the pair's first CTA loads the whole B tile into both (widths of 8 mod 16).
-    ``load_d``: D is loaded into the staging while the K loop runs, the sums added there and the tile stored (instead
-    of TMA reduce-adds after the K loop); the whole tile staged.
     ``store`` (dense only): D = A B^T, the epilogue stores its tiles instead of adding them into D. ``num_sms``: the
     persistent grid's CTAs at most (the chooser's dense configs: the fewest that keep their rounds)."""
 
@@ -222,7 +216,6 @@ class WgradConfig:
     pingpong: bool = False
     store: bool = False
     b_whole: bool = False
-    load_d: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KIND_IDS:
@@ -255,9 +248,6 @@ class WgradConfig:
                              f"got {self.block_n}")
         if self.multicast not in (0, 1, 2):
             raise ValueError(f"multicast: 0, 1 (share A) or 2 (share B), got {self.multicast}")
-        if self.load_d and (self.store or self.staged != self.num_slabs):
-            raise ValueError(f"load_d: D is loaded, added to and stored whole, so no store and every slab staged, got "
-                             f"store={self.store}, {self.staged} of {self.num_slabs} slabs staged")
         if self.b_whole and self.multicast != 2:
             raise ValueError(f"b_whole: the pair's first CTA loading the whole B tile needs multicast 2, got "
                              f"{self.multicast}")
@@ -303,7 +293,7 @@ class WgradConfig:
 
     @property
     def smem_bytes(self) -> int:
-        return smem_bytes(self.block_m, self.block_n, self.num_stages, self.swizzle, self.staged, self.load_d)
+        return smem_bytes(self.block_m, self.block_n, self.num_stages, self.swizzle, self.staged)
 
     @property
     def threads(self) -> int:
@@ -329,7 +319,6 @@ class WgradConfig:
                 f"{self.staged}/{self.num_slabs} slabs of {self.slab_cols} floats, multicast {self.multicast}, "
                 f"raster {self.raster}{', two acc sets' if self.two_acc_sets else ''}"
                 f"{', ping-pong' if self.pingpong else ''}{', whole B' if self.b_whole else ''}"
-                f"{', load D' if self.load_d else ''}"
                 f"{', store' if self.store else ''}, {self.num_sms} SMs")
 
 
@@ -353,7 +342,7 @@ def defines(cfg: WgradConfig) -> dict[str, object]:
         "CUPYGEMM_TWO_ACC_SETS": int(cfg.two_acc_sets),
         "CUPYGEMM_CLUSTER_ATTR": f"__cluster_dims__({cfg.cluster_size}, 1, 1)" if cfg.cluster_size > 1 else "",
     } | ({"CUPYGEMM_PINGPONG": 1} if cfg.pingpong else {}) | ({"CUPYGEMM_WGRAD_STORE": 1} if cfg.store else {}) \
-      | ({"CUPYGEMM_B_WHOLE": 1} if cfg.b_whole else {}) | ({"CUPYGEMM_WGRAD_LOAD_D": 1} if cfg.load_d else {})
+      | ({"CUPYGEMM_B_WHOLE": 1} if cfg.b_whole else {})
 
 
 # --- per-problem launch values -------------------------------------------------------------------------------------
@@ -514,11 +503,10 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     if kind == KIND_WGRAD:
         sms = _fewest_ctas(ceil_div(m, block_m) * ceil_div(n, block_n), sms, 2 if mc else 1)
     swizzle = staging_swizzle(block_n)
-    # Accumulating tiles staged whole load D while the K loop runs (load_d); its two barriers come out of the budget.
-    slabs, stages = _staging_and_stages(block_m, block_n, swizzle, num_kb, smem_limit - (0 if store else _D_BARRIER_BYTES))
+    slabs, stages = _staging_and_stages(block_m, block_n, swizzle, num_kb, smem_limit)
     num_slabs = block_n // slab_cols(block_n, swizzle)
     n_units = ceil_div(ceil_div(n, block_n), 2) if mc == 1 else ceil_div(n, block_n)
     raster = max(1, min(16 // (2 if mc == 1 else 1), n_units))
     return WgradConfig(kind, m if kind == KIND_K_GROUPED else 0, n, k_or_expected if kind == KIND_WGRAD else 0,
                        block_m, block_n, stages, mc, swizzle, 0 if slabs == num_slabs else slabs, raster, two, sms,
-                       store=store, b_whole=mc == 2 and block_n % 16 != 0, load_d=not store and slabs == num_slabs)
+                       store=store, b_whole=mc == 2 and block_n % 16 != 0)

@@ -50,7 +50,7 @@ def make(kind, bm, bn, stages=None, **kw):
     sw = kw.pop("swizzle", cw.staging_swizzle(bn))
     slabs = kw.pop("staged_slabs", 0)
     if stages is None:
-        stages = min(8, cw.max_stages(bm, bn, sw, slabs or bn // cw.slab_cols(bn, sw), load_d=kw.get("load_d", False)))
+        stages = min(8, cw.max_stages(bm, bn, sw, slabs or bn // cw.slab_cols(bn, sw)))
     return cw.WgradConfig(kind, m, n, k, bm, bn, stages, swizzle=sw, staged_slabs=slabs, **kw)
 
 
@@ -69,11 +69,6 @@ REPRESENTATIVE = {
     "dense-64x48-32B": make(cw.KIND_WGRAD, 64, 48, swizzle=32, n=2112),
     "dense-128x128-store": make(cw.KIND_WGRAD, 128, 128, store=True),
     "dense-128x128-mcB-store": make(cw.KIND_WGRAD, 128, 128, multicast=2, store=True),
-    "dense-128x152-mcB-whole-loadD": make(cw.KIND_WGRAD, 128, 152, n=2112, multicast=2, b_whole=True, load_d=True),
-    "dense-128x128-loadD": make(cw.KIND_WGRAD, 128, 128, load_d=True),  # 4 slabs of 32 floats, 128-byte swizzle
-    "dense-64x160-loadD": make(cw.KIND_WGRAD, 64, 160, load_d=True),
-    "kgrouped-128x152-mcB-whole-loadD": make(cw.KIND_K_GROUPED, 128, 152, n=4096, multicast=2, b_whole=True,
-                                             load_d=True),
     "kgrouped-128x128": make(cw.KIND_K_GROUPED, 128, 128, n=4096),
     "kgrouped-128x144": make(cw.KIND_K_GROUPED, 128, 144, n=4096),
     "kgrouped-128x128-mcA": make(cw.KIND_K_GROUPED, 128, 128, n=4096, multicast=1),
@@ -98,12 +93,9 @@ def check_kernel_sass(cfg: cw.WgradConfig, sass: str) -> None:
     qgmma = re.findall(r"QGMMA\.64x(\d+)x32\.F32\.E4M3\.E4M3", sass)
     assert qgmma and set(qgmma) == {str(cfg.block_n)}, "FP8 wgmma of the tile's width"
     assert not re.search(r"\b(LDL|STL)\b", sass), "local-memory traffic (register spills)"
-    # One TMA reduce-add per slab (rounds unrolled), or one store per slab for the storing kernel and where D is
-    # loaded during the K loop (then one load per slab of each math warpgroup, beside A, B and both scales).
+    # One TMA reduce-add per slab (rounds unrolled), or one store per slab for the storing kernel.
     reduces, stores = len(re.findall(r"UTMAREDG\.3D\.ADD", sass)), len(re.findall(r"UTMASTG\.3D", sass))
-    assert (reduces, stores) == ((0, cfg.num_slabs) if cfg.store or cfg.load_d else (cfg.num_slabs, 0))
-    if cfg.load_d:
-        assert len(re.findall(r"UTMALDG\.3D", sass)) >= 4 + cfg.num_math_wg * cfg.num_slabs
+    assert (reduces, stores) == ((0, cfg.num_slabs) if cfg.store else (cfg.num_slabs, 0))
     assert "UTMALDG.3D" in sass and "SYNCS.PHASECHK" in sass
     if cfg.num_math_wg == 2:
         assert f"USETMAXREG.DEALLOC.CTAPOOL {cfg.producer_regs:#x}" in sass
@@ -222,11 +214,10 @@ def test_smem_layout_and_workspace_match_the_kernel():
         d = cw.defines(cfg)
         t = ("cupygemm::WgradTraits<{WGRAD_KIND}, {SHAPE_M}, {SHAPE_N}, {SHAPE_K}, {BLOCK_M}, {BLOCK_N}, {NUM_STAGES}, "
              "{NUM_MATH_WG}, {MATH_REGS}, {PRODUCER_REGS}, {SWIZZLE_D}, {STAGED_SLABS}, {RASTER_N}, {MULTICAST}, "
-             "{TWO_ACC_SETS}, {PINGPONG}, {WGRAD_STORE}, {B_WHOLE}, {WGRAD_LOAD_D}>").format(
-                 **({"PINGPONG": 0, "WGRAD_STORE": 0, "B_WHOLE": 0, "WGRAD_LOAD_D": 0} |
-                    {k[len("CUPYGEMM_"):]: v for k, v in d.items()}))
+             "{TWO_ACC_SETS}, {PINGPONG}, {WGRAD_STORE}, {B_WHOLE}>").format(
+                 **({"PINGPONG": 0, "WGRAD_STORE": 0, "B_WHOLE": 0} | {k[len("CUPYGEMM_"):]: v for k, v in d.items()}))
         layout = (f"{t}::SMEM_D + {t}::kNumStages * ({t}::SMEM_A + {t}::SMEM_B + {t}::SMEM_SFA + {t}::SMEM_SFB) + "
-                  f"{t}::kNumStages * 16 + {t}::kLoadD * 16")
+                  f"{t}::kNumStages * 16")
         asserts.append(f'static_assert({layout} == {cfg.smem_bytes}, "{name}: smem_bytes");')
     for g in (1, 7, 8, 9, 256, 1000):
         asserts.append(f'static_assert(cupygemm::KGroupedWorkspace::bytes({g}) == {cw.workspace_bytes(g)}, "ws");')
@@ -299,10 +290,6 @@ def test_config_legality():
         make(cw.KIND_WGRAD, 128, 152, swizzle=32, multicast=2)
     with pytest.raises(ValueError, match="b_whole"):
         make(cw.KIND_WGRAD, 128, 152, b_whole=True)
-    with pytest.raises(ValueError, match="load_d"):
-        make(cw.KIND_WGRAD, 128, 128, store=True, load_d=True)
-    with pytest.raises(ValueError, match="load_d"):
-        make(cw.KIND_WGRAD, 128, 112, staged_slabs=1, load_d=True)
     with pytest.raises(ValueError, match="block_n"):
         make(cw.KIND_WGRAD, 128, 112, two_acc_sets=True)
     with pytest.raises(ValueError, match="multicast 1 pairs neighbouring n blocks"):  # 29 n blocks

@@ -52,16 +52,14 @@ def m_major(s_rows):
 def dense_cfg(n, k, bm, bn, **kw):
     sw = kw.pop("swizzle", cw.staging_swizzle(bn))
     slabs = kw.pop("staged_slabs", 0)
-    stages = kw.pop("num_stages", None) or min(8, cw.max_stages(bm, bn, sw, slabs or bn // cw.slab_cols(bn, sw),
-                                                                load_d=kw.get("load_d", False)))
+    stages = kw.pop("num_stages", None) or min(8, cw.max_stages(bm, bn, sw, slabs or bn // cw.slab_cols(bn, sw)))
     return cw.WgradConfig(cw.KIND_WGRAD, 0, n, k, bm, bn, stages, swizzle=sw, staged_slabs=slabs, **kw)
 
 
 def grouped_cfg(m, n, bm, bn, **kw):
     sw = kw.pop("swizzle", cw.staging_swizzle(bn))
     slabs = kw.pop("staged_slabs", 0)
-    stages = kw.pop("num_stages", None) or min(8, cw.max_stages(bm, bn, sw, slabs or bn // cw.slab_cols(bn, sw),
-                                                                load_d=kw.get("load_d", False)))
+    stages = kw.pop("num_stages", None) or min(8, cw.max_stages(bm, bn, sw, slabs or bn // cw.slab_cols(bn, sw)))
     return cw.WgradConfig(cw.KIND_K_GROUPED, m, n, 0, bm, bn, stages, swizzle=sw, staged_slabs=slabs, **kw)
 
 
@@ -139,11 +137,6 @@ DENSE_VARIANTS = {
     # B shared whole (the first CTA loads all 152 rows into both) over 7 m blocks: the last pair's second tile is
     # past M and reads the peer's B.
     "128x152-mcB-whole-odd-m": dict(bm=128, bn=152, multicast=2, b_whole=True, num_sms=6, m=850),
-    # D loaded into the staging during the K loop, the sums added there, the tile stored: the pair's tile past M
-    # loads and stores nothing; 4 slabs of 32 floats (128-byte swizzle); one warpgroup
-    "128x152-mcB-whole-odd-m-loadD": dict(bm=128, bn=152, multicast=2, b_whole=True, load_d=True, num_sms=6, m=850),
-    "128x128-loadD": dict(bm=128, bn=128, load_d=True, num_sms=6),
-    "64x48-swz32-loadD": dict(bm=64, bn=48, swizzle=32, load_d=True, num_sms=7),
     "64x40-unswizzled": dict(bm=64, bn=40, swizzle=0, num_sms=7),
     "128x96-2acc": dict(bm=128, bn=96, two_acc_sets=True, num_sms=6),
     "64x128-2acc": dict(bm=64, bn=128, two_acc_sets=True, num_sms=6),
@@ -265,8 +258,6 @@ GROUPED_VARIANTS = {
     "64x160": dict(bm=64, bn=160, num_sms=4),
     "128x128-1slab": dict(bm=128, bn=128, staged_slabs=1, num_sms=6),
     "64x48-swz32": dict(bm=64, bn=48, swizzle=32, num_sms=7),
-    "128x128-loadD": dict(bm=128, bn=128, load_d=True, num_sms=6),  # empty groups: D loaded and stored nowhere
-    "64x160-loadD": dict(bm=64, bn=160, load_d=True, num_sms=4),
 }
 
 
@@ -283,8 +274,7 @@ def test_k_grouped_multicast(multicast, m, n, bn):
     """2-CTA clusters sharing A (pairs of n blocks: 4 of 128) or B (pairs of m blocks: 4 of 128; 152 wide: the
     first CTA loads the whole B tile, the chooser's k-grouped pick), across empty groups and groups of a few K blocks,
     so that a pair's CTAs change group together."""
-    cfg = grouped_cfg(m, n, 128, bn, multicast=multicast, num_sms=6, b_whole=multicast == 2 and bn % 16 != 0,
-                      load_d=bn == 152)
+    cfg = grouped_cfg(m, n, 128, bn, multicast=multicast, num_sms=6, b_whole=multicast == 2 and bn % 16 != 0)
     run_grouped(m, n, [1040, 0, 16, 4096 + 48, 272], seed=multicast + bn, cfg=cfg, ld_d=n + 4)
 
 
