@@ -80,13 +80,13 @@ WARPGROUP_THREADS = 128
 _STAGE_BARRIER_BYTES = 16
 #: setmaxnreg split with two math warpgroups (128 x 40 + 256 x 232 = 64 K registers); one runs at 255 without it.
 PRODUCER_REGS_TWO_WG, MATH_REGS_TWO_WG, MATH_REGS_ONE_WG = 40, 232, 255
-#: Dense whole-B multicast builds (128x152): 24 producer and 240 math registers (128 x 24 + 256 x 240 <= 64 K). At
+#: (producer, math) registers of dense whole-B multicast builds (128x152): 128 x 24 + 256 x 240 <= 64 K. At
 #: 40/232 NVRTC 13.0 keeps one loop register of the math warpgroups in local memory (a load and a store per four K
 #: blocks) and whole-B ran 0-3 % slower than no multicast; at 24/240 nothing spills and it ran 0.7-2.3 % faster on
 #: 2048x7168, 1536x24576x8192 and 7168x4096x8192 (0.8 % slower on 16384x7168x4096). The split alone, without
 #: multicast, moved nothing beyond 1 % and k-grouped whole-B builds (no spill) 0.4-1 % slower with it
 #: (benchmarks/NOTES.md, "Weight-gradient kernel").
-MATH_REGS_WHOLE_B = (24, 240)
+REGS_WHOLE_B_DENSE = (24, 240)
 #: The widest tiles whose K loop compiles without spills (NVRTC 12.9 and 13.5, tests/test_wgrad_compile.py): per
 #: thread BLOCK_N / 2 sums, BLOCK_N / 2 wgmma accumulators and BLOCK_N / 2 products of the two scales, which ptxas
 #: computes while the wgmmas run (so the promotion after the wait is one FFMA per sum). Two math warpgroups (232
@@ -101,7 +101,7 @@ MAX_BLOCK_N = {(2, False): 152, (2, True): 96, (1, False): 160, (1, True): 128}
 #: than its 128 and 144 picks with multicast on four DeepGEMM k-grouped shapes. 152-wide tiles share B over pairs of
 #: m blocks, the pair's first CTA loading the whole tile (its halves are not whole swizzle atoms): k-grouped always
 #: (0.6-3 % faster on the six DeepGEMM k-grouped shapes), dense where the cost model prefers it to none (with
-#: MATH_REGS_WHOLE_B: 0.7-2.3 % faster on four of five shapes) (benchmarks/NOTES.md, "Weight-gradient kernel").
+#: REGS_WHOLE_B_DENSE: 0.7-2.3 % faster on four of five shapes) (benchmarks/NOTES.md, "Weight-gradient kernel").
 _WIDE_BLOCK_N, _WIDE_TILE_COST = 152, 0.98
 
 
@@ -140,11 +140,11 @@ def threads(num_math_wg: int) -> int:
 def math_regs(num_math_wg: int, spare_producer: bool = False) -> int:
     if num_math_wg == 1:
         return MATH_REGS_ONE_WG
-    return MATH_REGS_WHOLE_B[1] if spare_producer else MATH_REGS_TWO_WG
+    return REGS_WHOLE_B_DENSE[1] if spare_producer else MATH_REGS_TWO_WG
 
 
 def producer_regs(num_math_wg: int, spare_producer: bool = False) -> int:
-    return MATH_REGS_WHOLE_B[0] if spare_producer and num_math_wg > 1 else PRODUCER_REGS_TWO_WG
+    return REGS_WHOLE_B_DENSE[0] if spare_producer and num_math_wg > 1 else PRODUCER_REGS_TWO_WG
 
 
 def smem_per_stage(block_m: int, block_n: int) -> int:
@@ -242,8 +242,10 @@ class WgradConfig:
             raise ValueError(f"block_m: 64 (one math warpgroup) or 128 (two), got {self.block_m}")
         wg = math_warpgroups(self.block_m)
         limit = MAX_BLOCK_N[(wg, self.two_acc_sets)]
-        if self.block_n % 8 or not 16 <= self.block_n <= limit or (self.multicast == 2 and not self.b_whole and self.block_n % 16):
-            raise ValueError(f"block_n: a multiple of 8 (16 with B multicast) up to {limit} for block_m={self.block_m}"
+        halves = self.multicast == 2 and not self.b_whole
+        if self.block_n % 8 or not 16 <= self.block_n <= limit or (halves and self.block_n % 16):
+            raise ValueError(f"block_n: a multiple of 8 (16 with B multicast in halves) up to {limit} for "
+                             f"block_m={self.block_m}"
                              f"{' with two accumulator sets' if self.two_acc_sets else ''} (registers), "
                              f"got {self.block_n}")
         if self.multicast not in (0, 1, 2):
@@ -309,7 +311,7 @@ class WgradConfig:
 
     @property
     def _spare_producer_regs(self) -> bool:
-        """Dense whole-B builds give the math warpgroups 8 more registers (MATH_REGS_WHOLE_B)."""
+        """Dense whole-B builds give the math warpgroups 8 more registers (REGS_WHOLE_B_DENSE)."""
         return self.kind == KIND_WGRAD and self.b_whole
 
     def describe(self) -> str:
@@ -452,8 +454,8 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     ``k_or_expected`` tokens each (only the choice depends on it).
 
     A first heuristic, to be replaced by a measured cost model: tile candidates 128 x {64 ... 144} and 128 x 152
-    at 0.98 of its modelled cost (two math warpgroups; dense without multicast, k-grouped with B shared whole over
-    pairs of m blocks where their count is even), and 64 x {64 ... 160} (one, with two
+    at 0.98 of its modelled cost (two math warpgroups; B shared whole over pairs of m blocks where their count is
+    even: k-grouped always, dense against no multicast), and 64 x {64 ... 160} (one, with two
     accumulator sets up to 128 wide), multicast of the operand whose partner dimension has an even number of blocks;
     each candidate's time is the rounds of tiles over the SMs times a tile's cycles (max of the wgmma and L2-load rates
     per K block plus a fixed cost, and an epilogue); the fastest wins (ties: fewer, larger tiles). Stages: as many as

@@ -215,7 +215,8 @@ def test_smem_layout_and_workspace_match_the_kernel():
         t = ("cupygemm::WgradTraits<{WGRAD_KIND}, {SHAPE_M}, {SHAPE_N}, {SHAPE_K}, {BLOCK_M}, {BLOCK_N}, {NUM_STAGES}, "
              "{NUM_MATH_WG}, {MATH_REGS}, {PRODUCER_REGS}, {SWIZZLE_D}, {STAGED_SLABS}, {RASTER_N}, {MULTICAST}, "
              "{TWO_ACC_SETS}, {PINGPONG}, {WGRAD_STORE}, {B_WHOLE}>").format(
-                 **({"PINGPONG": 0, "WGRAD_STORE": 0, "B_WHOLE": 0} | {k[len("CUPYGEMM_"):]: v for k, v in d.items()}))
+                 **({"PINGPONG": 0, "WGRAD_STORE": 0, "B_WHOLE": 0} |
+                    {k[len("CUPYGEMM_"):]: v for k, v in d.items()}))
         layout = (f"{t}::SMEM_D + {t}::kNumStages * ({t}::SMEM_A + {t}::SMEM_B + {t}::SMEM_SFA + {t}::SMEM_SFB) + "
                   f"{t}::kNumStages * 16")
         asserts.append(f'static_assert({layout} == {cfg.smem_bytes}, "{name}: smem_bytes");')
