@@ -176,6 +176,7 @@ def run(kind: Any, a: Any, sfa: Any, b: Any, sfb: Any, out: Any, layout: Any, ex
             capturing = is_capturing(launch_stream)
         tickets = side_tickets(problem.device, launch_stream, framework, capturing)
     if plan.scratch_floats or plan.scratch_counters:
+        # Counters that are only the side tickets need no scratch where the stream's ticket sets hold them.
         if tickets is None or plan.scratch_floats or plan.scratch_counters > SIDE_TICKET_COUNTERS:
             partials, counters, keep2 = scratch(plan.scratch_floats, plan.scratch_counters, problem.device,
                                                 launch_stream, framework, capturing)
