@@ -52,7 +52,7 @@ __device__ __forceinline__ void fp8_wgrad(const TmaDescriptor& tmap_a, const Tma
     // ---------------- producer warpgroup: one thread issues every TMA load ----------------
     if constexpr (T::kNumMathWG > 1) regs_dealloc<T::kProducerRegs>();
     if (threadIdx.x / 32 != T::kNumMathThreads / 32) return;
-    const WgradProducer<T> producer{tmap_a, tmap_b, tmap_sfa, tmap_sfb, smem};
+    const WgradProducer<T> producer{tmap_a, tmap_b, tmap_sfa, tmap_sfb, tmap_d, smem};
     producer.run(shape_m, ws);
     return;
   }
@@ -87,6 +87,9 @@ __device__ __forceinline__ void fp8_wgrad(const TmaDescriptor& tmap_a, const Tma
 #ifndef CUPYGEMM_B_WHOLE
 #define CUPYGEMM_B_WHOLE 0
 #endif
+#ifndef CUPYGEMM_WGRAD_D_PREFETCH
+#define CUPYGEMM_WGRAD_D_PREFETCH 0
+#endif
 // Entry point with a fixed C name, instantiated from the constants the JIT defines. cupygemm/contract_wgrad.py states
 // its whole host contract: the template constants, these parameters, the TMA maps, shared memory size and grid.
 // Dense: tmap_a/tmap_b map A and B, workspace is unused (null), num_groups is 1. K-grouped: tmap_a/tmap_b are the
@@ -103,7 +106,7 @@ extern "C" __global__ void __launch_bounds__(128 * (CUPYGEMM_NUM_MATH_WG + 1), 1
                                        CUPYGEMM_MATH_REGS, CUPYGEMM_PRODUCER_REGS, CUPYGEMM_SWIZZLE_D,
                                        CUPYGEMM_STAGED_SLABS, CUPYGEMM_RASTER_N, CUPYGEMM_MULTICAST,
                                        CUPYGEMM_TWO_ACC_SETS, CUPYGEMM_PINGPONG, CUPYGEMM_WGRAD_STORE,
-                                       CUPYGEMM_B_WHOLE>;
+                                       CUPYGEMM_B_WHOLE, CUPYGEMM_WGRAD_D_PREFETCH>;
   cupygemm::fp8_wgrad<Traits>(tmap_a, tmap_b, tmap_sfa, tmap_sfb, tmap_d, workspace, shape_m, num_groups);
 }
 #endif

@@ -8,6 +8,12 @@ __device__ __forceinline__ void tma_prefetch_descriptor(const TmaDescriptor* des
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(desc)) : "memory");
 }
 
+// A box of the map into L2 only (no shared memory, no barrier).
+__device__ __forceinline__ void tma_prefetch_l2_3d(const TmaDescriptor* desc, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n"
+               ::"l"(reinterpret_cast<uint64_t>(desc)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+
 // Loads one box at coordinates (c0 innermost, c1, c2); completion is signalled on `bar`.
 __device__ __forceinline__ void tma_load_3d(void* dst, const TmaDescriptor* desc, uint64_t* bar, int c0, int c1,
                                             int c2) {

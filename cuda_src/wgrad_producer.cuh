@@ -18,7 +18,23 @@ template <class T> struct WgradProducer {
   const TmaDescriptor& tmap_b;
   const TmaDescriptor& tmap_sfa;  // [scale rows][M] float32, M-major
   const TmaDescriptor& tmap_sfb;  // [scale rows][N]
+  const TmaDescriptor& tmap_d;    // D prefetch (T::kDPrefetch): D as the epilogue adds into it
   const WgradSmem<T>& smem;
+
+  // The tile's D boxes into L2, those the epilogue adds into (none wholly past M or N).
+  __device__ __forceinline__ void prefetch_d(const WgradTile& tile, uint32_t shape_m) const {
+    const uint32_t rows = T::kKGrouped ? T::SHAPE_M : shape_m;
+    if (tile.n_block * T::BLOCK_N >= T::SHAPE_N) return;
+#pragma unroll
+    for (uint32_t wg = 0; wg < T::kNumMathWG; ++wg) {
+      const uint32_t first_row = tile.m_block * T::BLOCK_M + wg * T::WG_M;
+      if (first_row >= rows) continue;
+#pragma unroll
+      for (uint32_t slab = 0; slab < T::kNumSlabs; ++slab)
+        tma_prefetch_l2_3d(&tmap_d, static_cast<int>(tile.n_block * T::BLOCK_N + slab * T::kSlabCols),
+                           static_cast<int>(first_row), static_cast<int>(tile.group));
+    }
+  }
 
   // Called by the producer warpgroup's first warp; one lane stays and loads every stage of every tile of this CTA,
   // then (clusters) waits until both CTAs' consumers released every stage, since the peer's arrive on our barriers.
@@ -54,8 +70,12 @@ template <class T> struct WgradProducer {
       // Multicast: this CTA's half of the shared operand, into the same offset of both CTAs.
       const uint32_t a_half = T::kMulticast == 1 ? scheduler.rank : 0u;
       const uint32_t b_half = T::kMulticast == 2 && !T::kBWhole ? scheduler.rank : 0u;
+      const uint32_t d_at = tile.num_kb > T::kDPrefetch ? tile.num_kb - T::kDPrefetch : 0;
 #pragma unroll 1
       for (uint32_t kb = 0; kb < tile.num_kb; ++kb) {
+        if constexpr (T::kDPrefetch > 0) {
+          if (kb == d_at) prefetch_d(tile, shape_m);
+        }
         const uint32_t s = pipe.stage;
         mbarrier_wait(&smem.empty_bar[s], pipe.phase ^ 1);
         uint64_t* full = &smem.full_bar[s];

@@ -14,7 +14,7 @@ enum WgradKind : int { kWgradDense = 0, kWgradKGrouped = 1 };
 template <int kKind_, uint32_t SHAPE_M_, uint32_t SHAPE_N_, uint32_t SHAPE_K_, uint32_t BLOCK_M_, uint32_t BLOCK_N_,
           uint32_t kNumStages_, uint32_t kNumMathWG_, uint32_t kMathRegs_, uint32_t kProducerRegs_,
           uint32_t kSwizzleD_, uint32_t kStagedSlabs_, uint32_t kRasterN_, int kMulticast_, bool kTwoAccSets_,
-          bool kPingPong_ = false, bool kStore_ = false, bool kBWhole_ = false>
+          bool kPingPong_ = false, bool kStore_ = false, bool kBWhole_ = false, uint32_t kDPrefetch_ = 0>
 struct WgradTraits {
   static constexpr int kKind = kKind_;
   static constexpr bool kKGrouped = kKind == kWgradKGrouped;
@@ -91,6 +91,10 @@ struct WgradTraits {
   static constexpr uint32_t kSlabRowBytes = kSlabCols * 4;
   static constexpr uint32_t kSlabBytes = WG_M * kSlabRowBytes;
   static constexpr uint32_t kRounds = ceil_div(kNumSlabs, kStagedSlabs);
+  // D prefetch: kDPrefetch K blocks before a tile's K loop ends, the producer prefetches the tile's D into L2, so that
+  // the epilogue's reduce-adds find it there instead of reading DRAM after the K loop (0: off).
+  static constexpr uint32_t kDPrefetch = kDPrefetch_;
+  static_assert(kDPrefetch == 0 || !kStore, "D prefetch: accumulating kernels (the storing one reads no D)");
 
   // ---- shared memory, in this order (cupygemm/contract_wgrad.py smem_bytes adds the same parts up) ----
   static constexpr uint32_t SMEM_D = round_up(kNumMathWG * kStagedSlabs * kSlabBytes, 1024u);

@@ -216,6 +216,7 @@ class WgradConfig:
     pingpong: bool = False
     store: bool = False
     b_whole: bool = False
+    d_prefetch: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KIND_IDS:
@@ -321,6 +322,7 @@ class WgradConfig:
                 f"{self.staged}/{self.num_slabs} slabs of {self.slab_cols} floats, multicast {self.multicast}, "
                 f"raster {self.raster}{', two acc sets' if self.two_acc_sets else ''}"
                 f"{', ping-pong' if self.pingpong else ''}{', whole B' if self.b_whole else ''}"
+                f"{f', D prefetch {self.d_prefetch}' if self.d_prefetch else ''}"
                 f"{', store' if self.store else ''}, {self.num_sms} SMs")
 
 
@@ -344,7 +346,8 @@ def defines(cfg: WgradConfig) -> dict[str, object]:
         "CUPYGEMM_TWO_ACC_SETS": int(cfg.two_acc_sets),
         "CUPYGEMM_CLUSTER_ATTR": f"__cluster_dims__({cfg.cluster_size}, 1, 1)" if cfg.cluster_size > 1 else "",
     } | ({"CUPYGEMM_PINGPONG": 1} if cfg.pingpong else {}) | ({"CUPYGEMM_WGRAD_STORE": 1} if cfg.store else {}) \
-      | ({"CUPYGEMM_B_WHOLE": 1} if cfg.b_whole else {})
+      | ({"CUPYGEMM_B_WHOLE": 1} if cfg.b_whole else {}) \
+      | ({"CUPYGEMM_WGRAD_D_PREFETCH": cfg.d_prefetch} if cfg.d_prefetch else {})
 
 
 # --- per-problem launch values -------------------------------------------------------------------------------------
