@@ -103,6 +103,13 @@ MAX_BLOCK_N = {(2, False): 152, (2, True): 96, (1, False): 160, (1, True): 128}
 #: (0.6-3 % faster on the six DeepGEMM k-grouped shapes), dense where the cost model prefers it to none (with
 #: REGS_WHOLE_B_DENSE: 0.7-2.3 % faster on four of five shapes) (benchmarks/NOTES.md, "Weight-gradient kernel").
 _WIDE_BLOCK_N, _WIDE_TILE_COST = 152, 0.98
+#: Dense kernels of at most D_PREFETCH_MAX_KB K blocks prefetch their tile's D into L2 D_PREFETCH_BLOCKS K blocks
+#: before the tile's K loop ends, so that the epilogue's reduce-adds find it there. Alternated with no prefetch on
+#: DeepGEMM's 18 shapes (H100, bitwise equal): the six dense 4096-token shapes 0.2-4.6 % faster (2048x7168 143.4 ->
+#: 137.2 us, 7168x2112 142.8 -> 136.3); the 8192-token ones from 0.9 % faster to 1.5 % slower, k-grouped from 1 %
+#: faster to 0.3 % slower; 3, 4 and 6 blocks ahead gained less, 64 (a whole 4096-token tile) lost 4-8 %
+#: (benchmarks/NOTES.md, "Weight-gradient kernel").
+D_PREFETCH_BLOCKS, D_PREFETCH_MAX_KB = 2, 32
 
 
 def workspace_bytes(num_groups: int) -> int:
@@ -197,6 +204,8 @@ class WgradConfig:
     ``staged_slabs``: slabs staged at once per math warpgroup (0: the whole tile). ``raster``: n units per raster
     stripe. ``two_acc_sets``: the K loop keeps one K block's wgmmas in flight while promoting the previous one.
     ``b_whole`` (with multicast 2): the pair's first CTA loads the whole B tile into both (widths of 8 mod 16).
+    ``d_prefetch``: K blocks before each tile's K loop ends, the producer prefetches the tile's D into L2 for the
+    reduce-adds (0: off; not with ``store``).
     ``store`` (dense only): D = A B^T, the epilogue stores its tiles instead of adding them into D. ``num_sms``: the
     persistent grid's CTAs at most (the chooser's dense configs: the fewest that keep their rounds)."""
 
@@ -254,6 +263,9 @@ class WgradConfig:
         if self.b_whole and self.multicast != 2:
             raise ValueError(f"b_whole: the pair's first CTA loading the whole B tile needs multicast 2, got "
                              f"{self.multicast}")
+        if self.d_prefetch < 0 or (self.d_prefetch and self.store):
+            raise ValueError(f"d_prefetch: K blocks ahead (0: off), and only where the epilogue adds into D (not "
+                             f"with store), got d_prefetch={self.d_prefetch}, store={self.store}")
         if self.swizzle not in (0, 32, 64, 128) or (self.swizzle and (self.block_n * 4) % self.swizzle):
             raise ValueError(f"swizzle: 32, 64 or 128 bytes dividing block_n * 4 = {self.block_n * 4}, or 0 "
                              f"(unswizzled), got {self.swizzle}")
@@ -463,7 +475,8 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     each candidate's time is the rounds of tiles over the SMs times a tile's cycles (max of the wgmma and L2-load rates
     per K block plus a fixed cost, and an epilogue); the fastest wins (ties: fewer, larger tiles). Stages: as many as
     fit, up to 8, with the whole tile staged when 4 or more stages remain. Dense grids: the fewest CTAs that keep the
-    rounds (:func:`_fewest_ctas`). ``store``: the dense kernel that stores D (the choice is the same).
+    rounds (:func:`_fewest_ctas`). Dense kernels of at most ``D_PREFETCH_MAX_KB`` K blocks prefetch D
+    (``D_PREFETCH_BLOCKS``). ``store``: the dense kernel that stores D (the tile choice is the same).
     """
     if kind not in KIND_IDS:
         raise ValueError(f"kind: expected one of {list(KIND_IDS)}, got {kind!r}")
@@ -514,4 +527,6 @@ def choose_wgrad_config(kind: str, m: int, n: int, k_or_expected: int, num_group
     raster = max(1, min(16 // (2 if mc == 1 else 1), n_units))
     return WgradConfig(kind, m if kind == KIND_K_GROUPED else 0, n, k_or_expected if kind == KIND_WGRAD else 0,
                        block_m, block_n, stages, mc, swizzle, 0 if slabs == num_slabs else slabs, raster, two, sms,
-                       store=store, b_whole=mc == 2 and block_n % 16 != 0)
+                       store=store, b_whole=mc == 2 and block_n % 16 != 0,
+                       d_prefetch=D_PREFETCH_BLOCKS if kind == KIND_WGRAD and not store and num_kb <= D_PREFETCH_MAX_KB
+                       else 0)

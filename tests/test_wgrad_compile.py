@@ -74,6 +74,9 @@ REPRESENTATIVE = {
     "kgrouped-128x128-mcA": make(cw.KIND_K_GROUPED, 128, 128, n=4096, multicast=1),
     "kgrouped-128x144-mcB": make(cw.KIND_K_GROUPED, 128, 144, n=4096, multicast=2),
     "kgrouped-128x152-mcB-whole": make(cw.KIND_K_GROUPED, 128, 152, n=4096, multicast=2, b_whole=True),
+    "kgrouped-128x152-mcB-whole-dprefetch": make(cw.KIND_K_GROUPED, 128, 152, n=4096, multicast=2, b_whole=True,
+                                                 d_prefetch=2),
+    "dense-64x128-2acc-dprefetch": make(cw.KIND_WGRAD, 64, 128, two_acc_sets=True, d_prefetch=3),
     "kgrouped-128x96-2acc": make(cw.KIND_K_GROUPED, 128, 96, two_acc_sets=True),
     "kgrouped-64x128-2acc": make(cw.KIND_K_GROUPED, 64, 128, two_acc_sets=True),
     "kgrouped-64x160": make(cw.KIND_K_GROUPED, 64, 160),
@@ -97,6 +100,8 @@ def check_kernel_sass(cfg: cw.WgradConfig, sass: str) -> None:
     reduces, stores = len(re.findall(r"UTMAREDG\.3D\.ADD", sass)), len(re.findall(r"UTMASTG\.3D", sass))
     assert (reduces, stores) == ((0, cfg.num_slabs) if cfg.store else (cfg.num_slabs, 0))
     assert "UTMALDG.3D" in sass and "SYNCS.PHASECHK" in sass
+    # D prefetch: one L2 prefetch per slab and math warpgroup (unrolled), none without it.
+    assert len(re.findall(r"UTMAPF\.L2\.3D", sass)) == (cfg.num_slabs * cfg.num_math_wg if cfg.d_prefetch else 0)
     if cfg.num_math_wg == 2:
         assert f"USETMAXREG.DEALLOC.CTAPOOL {cfg.producer_regs:#x}" in sass
         assert re.search(rf"USETMAXREG.TRY_ALLOC.CTAPOOL \w+, {cfg.math_regs:#x}", sass)
@@ -264,6 +269,21 @@ def test_dense_grid_is_the_fewest_ctas_for_its_rounds():
     assert cw.choose_wgrad_config(cw.KIND_K_GROUPED, 2048, 7168, 4096, 4, 132).num_sms == 132  # k-grouped: all
 
 
+def test_short_dense_tiles_prefetch_d():
+    """Dense kernels of at most 4096 tokens prefetch D two K blocks before each tile's end; longer ones, the storing
+    kernel (it reads no D) and k-grouped ones do not."""
+    for m, n in DEEPGEMM_WGRAD:
+        short = cw.choose_wgrad_config(cw.KIND_WGRAD, m, n, 4096, 1, 132)
+        assert short.d_prefetch == cw.D_PREFETCH_BLOCKS == 2
+        assert cw.defines(short)["CUPYGEMM_WGRAD_D_PREFETCH"] == 2
+        assert cw.choose_wgrad_config(cw.KIND_WGRAD, m, n, 4096 + 16, 1, 132).d_prefetch == 0
+        assert cw.choose_wgrad_config(cw.KIND_WGRAD, m, n, 4096, 1, 132, store=True).d_prefetch == 0
+    assert cw.choose_wgrad_config(cw.KIND_WGRAD, 100, 48, 48, 1, 132).d_prefetch == 2
+    for m, n in DEEPGEMM_K_GROUPED:
+        cfg = cw.choose_wgrad_config(cw.KIND_K_GROUPED, m, n, 4096, 4, 132)
+        assert cfg.d_prefetch == 0 and "CUPYGEMM_WGRAD_D_PREFETCH" not in cw.defines(cfg)
+
+
 @pytest.mark.parametrize("m,n", DEEPGEMM_K_GROUPED)
 def test_wide_tiles_share_b_whole(m, n):
     """128x152 tiles share B over pairs of m blocks, the first CTA loading the whole tile (152 rows are not two
@@ -299,6 +319,10 @@ def test_config_legality():
         cw.WgradConfig(cw.KIND_K_GROUPED, 300, 4096, 0, 128, 128, 4, multicast=2)
     with pytest.raises(ValueError, match="no store"):
         make(cw.KIND_K_GROUPED, 128, 128, store=True)
+    with pytest.raises(ValueError, match="d_prefetch"):  # the storing kernel reads no D
+        make(cw.KIND_WGRAD, 128, 128, store=True, d_prefetch=2)
+    with pytest.raises(ValueError, match="d_prefetch"):
+        make(cw.KIND_WGRAD, 128, 128, d_prefetch=-1)
     with pytest.raises(ValueError, match="swizzle"):
         make(cw.KIND_WGRAD, 128, 112, swizzle=128)
     with pytest.raises(ValueError, match="shared memory"):

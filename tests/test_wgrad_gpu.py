@@ -10,6 +10,8 @@ output they show the tensor cores' accumulation error alone (expected 1e-5 to a 
 computes several tiles (the persistent loop, the stage ring's phases and the staging buffer's reuse)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,7 @@ cp = pytest.importorskip("cupy")
 
 import cupygemm  # noqa: E402
 from cupygemm import contract_wgrad as cw  # noqa: E402
+from cupygemm.device import get_num_sms  # noqa: E402
 from wgrad_harness import (k_grouped_wgrad_fp8_fp8_fp32_nt, wgrad_fp8_fp8_fp32_nt,  # noqa: E402
                                    workspace_header)
 from gpu_helpers import FP8_ACCUM_EPS, bf16_to_f64, calc_diff, dequant_rows, randn_bf16, rel_fro  # noqa: E402
@@ -137,6 +140,11 @@ DENSE_VARIANTS = {
     # B shared whole (the first CTA loads all 152 rows into both) over 7 m blocks: the last pair's second tile is
     # past M and reads the peer's B.
     "128x152-mcB-whole-odd-m": dict(bm=128, bn=152, multicast=2, b_whole=True, num_sms=6, m=850),
+    # D prefetched into L2 two K blocks before each tile's end (the chooser's short dense kernels), over 7 m blocks:
+    # the last pair's second tile prefetches nothing past M.
+    "128x152-mcB-whole-dprefetch-odd-m": dict(bm=128, bn=152, multicast=2, b_whole=True, d_prefetch=2, num_sms=6,
+                                              m=850),
+    "128x144-9slabs-dprefetch-all-k": dict(bm=128, bn=144, swizzle=64, d_prefetch=64, num_sms=6),  # at the first block
     "64x40-unswizzled": dict(bm=64, bn=40, swizzle=0, num_sms=7),
     "128x96-2acc": dict(bm=128, bn=96, two_acc_sets=True, num_sms=6),
     "64x128-2acc": dict(bm=64, bn=128, two_acc_sets=True, num_sms=6),
@@ -168,6 +176,20 @@ def test_dense_bitwise_repeatable(cfg_name):
     _, (a, sa, b, sb, c) = run_dense(m, n, k, seed=11, cfg=cfg)
     outs = []
     for _ in range(2):
+        d = c.copy()
+        wgrad_fp8_fp8_fp32_nt(a, m_major(sa), b, m_major(sb), d, cfg=cfg)
+        outs.append(d)
+    assert bool((outs[0].view(cp.uint32) == outs[1].view(cp.uint32)).all())
+
+
+def test_dense_d_prefetch_changes_no_bit():
+    """The chooser's pick prefetches D for 2096 tokens; without the prefetch every output bit is the same."""
+    m, n, k = 600, 520, 2096
+    pick = cw.choose_wgrad_config(cw.KIND_WGRAD, m, n, k, 1, get_num_sms())
+    assert pick.d_prefetch == 2
+    _, (a, sa, b, sb, c) = run_dense(m, n, k, seed=12, cfg=pick)
+    outs = []
+    for cfg in (pick, dataclasses.replace(pick, d_prefetch=0)):
         d = c.copy()
         wgrad_fp8_fp8_fp32_nt(a, m_major(sa), b, m_major(sb), d, cfg=cfg)
         outs.append(d)
@@ -258,6 +280,8 @@ GROUPED_VARIANTS = {
     "64x160": dict(bm=64, bn=160, num_sms=4),
     "128x128-1slab": dict(bm=128, bn=128, staged_slabs=1, num_sms=6),
     "64x48-swz32": dict(bm=64, bn=48, swizzle=32, num_sms=7),
+    # the 16-token group's one K block prefetches D at its first
+    "128x128-dprefetch": dict(bm=128, bn=128, d_prefetch=2, num_sms=6),
 }
 
 
