@@ -1,4 +1,5 @@
-"""Small GEMMs of every kernel kind and representative configs, for compute-sanitizer (scripts/sanitize.sh)."""
+"""Small GEMMs of every kernel kind (forward, grouped, weight gradients, casts, packed weights) and representative
+configs, for compute-sanitizer (scripts/sanitize.sh)."""
 import cupy as cp
 import numpy as np
 
@@ -74,5 +75,29 @@ a, sfa, b, sfb = make_normal(100, 640, 1408, 7)
 out = cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), (b, sfb))
 C.override_config("normal", 640, 1408)
 cupygemm.per_block_cast_to_fp8(randn_bf16((130, 200), rng))
+# Training: the fused casts on ragged shapes (row-wise copy, M-major scales, the weights' per-block transpose).
+x = randn_bf16((200, 136), rng)
+cupygemm.per_token_cast_to_fp8_transposed(x, rowwise=True)
+cupygemm.per_block_cast_to_fp8(randn_bf16((130, 200), rng), with_transpose=True)
+
+
+def wgrad_operand(rows, tokens):
+    """A wgrad operand [rows, tokens] and its M-major 1x128 scales, as the transposed cast gives them."""
+    return cupygemm.per_token_cast_to_fp8_transposed(randn_bf16((tokens, rows), rng), m_major_scales=True)
+
+
+# Weight gradients, the chooser's picks: dense with the D prefetch (64x64 two accumulator sets, B multicast; 128x152
+# sharing B whole over 16 m blocks), K not a multiple of 128; k-grouped as column ranges on 128x152 whole-B pairs, with
+# an empty group and a one-block one.
+for m, n, k in [(200, 308, 1040), (2048, 2432, 1040)]:
+    out = cp.zeros((m, n), cp.float32)
+    cupygemm.wgrad_gemm_fp8_fp8_fp32_nt(wgrad_operand(m, k), wgrad_operand(n, k), out)
+sizes = [384, 0, 128, 48]
+out = cp.zeros((len(sizes), 1024, 2432), cp.float32)
+cupygemm.k_grouped_wgrad_gemm_fp8_fp8_fp32_nt_columns(wgrad_operand(1024, sum(sizes)), wgrad_operand(2432, sum(sizes)),
+                                                      out, cp.asarray(np.array(sizes, np.int32)))
+# Packed (L2-side-aware) weights where this GPU packs them.
+a, sfa, b, sfb = make_normal(64, 2112, 1024, 5)
+cupygemm.gemm_fp8_fp8_bf16_nt((a, sfa), cupygemm.pack_weights(b, sfb))
 cp.cuda.Device().synchronize()
 print("sanitize cases done")
