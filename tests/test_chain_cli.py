@@ -90,7 +90,7 @@ def test_kernel_stats_per_shape_sum_span_and_overlap():
 
 def _row(name, weights, pdl, eager, graph, floor, shape_us=None, differs=(), side_aware=True):
     row = {"chain": name, "weights": weights, "pdl": pdl, "side_aware": weights == "packed" and side_aware,
-           "plans_pdl": [pdl], "configs": [], "eager_us": eager, "graph_us": graph,
+           "plans_pdl": [pdl], "configs": [], "eager_us": eager, "graph_us": graph, "graph_idle_us": graph + 2.0,
            "eager_differs": list(differs), "graph_differs": [], "floor_us": floor,
            "eager_x_floor": eager / floor, "graph_x_floor": graph / floor}
     if shape_us is not None:
@@ -121,8 +121,8 @@ def test_report_table_ratios_and_per_shape_durations():
     assert "custom: 64x2112x7168 -> 64x7168x2048; floors 5.0 + 5.0 = 10.0 us" in text
     assert "moe 8x32: 8x32x4096x7168 (masked_m 30, 34); floors 80.0 = 80.0 us" in text
     assert "copy bandwidth 3.00 TB/s" in text and "50 chains per timing, median of 7" in text
-    assert "| custom | plain | off | 20.0 | 2.00 | 15.0 | 1.50 | 13.0 | 0.5 | equal |" in text
-    assert "| custom | packed (plain here) | on | 17.0 | 1.70 | 13.0 | 1.30 | 12.0 | 0.5 | equal |" in text
+    assert "| custom | plain | off | 20.0 | 2.00 | 15.0 | 1.50 | 17.0 | 13.0 | 0.5 | equal |" in text
+    assert "| custom | packed (plain here) | on | 17.0 | 1.70 | 13.0 | 1.30 | 15.0 | 12.0 | 0.5 | equal |" in text
     assert "custom plain 0.900, 0.933; custom packed 0.895, 0.897" in text
     assert "| custom | plain | 64x7168x2048 | 7.00 | 7.25 | +0.25 |" in text
     assert "| custom | packed | 64x2112x7168 | 5.50 | 6.00 | +0.50 |" in text
@@ -136,7 +136,32 @@ def test_report_without_cupti_and_with_a_difference():
     text = chain.report(_sequences()[:1], rows, _meta(equal=False))
     assert "kernels us/chain" not in text and "Kernel durations per shape" not in text
     assert "PDL on / off, eager and graph: custom plain 0.900, 0.933" in text
-    assert "| custom | packed | on | 18.0 | 1.80 | 14.0 | 1.40 | DIFFERS: eager 64x7168x2048 |" in text
+    assert "| custom | packed | on | 18.0 | 1.80 | 14.0 | 1.40 | 16.0 | DIFFERS: eager 64x7168x2048 |" in text
     assert "| custom | plain | on (not launched) | 18.0 |" in text  # a driver without PDL launches
     assert "NOT ALL (exit status 1)" in text
 
+
+def test_back_to_back_times_a_run_behind_an_untimed_one(monkeypatch):
+    """The graph timing: the start event is recorded after one untimed run, so the timed run's submission overlaps
+    the GPU running the first (a graph launch's host time does not count as GPU time)."""
+    cupy = pytest.importorskip("cupy")
+    from cupygemm.bench import timing
+
+    order = []
+
+    class Event:
+        def __init__(self):
+            self.name = "start" if not any(e.startswith("event") for e in order) else "end"
+            order.append(f"event {self.name}")
+
+        def record(self, stream):
+            order.append(f"record {self.name}")
+
+        def synchronize(self):
+            order.append(f"sync {self.name}")
+
+    monkeypatch.setattr(cupy.cuda, "Event", Event)
+    monkeypatch.setattr(cupy.cuda, "get_elapsed_time", lambda a, b: 5.0)  # ms
+    us = timing.back_to_back_us(None, lambda: order.append("run"), per=10)
+    assert us == pytest.approx(500.0)
+    assert [o for o in order if not o.startswith("event")] == ["run", "record start", "run", "record end", "sync end"]

@@ -15,8 +15,11 @@ Inputs are the bench's (randn, quantized with the recipe, seed 0). ``--weights``
 ``pack_weights`` keeps B itself: the row's ``side_aware`` is then false and it runs the plain kernels.
 
 Per (chain, weights, PDL): ``eager_us``, CUDA events around ``--chains`` chains launched from Python (host and GPU
-both count), and ``graph_us``, the same chains captured once into a CUDA graph and replayed; both per chain, median
-of ``--rounds``. ``x floor``: each over the sum of the shapes' floors, the floor ``cupygemm bench`` prints:
+both count), and ``graph_us``, the same chains captured once into a CUDA graph, one replay timed right behind another
+(replays back to back, as a decode loop runs them: the host submits one while the GPU runs the one before);
+``graph_idle_us``, one replay timed from an idle GPU (it also counts the graph launch's host submission, tens of
+microseconds for hundreds of kernels, which the GPU waits out after the start event); all per chain, median of
+``--rounds``. ``x floor``: each over the sum of the shapes' floors, the floor ``cupygemm bench`` prints:
 max(bytes / copy bandwidth, FLOPs / FP8 dense peak), bytes = A + B + D (valid rows), the device-to-device copy
 bandwidth measured once. With CUPTI (``cupygemm bench``'s timer; without it the kernel columns are left out):
 ``kernel_us``, the sum of the chain's kernel durations from GPU timestamps (graph replay), and each shape's kernel
@@ -193,7 +196,7 @@ def measure_case(chain: Chain, gemms: Sequence[Gemm], weights: str, pdl: bool, c
     """One (chain, weights, PDL) case: eager and graph microseconds per chain, the plans it ran, which outputs
     differ from ``want`` (shape labels) and, with a CUPTI ``kernel_timer``, kernel durations."""
     from .. import gemm as call_path
-    from .timing import capture_graph, stream_event_us
+    from .timing import back_to_back_us, capture_graph, stream_event_us
 
     os.environ[PDL] = "1" if pdl else "0"  # read on every call (part of the plan's key)
     outs = _outputs(gemms, stream)
@@ -214,14 +217,16 @@ def measure_case(chain: Chain, gemms: Sequence[Gemm], weights: str, pdl: bool, c
         for o in outs:
             o.fill(0)  # what the graph does not write reads as a difference
     graph = capture_graph(stream, chain_call, chains)
-    graph_us = statistics.median(stream_event_us(stream, lambda: graph.launch(stream), chains)
-                                 for _ in range(rounds))
+    replay = lambda: graph.launch(stream)  # noqa: E731
+    graph_us = statistics.median(back_to_back_us(stream, replay, chains) for _ in range(rounds))
+    graph_idle_us = statistics.median(stream_event_us(stream, replay, chains) for _ in range(rounds))
     graph_bad = _differing(outs, want, stream)
     labels = [s.label for s in chain.shapes]
     row: dict[str, Any] = {
         "chain": chain.name, "weights": weights, "pdl": pdl,
         "side_aware": bool(plans) and all(p.cfg.sides for p in plans), "plans_pdl": sorted({p.pdl for p in plans}),
         "configs": [p.cfg.describe() for p in plans], "eager_us": eager_us, "graph_us": graph_us,
+        "graph_idle_us": graph_idle_us,
         "eager_differs": [labels[i] for i in eager_bad], "graph_differs": [labels[i] for i in graph_bad]}
     if kernel_timer is not None:
         row["cupti_eager"] = kernel_stats(kernel_timer.records(eager, stream.synchronize), len(gemms), chains)
@@ -280,13 +285,13 @@ def report(sequences: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], 
     lines.append(f"{meta['chains']} chains per timing, median of {meta['rounds']}; packed weights: "
                  f"{meta['packing']}; kernel durations: {meta['kernel_timer']}")
     cupti = any("cupti_graph" in r for r in rows)
-    head = ["chain", "weights", "PDL", "eager us/chain", "x floor", "graph us/chain", "x floor"]
+    head = ["chain", "weights", "PDL", "eager us/chain", "x floor", "graph us/chain", "x floor", "graph from idle"]
     head += ["kernels us/chain", "overlap us/chain"] if cupti else []
     head.append("bitwise")
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["chain"], _weights(r), _pdl(r), _fmt(r["eager_us"]), _fmt(r["eager_x_floor"], ".2f"),
-                 _fmt(r["graph_us"]), _fmt(r["graph_x_floor"], ".2f")]
+                 _fmt(r["graph_us"]), _fmt(r["graph_x_floor"], ".2f"), _fmt(r.get("graph_idle_us"))]
         if cupti:
             g = r.get("cupti_graph") or {}
             cells += [_fmt(g.get("kernel_us")), _fmt(g.get("overlap_us"))]
