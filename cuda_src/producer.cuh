@@ -7,10 +7,6 @@
 #include "ptx_mbarrier.cuh"
 #include "ptx_tma.cuh"
 
-#ifndef CUPYGEMM_B_BOX_ROWS
-#define CUPYGEMM_B_BOX_ROWS 0  // rows per TMA box of plain B (an experiment): 0 = the CTA's rows in one box
-#endif
-
 namespace cupygemm {
 
 template <class T> struct Producer {
@@ -128,26 +124,18 @@ template <class T> struct Producer {
                         b_first, b_policy, pages, param_pages);
         } else {
           // B multicast: each CTA of the pair loads its half of the tile's rows into both.
-          constexpr uint32_t kCtaRows = T::kMulticast == 2 ? T::BLOCK_N / 2 : T::BLOCK_N;
-          constexpr uint32_t kBoxRows = CUPYGEMM_B_BOX_ROWS ? CUPYGEMM_B_BOX_ROWS : kCtaRows;
-#pragma unroll
-          for (uint32_t r = 0; r < kCtaRows; r += kBoxRows) {
-            uint8_t* b_dst = smem.b + stage * T::SMEM_B + (T::kMulticast == 2 ? scheduler.rank * (T::SMEM_B / 2) : 0) +
-                             r * kBlockK;
-            const int b_row_cta =
-                b_row + static_cast<int>((T::kMulticast == 2 ? scheduler.rank * T::BLOCK_N / 2 : 0) + r);
-            if constexpr (T::kMulticast == 2) {
-              if (!b_first)
-                tma_load_3d_multicast(b_dst, &tmap_b, &smem.full_bar[stage], 0b11, k, b_row_cta, b_group);
-              else
-                tma_load_3d_multicast_hint(b_dst, &tmap_b, &smem.full_bar[stage], 0b11, k, b_row_cta, b_group,
-                                           b_policy);
-            } else {
-              if (!b_first)
-                tma_load_3d(b_dst, &tmap_b, &smem.full_bar[stage], k, b_row_cta, b_group);
-              else
-                tma_load_3d_hint(b_dst, &tmap_b, &smem.full_bar[stage], k, b_row_cta, b_group, b_policy);
-            }
+          uint8_t* b_dst = smem.b + stage * T::SMEM_B + (T::kMulticast == 2 ? scheduler.rank * (T::SMEM_B / 2) : 0);
+          const int b_row_cta = b_row + static_cast<int>(T::kMulticast == 2 ? scheduler.rank * T::BLOCK_N / 2 : 0);
+          if constexpr (T::kMulticast == 2) {
+            if (!b_first)
+              tma_load_3d_multicast(b_dst, &tmap_b, &smem.full_bar[stage], 0b11, k, b_row_cta, b_group);
+            else
+              tma_load_3d_multicast_hint(b_dst, &tmap_b, &smem.full_bar[stage], 0b11, k, b_row_cta, b_group, b_policy);
+          } else {
+            if (!b_first)
+              tma_load_3d(b_dst, &tmap_b, &smem.full_bar[stage], k, b_row_cta, b_group);
+            else
+              tma_load_3d_hint(b_dst, &tmap_b, &smem.full_bar[stage], k, b_row_cta, b_group, b_policy);
           }
         }
         tma_load_3d(reinterpret_cast<uint8_t*>(smem.sfa) + stage * T::SMEM_SFA, &tmap_sfa, &smem.full_bar[stage], a_row,

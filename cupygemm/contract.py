@@ -153,8 +153,7 @@ def defines(cfg: GemmConfig, pdl: bool = False, b_prefetch: int = 0) -> dict[str
         "CUPYGEMM_A_BOX_M": a_box_rows(cfg.kind, cfg.block_m, cfg.multicast),
         "CUPYGEMM_CLUSTER_ATTR": f"__cluster_dims__({cluster_size(cfg)}, 1, 1)" if cluster_size(cfg) > 1 else "",
     } | ({"CUPYGEMM_SPLIT_CLUSTER": 1} if cfg.split_cluster else {}) | (
-        {"CUPYGEMM_TWO_ACC_SETS": 1} if cfg.two_acc_sets else {}) | (
-        {"CUPYGEMM_B_BOX_ROWS": cfg.b_box_rows} if cfg.b_box_rows else {})
+        {"CUPYGEMM_TWO_ACC_SETS": 1} if cfg.two_acc_sets else {})
 
 
 # --- per-problem launch values ------------------------------------------------------------------------------------
@@ -205,7 +204,7 @@ def tma_specs(cfg: GemmConfig, m: int, n: int, k: int, num_groups: int, a_stride
     # Interleaved K: both warpgroups hold all rows of the tile; otherwise each stores its own rows.
     wg_m = cfg.block_m if cfg.interleave_k else cfg.block_m // cfg.num_math_wg
     slab = cfg.block_n if cfg.swizzle_d == 0 else cfg.swizzle_d // 2
-    box_n = cfg.b_box_rows or (cfg.block_n // 2 if cfg.multicast == 2 else cfg.block_n)
+    box_n = cfg.block_n // 2 if cfg.multicast == 2 else cfg.block_n
     b_spec = (packed_b_spec(cfg, num_groups, side_box_rows(cfg)) if cfg.sides
               else TmaSpec(tma.UINT8, (k, n, num_groups), (ldb, b_group), (BLOCK_K, box_n, 1), 128))
     a_box = a_box_rows(cfg.kind, cfg.block_m, cfg.multicast)

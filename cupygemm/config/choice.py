@@ -311,8 +311,7 @@ def choose(kind: int, m_rows: int, n: int, k: int, num_groups: int, num_sms: int
                            wgmma_n=fields.get("wgmma_n"), num_stages=fields.get("num_stages"),
                            raster_n=fields.get("raster_n"), multicast=pick.multicast, interleave_k=interleave,
                            serial_m=pick.serial_m, split_k=pick.split_k, stream_k=pick.stream_k,
-                           tile_rounds=est.waves, split_cluster=split_cluster, two_acc_sets=two_acc_sets,
-                           b_box_rows=fields.get("b_box_rows", 0))
+                           tile_rounds=est.waves, split_cluster=split_cluster, two_acc_sets=two_acc_sets)
 
     if "split_cluster" in fields:
         cfg = build(fields["split_cluster"])

@@ -40,7 +40,6 @@ class GemmConfig:
     sides: bool = False  # L2-side-aware: B packed (cupygemm.packing), each half of N on the SMs of its L2 side
     split_cluster: bool = False  # split-K: a tile's splits run as one cluster and meet in shared memory
     two_acc_sets: bool = False  # two wgmma accumulator sets: a K block's wgmmas overlap the last one's promotion
-    b_box_rows: int = 0  # rows per TMA box of (plain) B: 0 = the CTA's rows in one box (experiment)
 
     @property
     def threads(self) -> int:
@@ -69,7 +68,6 @@ class GemmConfig:
                 f"{'one cluster per tile, ' if self.split_cluster else ''}"
                 f"{'two accumulator sets, ' if self.two_acc_sets else ''}"
                 f"{'stream-K tail, ' if self.stream_k else ''}"
-                f"{f'B in {self.b_box_rows}-row boxes, ' if self.b_box_rows else ''}"
                 f"{'L2-side-aware B, ' if self.sides else ''}"
                 f"grid {self.num_sms}, "
                 f"smem {self.smem_bytes} B")
@@ -195,7 +193,7 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
                 num_stages: int | None = None, raster_n: int | None = None, multicast: int = 0,
                 interleave_k: bool = False, serial_m: bool = False, split_k: int = 1, stream_k: bool = False,
                 tile_rounds: int = 1, sides: bool = False, split_cluster: bool = False,
-                two_acc_sets: bool = False, b_box_rows: int = 0) -> GemmConfig:
+                two_acc_sets: bool = False) -> GemmConfig:
     """Build (and check) a config for explicit block sizes; ValueError names the rule a combination breaks.
 
     ``tile_rounds``: the tiles each CTA runs (the model's waves), which caps the default stage count (see
@@ -268,16 +266,12 @@ def make_config(kind: int | str, n: int, k: int, block_m: int, block_n: int, num
         raise ValueError(f"split_k > 1 (split-K across CTAs) needs a normal GEMM, got {KIND_NAMES[kind]}")
     if stream_k and (kind not in STREAM_K_KINDS or split_k > 1 or interleave):
         raise ValueError("stream_k needs a normal or masked GEMM without split_k or interleave_k")
-    cta_b_rows = block_n // 2 if multicast == 2 else block_n
-    if b_box_rows and (sides or b_box_rows % 8 or cta_b_rows % b_box_rows):
-        raise ValueError(f"b_box_rows: 0, or a multiple of 8 dividing the CTA's {cta_b_rows} rows of B (plain B "
-                         f"only), got {b_box_rows}")
     return GemmConfig(
         kind=kind, shape_n=n, shape_k=k, block_m=block_m, block_n=block_n, wgmma_n=wn, num_stages=stages,
         num_math_wg=contract.math_warpgroups(block_m, interleave), swizzle_d=output_swizzle(block_n),
         raster_n=raster_n, num_sms=num_sms, smem_bytes=smem, multicast=multicast, interleave_k=interleave,
         serial_m=bool(serial_m), split_k=split_k, stream_k=bool(stream_k), sides=bool(sides),
-        split_cluster=split_cluster, two_acc_sets=two_acc_sets, b_box_rows=b_box_rows,
+        split_cluster=split_cluster, two_acc_sets=two_acc_sets,
     )
 
 

@@ -10,7 +10,7 @@ from .legality import make_config
 
 BOOL_FIELDS = ("interleave_k", "serial_m", "stream_k", "split_cluster", "two_acc_sets")
 OVERRIDE_FIELDS = ("block_m", "block_n", "wgmma_n", "num_stages", "num_sms", "raster_n", "multicast", "split_k",
-                   "b_box_rows", *BOOL_FIELDS)
+                   *BOOL_FIELDS)
 #: The most split-K units an override may ask for.
 MAX_OVERRIDE_SPLIT_K = 64
 
@@ -69,8 +69,6 @@ def _check_fields(kind: int, n: int, k: int, fields: dict) -> dict:
             need_int(name, v, isint and 1 <= v <= MAX_STAGES_INTERLEAVE_K, f"an int in [1, {MAX_STAGES_INTERLEAVE_K}]")
         elif name in ("num_sms", "raster_n"):
             need_int(name, v, isint and v >= 1, "a positive int")
-        elif name == "b_box_rows":
-            need_int(name, v, isint and v >= 0 and v % 8 == 0, "0 or a multiple of 8")
         elif name == "multicast":
             need_int(name, v, isint and v in (0, 1, 2), "0 (off), 1 (share A) or 2 (share B)")
         elif name == "split_k":
