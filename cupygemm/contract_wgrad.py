@@ -107,7 +107,7 @@ _WIDE_BLOCK_N, _WIDE_TILE_COST = 152, 0.98
 #: before the tile's K loop ends, so that the epilogue's reduce-adds find it there. Alternated with no prefetch on
 #: DeepGEMM's 18 shapes (H100, bitwise equal): the six dense 4096-token shapes 0.2-4.6 % faster (2048x7168 143.4 ->
 #: 137.2 us, 7168x2112 142.8 -> 136.3); the 8192-token ones from 0.9 % faster to 1.5 % slower, k-grouped from 1 %
-#: faster to 0.3 % slower; 3, 4 and 6 blocks ahead gained less, 64 (a whole 4096-token tile) lost 4-8 %
+#: faster to 0.3 % slower; 3, 4 and 6 blocks ahead gained less, 64 (a whole 4096-token tile) lost 2-8 %
 #: (benchmarks/NOTES.md, "Weight-gradient kernel").
 D_PREFETCH_BLOCKS, D_PREFETCH_MAX_KB = 2, 32
 
