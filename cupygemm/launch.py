@@ -18,6 +18,7 @@ import numpy as np
 from .device import ensure_context
 from .errors import CupygemmDeviceError
 from .tma import driver
+from .util import keep_newest
 
 # Parameter kinds: a by-value 128-byte TMA descriptor, a 64-bit device pointer, a 32-bit unsigned int, a 64-bit signed
 # int (``long long``), and the 32-byte SM side map of side-aware kernels (cuda_src/l2_sides.cuh). A 64-bit unsigned
@@ -97,6 +98,9 @@ class _PdlConfig:
         self.config = _LaunchConfigEx((grid, 1, 1), (block, 1, 1), smem, stream or None, ctypes.pointer(self.attr), 1)
         self.address = ctypes.addressof(self.config)
 
+
+#: PDL launch configs a launcher keeps (one per grid, block, shared memory and stream it launched on).
+_PDL_CONFIG_LIMIT = 64
 
 _launch_ex_fn = None
 
@@ -194,9 +198,7 @@ class PackedLauncher:
         def fire(stream: int) -> None:
             cfg = configs.get(stream)
             if cfg is None:
-                if len(configs) >= 64:
-                    configs.clear()
-                cfg = configs[stream] = _PdlConfig(grid, block, smem, stream)
+                cfg = keep_newest(configs, stream, _PdlConfig(grid, block, smem, stream), _PDL_CONFIG_LIMIT)
             res = launch_ex(cfg.address, func, None, extra)
             if res != 0:
                 raise CupygemmDeviceError(f"cuLaunchKernelEx failed (CUresult {res}) for grid {grid}, block "
@@ -208,19 +210,14 @@ class PackedLauncher:
         """As :meth:`launch`, with programmatic dependent launch: the kernel may start before the previous one on
         ``stream`` has finished (it must wait for it before touching memory: ``contract.defines(pdl=True)``)."""
         ensure_context(self._device)
-        cfg = self._pdl_configs.get((grid, block, smem, stream))
+        key = (grid, block, smem, stream)
+        cfg = self._pdl_configs.get(key)
         if cfg is None:
-            cfg = self._pdl_config(grid, block, smem, stream)
+            cfg = keep_newest(self._pdl_configs, key, _PdlConfig(grid, block, smem, stream), _PDL_CONFIG_LIMIT)
         res = _launch_ex()(cfg.address, self._func, None, params.extra_ptr)
         if res != 0:
             raise CupygemmDeviceError(f"cuLaunchKernelEx failed (CUresult {res}) for grid {grid}, block {block}, "
                                       f"{smem} B of shared memory, programmatic dependent launch")
-
-    def _pdl_config(self, grid: int, block: int, smem: int, stream: int) -> "_PdlConfig":
-        if len(self._pdl_configs) >= 64:
-            self._pdl_configs.clear()
-        cfg = self._pdl_configs[(grid, block, smem, stream)] = _PdlConfig(grid, block, smem, stream)
-        return cfg
 
 
 class CupyLauncher:

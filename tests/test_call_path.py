@@ -442,6 +442,31 @@ def test_packed_launcher_bound_pdl_launch(monkeypatch):
         fire(7)
 
 
+def test_pdl_launch_configs_keep_the_newest_when_full(monkeypatch):
+    """A launcher's PDL configs (one per stream it launched on) are bounded by dropping the oldest: a cycle over more
+    streams than the limit keeps the newest ones rather than starting again from none (the cache used to be
+    cleared whenever it was full)."""
+    import struct
+
+    from cupygemm import launch as launch_mod
+    from cupygemm.launch import DESC, PTR, PackedLauncher
+
+    launched = []
+    monkeypatch.setattr(launch_mod, "_launch_ex_fn", lambda cfg, func, params, extra: launched.append(cfg) or 0)
+    monkeypatch.setattr(launch_mod, "ensure_context", lambda device: None)
+    launcher = PackedLauncher.__new__(PackedLauncher)  # no driver here: what __init__ would set
+    launcher._struct = struct.Struct("<" + DESC + PTR)
+    launcher._func, launcher._device, launcher._pdl_configs = 0xF00, 0, {}
+    params = launcher.pack((b"\0" * 128, 1))
+    limit = launch_mod._PDL_CONFIG_LIMIT
+    for stream in range(1, limit + 2):
+        launcher.launch_pdl(params, 66, 384, 2048, stream)
+    assert [key[3] for key in launcher._pdl_configs] == list(range(2, limit + 2))
+    first = launcher._pdl_configs[(66, 384, 2048, limit + 1)]
+    launcher.launch_pdl(params, 66, 384, 2048, limit + 1)  # a hit: the same config
+    assert launched[-1] == launched[-2] == first.address
+
+
 # ---- side tickets: a side-aware PDL launch draws before its wait on one of its stream's two sets -------------------
 
 def test_a_side_aware_launch_passes_its_tickets_and_whether_they_are_its_own(monkeypatch):
