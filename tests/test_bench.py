@@ -578,6 +578,19 @@ def test_parse_peers():
     assert list(peers) == ["cupygemm_packed"] and notes == []
 
 
+def test_packed_peer_left_out_where_packing_keeps_weights_plain(monkeypatch):
+    """On a GPU where pack_weights keeps B plain (an H200), cupygemm-packed would time cupygemm's own kernels: the
+    bench leaves it out with the reason instead of failing every shape; where it packs, the peer runs."""
+    from cupygemm import l2
+
+    why = "side-aware kernels measured slower than plain ones on NVIDIA H200"
+    monkeypatch.setattr(l2, "why_plain", lambda device: why if device == 1 else None)
+    peers, notes = providers.load_peers(["cupygemm_packed"], device=1)
+    assert peers == {} and len(notes) == 1 and "cupygemm-packed: not run" in notes[0] and why in notes[0]
+    peers, notes = providers.load_peers(["cupygemm_packed"], device=0)
+    assert list(peers) == ["cupygemm_packed"] and notes == []
+
+
 def test_command_line_and_git_revision():
     args = argparse.Namespace(kinds="normal", shapes=["64x2112x7168"], peers="none", iters=5, seed=1,
                               json="r.json", markdown=True, plot=None)

@@ -78,7 +78,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="write a bar chart (needs matplotlib: pip install 'cupygemm[bench]')")
     p.add_argument("--peers", default="auto", metavar="auto|none|LIST",
                    help="peers to time in the same run: auto (those importable), none, or a list of "
-                        "cublas,deepgemm,deepergemm,deepergemm_s128 (then required); default: %(default)s")
+                        "packed,cublas,deepgemm,deepergemm,deepergemm_s128 (then required; packed, cupygemm on "
+                        "weights from pack_weights, is left out with a note on GPUs where packing keeps them plain); "
+                        "default: %(default)s")
     p.add_argument("--deepergemm-sideaware", default=None, metavar="SIDEAWARE.so",
                    help="DeeperGEMM's compiled L2-side-aware allocator (its include/l2_torch_alloc/sideaware.so): set "
                         "up for the whole process before anything else allocates, as DeeperGEMM's own tests do")

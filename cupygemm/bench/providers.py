@@ -235,13 +235,22 @@ def _import_peer(name: str, module_name: str, needs: str, otherwise: str, notes:
     return module
 
 
-def load_peers(names: Sequence[str], sideaware: str | None = None) -> tuple[dict[str, Any], list[str]]:
+def load_peers(names: Sequence[str], sideaware: str | None = None,
+               device: int | None = None) -> tuple[dict[str, Any], list[str]]:
     """The peers that can run here, and a note for each one that cannot. ``sideaware``: DeeperGEMM's compiled
-    ``sideaware.so``, to set up its L2-side-aware allocator (without it DeeperGEMM runs with its side logic off)."""
+    ``sideaware.so``, to set up its L2-side-aware allocator (without it DeeperGEMM runs with its side logic off).
+    ``device``: the GPU the bench runs on; where :func:`cupygemm.pack_weights` keeps weights plain there (an H200,
+    no side info), cupygemm-packed would time cupygemm's own kernels again, so it is left out with a note."""
     peers: dict[str, Any] = {}
     notes: list[str] = []
     if "cupygemm_packed" in names:
-        peers["cupygemm_packed"] = PackedPeer()
+        from ..l2 import why_plain
+
+        why = why_plain(device) if device is not None else None
+        if why is None:
+            peers["cupygemm_packed"] = PackedPeer()
+        else:
+            notes.append(f"{TITLES['cupygemm_packed']}: not run (pack_weights keeps the weights plain here: {why})")
         names = [n for n in names if n != "cupygemm_packed"]
     if not names:
         return peers, notes

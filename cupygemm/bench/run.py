@@ -168,8 +168,12 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"cupygemm bench: {MATPLOTLIB_HINT}", file=sys.stderr)
         return 2
     info = require_hopper_or_exit("cupygemm bench")
-    peers, notes = load_peers(peer_names, args.deepergemm_sideaware)
-    if peers_required and len(peers) < len(peer_names):
+    import cupy
+
+    peers, notes = load_peers(peer_names, args.deepergemm_sideaware, cupy.cuda.runtime.getDevice())
+    # cupygemm-packed left out where packing keeps the weights plain is no missing peer: its column would repeat ours
+    wanted = [n for n in peer_names if n != "cupygemm_packed" or n in peers]
+    if peers_required and len(peers) < len(wanted):
         print("cupygemm bench: a requested peer cannot run:\n  " + "\n  ".join(notes), file=sys.stderr)
         return 2
     meta = environment(info, args, peers)
