@@ -173,7 +173,7 @@ def _cmd_warmup(args: argparse.Namespace) -> int:
     try:
         report = warmup(nk, ranges, kind=args.kind, groups=args.groups, shapes=args.shapes or (),
                         preset=args.preset, num_sms=args.num_sms, jobs=args.jobs, progress=not args.quiet,
-                        dry_run=args.dry_run)
+                        dry_run=args.dry_run, packed=args.packed)
     except ValueError as e:
         print(f"cupygemm warmup: {e}", file=sys.stderr)
         return 2
@@ -242,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="SM count of the target GPU (required without a GPU)")
     sp.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1,
                     help="parallel compile processes (default: the CPU count)")
+    sp.add_argument("--packed", action="store_true",
+                    help="the kernels for weights from pack_weights (L2-side-aware; forward kinds), for GPUs where it "
+                         "packs them (H100s by default; cupygemm info says)")
     sp.add_argument("--dry-run", action="store_true", help="plan and count only; build nothing")
     sp.add_argument("--list", action="store_true", help="print one config per kernel")
     sp.add_argument("--quiet", action="store_true", help="no progress on stderr")

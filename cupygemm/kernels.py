@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from dataclasses import dataclass
 
 from . import contract
 from .config import GemmConfig
@@ -21,6 +22,18 @@ def gemm_source(cfg: GemmConfig, pdl: bool | None = None, b_prefetch: int = 0) -
     :func:`cupygemm.contract.defines`."""
     pdl = pdl_enabled() if pdl is None else pdl
     return render(contract.GEMM_FILE, contract.GEMM_ENTRY, contract.defines(cfg, pdl, b_prefetch))
+
+
+@dataclass(frozen=True)
+class GemmVariant:
+    """A forward kernel that its config alone does not name: ``cfg`` with ``b_prefetch`` bytes of B fetched before
+    the PDL wait (:func:`cupygemm.plan.b_prefetch`: packed weights, decode rows), as warm-ups plan it."""
+
+    cfg: GemmConfig
+    b_prefetch: int = 0
+
+    def describe(self) -> str:
+        return self.cfg.describe() + (f", B prefetch {self.b_prefetch >> 10} KiB" if self.b_prefetch else "")
 
 
 def compile_gemm(cfg: GemmConfig, pdl: bool | None = None, b_prefetch: int = 0) -> bytes:

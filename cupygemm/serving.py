@@ -201,17 +201,27 @@ def _training_problem(kind: object, s: tuple[int, ...]) -> Problem:
     return Problem(kind.kid, m, n, k, g)
 
 
-def plan(problems: Iterable[Problem], num_sms: int) -> list:
+def plan(problems: Iterable[Problem], num_sms: int, packed: bool = False) -> list:
     """The config the chooser picks for each problem (in order): the forward kernel's
     (:func:`~cupygemm.config.choose_config`) or the 1D1D kernel's (:func:`cupygemm.contract_wgrad.choose_wgrad_config`),
-    as the problem's kind says."""
+    as the problem's kind says. ``packed``: forward kernels for weights packed by :func:`cupygemm.pack_weights`
+    (L2-side-aware configs, and the variants that fetch the weights before the PDL wait: :class:`GemmVariant`), as a
+    GEMM on packed weights plans them."""
     from . import contract_wgrad as cw
+    from .config import side_aware_config
+    from .env import pdl_enabled
+    from .kernels import GemmVariant
     from .kinds import FORWARD, kind_named
+    from .plan import b_prefetch
 
-    out = []
+    out: list = []
     for p in problems:
         kind = kind_named(p.kind)
-        if kind.family == FORWARD:
+        if kind.family == FORWARD and packed:
+            cfg = side_aware_config(choose_config(p.kind, p.m, p.n, p.k, p.groups, num_sms, max_m=p.max_m,
+                                                  sides=True), num_sms)
+            out.append(GemmVariant(cfg, b_prefetch(pdl_enabled(), True, p.m)))
+        elif kind.family == FORWARD:
             out.append(choose_config(p.kind, p.m, p.n, p.k, p.groups, num_sms, max_m=p.max_m))
         elif kind.layout:  # k-grouped: the groups' M and N are the kernel's; K (tokens) only picks the config
             out.append(cw.choose_wgrad_config(cw.KIND_K_GROUPED, p.m, p.n, p.k, p.groups, num_sms))
@@ -221,15 +231,17 @@ def plan(problems: Iterable[Problem], num_sms: int) -> list:
 
 
 def config_source(cfg: object):
-    """The rendered kernel source of a config of either kernel family (its cache key's input)."""
+    """The rendered kernel source of a config of either kernel family, or of a :class:`~cupygemm.kernels.GemmVariant`
+    (its cache key's input)."""
     from .contract_wgrad import WgradConfig
+    from .kernels import GemmVariant, gemm_source
 
     if isinstance(cfg, WgradConfig):
         from .plan_wgrad import wgrad_source
 
         return wgrad_source(cfg)
-    from .kernels import gemm_source
-
+    if isinstance(cfg, GemmVariant):
+        return gemm_source(cfg.cfg, None, cfg.b_prefetch)
     return gemm_source(cfg)
 
 
@@ -315,14 +327,16 @@ def resolve_nk(preset: str | None, kind: str, nk: Iterable[tuple[int, int]] | No
 def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[int, int]] | None = None, *,
            kind: int | str = "normal", groups: int = 1, shapes: Iterable[Sequence[int]] = (),
            preset: str | None = None, num_sms: int | None = None, jobs: int | None = None,
-           progress: bool = False, dry_run: bool = False) -> WarmupReport:
+           progress: bool = False, dry_run: bool = False, packed: bool = False) -> WarmupReport:
     """Build into the disk cache every kernel the chooser picks for ``nk`` x ``m`` (and ``shapes``).
 
     ``nk``: (N, K) pairs; ``preset``: a model's pairs for ``kind`` (see :data:`PRESETS`: ``"deepseek-v3"``);
     ``m``: inclusive ranges, ``"1:4096"`` or ``[(1, 4096)]`` (default 1:4096 for normal GEMMs; grouped kinds need
     it: contiguous = total rows of A, masked = expected_m, with ``groups`` groups); ``shapes``: explicit MxNxK /
     GxMxNxK tuples. ``num_sms``: the target GPU's SM count (default: this GPU's). ``jobs``: worker processes
-    (default: the CPU count). ``dry_run``: plan and count, build nothing. Returns a :class:`WarmupReport`;
+    (default: the CPU count). ``dry_run``: plan and count, build nothing. ``packed``: the kernels for weights packed
+    by :func:`cupygemm.pack_weights` instead of plain ones (forward kinds; for GPUs where it packs, the H100s by
+    default: ``cupygemm info`` says). Returns a :class:`WarmupReport`;
     raises CupygemmError when kernels fail to build, CupygemmCacheError when the disk cache is disabled or cannot be
     written (checked before building: a warm-up exists to fill it).
     """
@@ -334,6 +348,8 @@ def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[
     kname = kind_named(kind).name
     if kind_named(kind).family != FORWARD and (nk or preset or m is not None):
         raise ValueError(f"{kname}: warm up the weight-gradient kinds with explicit shapes (MxNxK, GxMxNxK)")
+    if kind_named(kind).family != FORWARD and packed:
+        raise ValueError(f"packed: weights are packed for the forward kinds only, not {kname}")
     pairs = resolve_nk(preset, kname, nk)
     problems: list[Problem] = []
     if pairs:
@@ -365,7 +381,7 @@ def warmup(nk: Iterable[tuple[int, int]] | None = None, m: str | Sequence[tuple[
     if progress:
         # a search takes milliseconds: wide ranges plan for a while, which should not look like a hang
         _progress(f"[cupygemm] planning {sum(p.count for p in problems)} problems: {len(problems)} config searches")
-    cfgs = plan(problems, num_sms)
+    cfgs = plan(problems, num_sms, packed)
     kernels = kernel_keys(cfgs)
     report = WarmupReport(problems=sum(p.count for p in problems), configs=len(set(cfgs)), kernels=len(kernels),
                           jobs=jobs or os.cpu_count() or 1,

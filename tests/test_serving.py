@@ -85,6 +85,37 @@ def test_warmup_builds_the_weight_gradient_kernels_the_calls_plan(fresh_cache):
         cupygemm.warmup(kind="k_grouped_wgrad", shapes=[(64, 64, 128)], num_sms=132)
 
 
+def test_warmup_packed_plans_the_side_aware_kernels_a_packed_call_builds(fresh_cache, monkeypatch):
+    """--packed: the chooser's pick among whole-chunk tiles, turned side-aware, under PDL with the weights fetched
+    before the wait at up to 64 rows (cupygemm.plan: the kernel a GEMM on pack_weights output builds); none of them
+    is a plain kernel."""
+    from cupygemm import plan as gemm_plan
+    from cupygemm.kernels import GemmVariant
+
+    monkeypatch.delenv("CUPYGEMM_PDL", raising=False)
+    monkeypatch.delenv("CUPYGEMM_B_PREFETCH_KIB", raising=False)
+
+    def packed_keys(kind, nk, ms, groups=1):
+        out = set()
+        for n, k in nk:
+            for m in ms:
+                cfg = C.side_aware_config(C.choose_config(kind, m, n, k, groups, 132, sides=True), 132)
+                out.add(cache_key(gemm_source(cfg, True, gemm_plan.b_prefetch(True, True, m))))
+        return out
+
+    nk = [(2112, 7168), (7168, 2048)]
+    rep = cupygemm.warmup(nk, "1:200", num_sms=132, dry_run=True, packed=True)
+    assert set(rep.keys) == packed_keys(C.KIND_NORMAL, nk, range(1, 201))
+    assert not set(rep.keys) & set(cupygemm.warmup(nk, "1:200", num_sms=132, dry_run=True).keys)
+    variants = serving.plan(serving.problems_for("normal", nk, [(1, 200)]), 132, packed=True)
+    assert all(isinstance(v, GemmVariant) and v.cfg.sides for v in variants)
+    assert {v.b_prefetch > 0 for v in variants} == {True, False}  # M <= 64 fetch before the wait, M > 64 do not
+    rep = cupygemm.warmup([(4096, 7168)], "1:80", kind="masked", groups=4, num_sms=132, dry_run=True, packed=True)
+    assert set(rep.keys) == packed_keys(C.KIND_MASKED, [(4096, 7168)], range(1, 81), groups=4)
+    with pytest.raises(ValueError, match="forward kinds only"):
+        cupygemm.warmup(kind="wgrad", shapes=[(7168, 2112, 4096)], num_sms=132, packed=True)
+
+
 @pytest.mark.parametrize("kind,m,groups", [("normal", "1:20000,100:300,30000,20001:20100", 1),
                                             ("contiguous", "1:20000,5000:30000", 2), ("masked", "1:100,90:110", 4)])
 def test_warmup_asks_the_chooser_once_per_memo_class(monkeypatch, kind, m, groups):
