@@ -205,8 +205,8 @@ def plan(problems: Iterable[Problem], num_sms: int, packed: bool = False) -> lis
     """The config the chooser picks for each problem (in order): the forward kernel's
     (:func:`~cupygemm.config.choose_config`) or the 1D1D kernel's (:func:`cupygemm.contract_wgrad.choose_wgrad_config`),
     as the problem's kind says. ``packed``: forward kernels for weights packed by :func:`cupygemm.pack_weights`
-    (L2-side-aware configs, and the variants that fetch the weights before the PDL wait: :class:`GemmVariant`), as a
-    GEMM on packed weights plans them."""
+    (L2-side-aware configs, and the variants that fetch the weights before the PDL wait:
+    :class:`~cupygemm.kernels.GemmVariant`), as a GEMM on packed weights plans them."""
     from . import contract_wgrad as cw
     from .config import side_aware_config
     from .env import pdl_enabled

@@ -110,6 +110,8 @@ def test_warmup_packed_plans_the_side_aware_kernels_a_packed_call_builds(fresh_c
     variants = serving.plan(serving.problems_for("normal", nk, [(1, 200)]), 132, packed=True)
     assert all(isinstance(v, GemmVariant) and v.cfg.sides for v in variants)
     assert {v.b_prefetch > 0 for v in variants} == {True, False}  # M <= 64 fetch before the wait, M > 64 do not
+    # warm-up plans one M per memo class, so the prefetch's row limit must not cut a class in two
+    assert gemm_plan.B_PREFETCH_MAX_ROWS % C.M_CLASS_ROWS == 0
     rep = cupygemm.warmup([(4096, 7168)], "1:80", kind="masked", groups=4, num_sms=132, dry_run=True, packed=True)
     assert set(rep.keys) == packed_keys(C.KIND_MASKED, [(4096, 7168)], range(1, 81), groups=4)
     with pytest.raises(ValueError, match="forward kinds only"):
