@@ -249,6 +249,17 @@ def b_prefetch(pdl: bool, sides: bool, rows: int) -> int:
     return b_prefetch_bytes() if pdl and sides and rows <= B_PREFETCH_MAX_ROWS else 0
 
 
+def kernel_choice(kind_id: int, rows: int, n: int, k: int, num_groups: int, num_sms: int, smem_limit: int,
+                  max_m: int | None, sides: bool, pdl: bool) -> tuple[GemmConfig, int]:
+    """The config a forward GEMM's kernel is built from, and its bytes of B fetched before the PDL wait
+    (:func:`b_prefetch`): the chooser's pick, made side-aware for packed weights (``sides``). Calls and warm-ups
+    (:func:`cupygemm.serving.plan`) both take it from here."""
+    cfg = choose_config(kind_id, rows, n, k, num_groups, num_sms, smem_limit=smem_limit, max_m=max_m, sides=sides)
+    if sides:
+        cfg = side_aware_config(cfg, num_sms, smem_limit)
+    return cfg, b_prefetch(pdl, sides, rows)
+
+
 def _strides(given: tuple[int, ...] | None, shape: tuple[int, ...], item: int) -> tuple[int, ...]:
     if given is not None:
         return tuple(int(s) for s in given)
@@ -268,17 +279,16 @@ def _plan(kind: Any, m: int, n: int, k: int, num_groups: int, device_id: int, ro
     with cupy.cuda.Device(device_id):
         info = require_hopper()
         evict_b = b_evict_first(num_groups, n, k, info.l2_bytes, info.name)
-        cfg = choose_config(kind.kid, rows, n, k, num_groups, num_sms, smem_limit=info.max_smem_per_block,
-                            max_m=m if kind.static == "expected_m" else None, sides=sides)
         side_map, clusters0 = b"", 0
         if sides:
             side = l2.side_info(device_id)
             if side is None:
                 raise CupygemmDeviceError(f"weights packed side-aware, but device {device_id} has no L2 side info "
                                           f"({l2.unavailable_reason(device_id)}); pack them on this device")
-            cfg = side_aware_config(cfg, num_sms, info.max_smem_per_block)
         pdl = pdl_enabled()
-        kernel = get_gemm_kernel(cfg, device_id, pdl, b_prefetch(pdl, sides, rows))
+        cfg, prefetch = kernel_choice(kind.kid, rows, n, k, num_groups, num_sms, info.max_smem_per_block,
+                                      m if kind.static == "expected_m" else None, sides, pdl)
+        kernel = get_gemm_kernel(cfg, device_id, pdl, prefetch)
         # PDL launches go through cuLaunchKernelEx with the packed parameters, which needs a driver that reports
         # the parameter layout (CUDA >= 12.4); elsewhere the PDL variant runs as a plain launch (its waits are no-ops).
         pdl = pdl and hasattr(kernel.launcher, "launch_pdl")

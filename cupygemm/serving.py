@@ -208,19 +208,18 @@ def plan(problems: Iterable[Problem], num_sms: int, packed: bool = False) -> lis
     (L2-side-aware configs, and the variants that fetch the weights before the PDL wait:
     :class:`~cupygemm.kernels.GemmVariant`), as a GEMM on packed weights plans them."""
     from . import contract_wgrad as cw
-    from .config import side_aware_config
+    from .config import SM90_MAX_SMEM_PER_BLOCK
     from .env import pdl_enabled
     from .kernels import GemmVariant
     from .kinds import FORWARD, kind_named
-    from .plan import b_prefetch
+    from .plan import kernel_choice
 
     out: list = []
     for p in problems:
         kind = kind_named(p.kind)
         if kind.family == FORWARD and packed:
-            cfg = side_aware_config(choose_config(p.kind, p.m, p.n, p.k, p.groups, num_sms, max_m=p.max_m,
-                                                  sides=True), num_sms)
-            out.append(GemmVariant(cfg, b_prefetch(pdl_enabled(), True, p.m)))
+            out.append(GemmVariant(*kernel_choice(p.kind, p.m, p.n, p.k, p.groups, num_sms, SM90_MAX_SMEM_PER_BLOCK,
+                                                  p.max_m, True, pdl_enabled())))
         elif kind.family == FORWARD:
             out.append(choose_config(p.kind, p.m, p.n, p.k, p.groups, num_sms, max_m=p.max_m))
         elif kind.layout:  # k-grouped: the groups' M and N are the kernel's; K (tokens) only picks the config
